@@ -1,0 +1,5 @@
+import sys
+
+from dlmrt.cli import main
+
+sys.exit(main())

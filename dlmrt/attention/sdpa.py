@@ -1,0 +1,29 @@
+"""Reference attention (torch SDPA, CPU or GPU): the spec that faster backends are tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def visibility_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Bool [rows, keys]: key k visible to query q iff k // block_size <= q // block_size."""
+    return (k_pos // block_size).unsqueeze(0) <= (q_pos // block_size).unsqueeze(1)
+
+
+def block_attention(
+    q: torch.Tensor,  # [heads, rows, head_dim]
+    k: torch.Tensor,  # [kv_heads, keys, head_dim]
+    v: torch.Tensor,  # [kv_heads, keys, head_dim]
+    q_pos: torch.Tensor,  # [rows]
+    k_pos: torch.Tensor,  # [keys]
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:  # [heads, rows, head_dim]
+    """Grouped-query attention under the block-causal visibility rule."""
+    mask = visibility_mask(q_pos, k_pos, block_size)
+    groups = q.shape[0] // k.shape[0]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=0)
+        v = v.repeat_interleave(groups, dim=0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -1,0 +1,60 @@
+"""Block layout of one request (SDAR semantics, model-specs §1.3) and the stop rule.
+
+Blocks sit on absolute multiples of the block length B. The floor(P / B) full prompt blocks are
+prefilled; the prompt tail (P mod B tokens) starts the first decode block as already-resolved rows
+that attend bidirectionally to the masks after them. Blocks are decoded whole; the output is cut
+to `max_new_tokens`, or just after the first stop id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    prompt_len: int
+    block: int  # B
+    num_blocks: int  # blocks covering prompt + max_new_tokens
+    first_block: int  # index of the first decode block (= number of full prompt blocks)
+
+    @property
+    def max_len(self) -> int:
+        return self.num_blocks * self.block
+
+    @property
+    def tail(self) -> int:
+        """Prompt tokens inside the first decode block."""
+        return self.prompt_len - self.first_block * self.block
+
+
+def layout(prompt_len: int, max_new_tokens: int, block: int) -> Layout:
+    num_blocks = -(-(prompt_len + max_new_tokens) // block)
+    return Layout(prompt_len, block, num_blocks, prompt_len // block)
+
+
+def initial_canvas(
+    lay: Layout, index: int, prompt_ids: list[int], mask_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canvas [B] and unresolved mask [B] of decode block `index` before its first round."""
+    canvas = torch.full((lay.block,), mask_id, dtype=torch.long, device=device)
+    unresolved = torch.ones(lay.block, dtype=torch.bool, device=device)
+    if index == lay.first_block and lay.tail:
+        canvas[: lay.tail] = torch.tensor(prompt_ids[lay.first_block * lay.block :], device=device)
+        unresolved[: lay.tail] = False
+    return canvas, unresolved
+
+
+def finish(
+    generated: list[int], stop_ids: set[int], max_new_tokens: int, ignore_eos: bool
+) -> tuple[list[int], str | None]:
+    """Cut the generated tokens after a stop id or at the length limit; reason None = keep going."""
+    if not ignore_eos:
+        for i, t in enumerate(generated[:max_new_tokens]):
+            if t in stop_ids:
+                return generated[: i + 1], "stop"
+    if len(generated) >= max_new_tokens:
+        return generated[:max_new_tokens], "length"
+    return generated, None

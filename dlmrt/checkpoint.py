@@ -1,0 +1,182 @@
+"""Load an HF-format checkpoint directory: config.json -> family -> model, weights streamed in.
+
+Strict: an unsupported architecture, a missing/unexpected/wrongly shaped tensor, a missing config
+field or an unreadable file raises `CheckpointError` naming the file and the tensor or field.
+Headers are checked before any weight is read; the model is built on the meta device, allocated
+once, and filled one tensor at a time, so the weights are never held twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from dlmrt import models
+from dlmrt.errors import CheckpointError
+
+log = logging.getLogger("dlmrt")
+
+LM_HEAD = "lm_head.weight"
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: the model (eval mode, on its device) and the files it came from."""
+
+    path: Path
+    model: torch.nn.Module
+    config: Any  # the family's frozen config dataclass
+    generation_config: dict[str, Any]
+
+
+def read_json(path: Path, required: bool = True) -> dict[str, Any] | None:
+    """Parse a JSON file; a missing optional file gives None, anything unreadable raises."""
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path}: file not found")
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable JSON ({e})") from e
+
+
+def weight_files(root: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: from the index if present, else every *.safetensors."""
+    index = read_json(root / "model.safetensors.index.json", required=False)
+    if index is not None:
+        if not isinstance(index.get("weight_map"), dict):
+            raise CheckpointError(f"{root / 'model.safetensors.index.json'}: missing 'weight_map'")
+        return [root / f for f in sorted(set(index["weight_map"].values()))]
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{root}: no *.safetensors weight files")
+    return files
+
+
+def tensor_shapes(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """Read only the headers: tensor name -> (file, shape)."""
+    shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if name in shapes:
+                        raise CheckpointError(f"{f}: tensor '{name}' also in {shapes[name][0]}")
+                    shapes[name] = (f, tuple(st.get_slice(name).get_shape()))
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors raises its own error types for bad headers / IO
+            raise CheckpointError(f"{f}: unreadable safetensors file ({e})") from e
+    return shapes
+
+
+def check_tensors(
+    expected: dict[str, tuple[int, ...]],
+    found: dict[str, tuple[Path, tuple[int, ...]]],
+    tie: bool | None,
+    root: Path,
+) -> bool:
+    """Compare checkpoint tensors with the model's; return whether lm_head is tied to the embeddings."""
+    tied = LM_HEAD not in found and tie is not False
+    missing = [n for n in expected if n not in found and not (tied and n == LM_HEAD)]
+    if missing:
+        raise CheckpointError(
+            f"{root}: missing tensor(s) {missing[:8]}" + (" ..." if len(missing) > 8 else "")
+        )
+    unexpected = [n for n in found if n not in expected]
+    if unexpected:
+        f = found[unexpected[0]][0]
+        raise CheckpointError(f"{f}: unexpected tensor(s) {unexpected[:8]}")
+    for name, (f, shape) in found.items():
+        if tuple(expected[name]) != shape:
+            raise CheckpointError(
+                f"{f}: tensor '{name}' has shape {list(shape)}, expected {list(expected[name])}"
+            )
+    return tied
+
+
+def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) -> Checkpoint:
+    """Load `path` (an HF-format directory) into the registered family's model."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a checkpoint directory")
+    cfg_path = root / "config.json"
+    raw = read_json(cfg_path)
+    archs = raw.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch is None:
+        raise CheckpointError(f"{cfg_path}: missing required config field 'architectures'")
+    try:
+        model_cls, parse = models.resolve(arch)
+    except KeyError:
+        raise CheckpointError(
+            f"{cfg_path}: unsupported architecture '{arch}' "
+            f"(supported: {', '.join(models.supported_architectures())})"
+        ) from None
+    config = parse(raw, cfg_path)
+    gen_cfg = read_json(root / "generation_config.json", required=False) or {}
+
+    with torch.device("meta"):
+        model = model_cls(config).to(dtype)  # free on meta: the one allocation below is in `dtype`
+    expected = {n: tuple(p.shape) for n, p in model.state_dict().items()}
+    found = tensor_shapes(weight_files(root))
+    tied = check_tensors(expected, found, config.tie_word_embeddings, root)
+
+    model = model.to_empty(device=device)
+    if tied:
+        model.tie_lm_head()
+    params = model.state_dict()
+    by_file: dict[Path, list[str]] = {}
+    for name, (f, _) in found.items():
+        by_file.setdefault(f, []).append(name)
+    with tqdm(total=len(found), desc=f"loading {root.name}", unit="tensor", disable=None) as bar:
+        for f, names in by_file.items():
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for name in names:
+                    with torch.no_grad():
+                        params[name].copy_(st.get_tensor(name))
+                    bar.update()
+    model.eval().requires_grad_(False)
+    log.info(
+        "loaded %s (%s, %s%s) on %s in %s",
+        root,
+        arch,
+        "tied" if tied else "untied",
+        ", ORL residual" if getattr(config, "residual", None) else "",
+        device,
+        dtype,
+    )
+    return Checkpoint(root, model, config, gen_cfg)
+
+
+def resolve_model_path(model: str) -> Path:
+    """A local directory, or an HF hub id already in the local cache (nothing is downloaded)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if model.count("/") == 1 and not path.exists():
+        import os
+
+        hub = Path(
+            os.environ.get("HF_HUB_CACHE")
+            or Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub"
+        )
+        repo = hub / ("models--" + model.replace("/", "--"))
+        ref = repo / "refs" / "main"
+        if ref.is_file():
+            snap = repo / "snapshots" / ref.read_text().strip()
+            if snap.is_dir():
+                return snap
+        raise CheckpointError(
+            f"{model}: not a local directory, and not in the Hugging Face cache at {hub} "
+            "(dlmrt never downloads weights; fetch them first, e.g. `hf download`)"
+        )
+    raise CheckpointError(f"{path}: not a checkpoint directory")

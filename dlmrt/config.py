@@ -1,0 +1,61 @@
+"""EngineConfig: what `LLM(...)` and the CLI need to build an engine (frozen; CLI flags derive from it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ROLES = ("base", "orl")
+MODES = ("eager",)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """Engine-wide settings, fixed for the life of an `LLM`."""
+
+    model: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint directory or cached hub id; None: the embedded demo model"},
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata={"help": "float32 | bfloat16 | float16; None: bfloat16 on GPU, float32 on CPU"},
+    )
+    device: str | None = field(
+        default=None, metadata={"help": "cpu | cuda | cuda:N; None: cuda if available"}
+    )
+    role: str | None = field(
+        default=None,
+        metadata={
+            "help": "base | orl: picks the default decoder; None: orl iff the checkpoint has an adapter"
+        },
+    )
+    mode: str = field(
+        default="eager",
+        metadata={"help": "execution mode (graph modes come with the GPU fast path)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except RuntimeError as e:
+                raise ValueError(f"device: {self.device!r} is not a device ({e})") from None
+
+    def torch_device(self) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return DTYPES[self.dtype]
+        return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32

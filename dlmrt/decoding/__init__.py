@@ -1,0 +1,22 @@
+"""Acceptance rules, one per file, registered by name."""
+
+from __future__ import annotations
+
+from dlmrt.decoding.base import DecodeRule, Proposal, RuleOutput
+from dlmrt.decoding.entropy_budget import EntropyBudgetRule
+from dlmrt.decoding.proposal import propose
+from dlmrt.decoding.threshold import ThresholdRule
+
+RULES = ("threshold", "entropy_budget")
+
+
+def make_rule(name: str, *, threshold: float = 0.9, entropy_budget: float = 0.8) -> DecodeRule:
+    """Build a rule by name from the per-request knobs (validated by `DecodeParams`)."""
+    if name == "threshold":
+        return ThresholdRule(threshold)
+    if name == "entropy_budget":
+        return EntropyBudgetRule(entropy_budget)
+    raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})")
+
+
+__all__ = ["RULES", "DecodeRule", "Proposal", "RuleOutput", "make_rule", "propose"]

@@ -1,0 +1,56 @@
+"""The decoding-rule contract (DESIGN §4).
+
+Vocabulary, for the active block of B rows:
+  canvas      [B] long   current token ids (prompt tail, accepted tokens, mask ids)
+  unresolved  [B] bool   rows still to be decided (True = masked / not yet accepted)
+  proposal    per-row candidate token, its confidence (probability under the decoding distribution),
+              the entropy of that distribution (nats) and its log-normaliser (see `propose`)
+  accepted    [B] bool   rows whose proposal was written into the canvas this round
+  done        []  bool   the block is finished
+
+A rule is a pure function of these tensors: no host sync (.item(), .tolist(), bool(tensor)), no
+model call, no KV write, no data-dependent shapes. That is what lets a whole block run inside one
+CUDA graph, and what lets every rule be tested on the CPU with crafted logits. Absorbing rules
+accept at least one unresolved row per round, so a block always terminates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import torch
+
+
+class Proposal(NamedTuple):
+    tokens: torch.Tensor  # [B] long: argmax (greedy) or sampled token
+    confidence: torch.Tensor  # [B] fp32: probability of `tokens`
+    entropy: torch.Tensor  # [B] fp32: entropy of the decoding distribution, nats
+    log_z: torch.Tensor  # [B] fp32: logsumexp(logits / T); reused by the residual softmax
+
+
+class RuleOutput(NamedTuple):
+    canvas: torch.Tensor  # [B] long
+    unresolved: torch.Tensor  # [B] bool
+    accepted: torch.Tensor  # [B] bool
+    done: torch.Tensor  # [] bool
+
+
+class DecodeRule(ABC):
+    """An acceptance rule: decides which unresolved rows take their proposal this round."""
+
+    name: str
+
+    @abstractmethod
+    def accept(
+        self, proposal: Proposal, unresolved: torch.Tensor, step: torch.Tensor
+    ) -> torch.Tensor:
+        """Return the bool [B] rows to accept; must be a subset of `unresolved` (non-empty if it is)."""
+
+    def __call__(
+        self, proposal: Proposal, canvas: torch.Tensor, unresolved: torch.Tensor, step: torch.Tensor
+    ) -> RuleOutput:
+        accepted = self.accept(proposal, unresolved, step) & unresolved
+        canvas = torch.where(accepted, proposal.tokens, canvas)
+        unresolved = unresolved & ~accepted
+        return RuleOutput(canvas, unresolved, accepted, ~unresolved.any())

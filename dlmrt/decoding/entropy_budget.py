@@ -1,0 +1,35 @@
+"""`entropy_budget`: the EB-sampler (Ben-Hamu et al. 2025), exact paper form (as SGLang's EBSampling).
+
+Sort the unresolved rows by entropy (nats, natural log, not normalised), ascending, and accept the
+longest prefix U with sum_{i in U} H_i - max_{i in U} H_i <= gamma. In ascending order that is: the
+k-th row is accepted iff H_(1) + ... + H_(k-1) <= gamma, so the lowest-entropy row always is.
+(JetEngine's variant uses the inclusive sum and accepts one row fewer; we follow the paper.)
+Default gamma for QwenDLM + ORL: 0.8; the paper sweeps 0.2-3.0. Ties sort by row index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlmrt.decoding.base import DecodeRule, Proposal
+
+
+@dataclass(frozen=True, slots=True)
+class EntropyBudgetRule(DecodeRule):
+    budget: float = 0.8
+    name: str = "entropy_budget"
+
+    def accept(
+        self, proposal: Proposal, unresolved: torch.Tensor, step: torch.Tensor
+    ) -> torch.Tensor:
+        h = proposal.entropy.masked_fill(~unresolved, float("inf"))
+        sorted_h, order = torch.sort(h, stable=True)
+        before = (
+            torch.cumsum(sorted_h, dim=0) - sorted_h
+        )  # exclusive prefix sum (inf after resolved)
+        before[0] = 0.0  # first row: nothing before it (avoids inf - inf when all are resolved)
+        ok_sorted = before <= self.budget
+        ok = torch.zeros_like(unresolved).scatter_(0, order, ok_sorted)
+        return unresolved & ok

@@ -1,0 +1,35 @@
+"""One pass over the vocabulary per row: candidate token, confidence, entropy, log-normaliser.
+
+Greedy (temperature 0): token = argmax, statistics of softmax(logits). Sampling (temperature T > 0):
+statistics of softmax(logits / T) and the token drawn by inverse CDF from one uniform per row, so a
+round consumes exactly B uniforms from the request's seeded generator whatever the vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlmrt.decoding.base import Proposal
+
+
+def propose(
+    logits: torch.Tensor,  # [B, V]
+    temperature: float,
+    uniform: torch.Tensor | None = None,  # [B] in [0, 1); required when temperature > 0
+) -> Proposal:
+    x = logits.float()
+    if temperature > 0:
+        x = x / temperature
+    log_z = torch.logsumexp(x, dim=-1)
+    p = torch.exp(x - log_z.unsqueeze(-1))
+    entropy = log_z - (p * x).sum(-1)
+    if temperature > 0:
+        if uniform is None:
+            raise ValueError("temperature > 0 needs uniform noise")
+        cdf = torch.cumsum(p, dim=-1)
+        target = (uniform * cdf[:, -1]).unsqueeze(-1).contiguous()
+        tokens = torch.searchsorted(cdf, target).squeeze(-1).clamp_(max=x.shape[-1] - 1)
+    else:
+        tokens = torch.argmax(x, dim=-1)
+    confidence = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return Proposal(tokens, confidence, entropy, log_z)

@@ -1,0 +1,152 @@
+"""LLM: the user-facing facade. Checkpoint -> model -> Engine; text in, GenerationOutput out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlmrt.checkpoint import load_checkpoint, resolve_model_path
+from dlmrt.config import DTYPES, EngineConfig
+from dlmrt.decoding import make_rule
+from dlmrt.engine.engine import BlockCallback, Engine, Recorder
+from dlmrt.errors import CheckpointError
+from dlmrt.outputs import GenerationOutput
+from dlmrt.params import DecodeParams
+from dlmrt.tokenizer import Tokenizer
+
+log = logging.getLogger("dlmrt")
+
+
+class LLM:
+    """Load a checkpoint once; `generate()` runs one request at a time.
+
+    >>> llm = LLM("/models/QwenDLM-4B-ORL")
+    >>> out = llm.generate("Write a prime checker.", max_new_tokens=512)
+    >>> out.text, out.tokens_per_forward, out.request_tps
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        role: str | None = None,
+        mode: str = "eager",
+    ) -> None:
+        if isinstance(dtype, torch.dtype):
+            dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
+        self.config = EngineConfig(
+            model=None if model is None else str(model),
+            dtype=dtype,
+            device=None if device is None else str(device),
+            role=role,
+            mode=mode,
+        )
+        if model is None:
+            from dlmrt.demo import demo_model_path
+
+            path = demo_model_path()
+            log.warning(
+                "no model given: using the embedded demo model at %s (random weights: its text "
+                "is gibberish)",
+                path,
+            )
+        else:
+            path = resolve_model_path(str(model))
+        self.device, self.dtype = self.config.torch_device(), self.config.torch_dtype()
+        ckpt = load_checkpoint(path, self.dtype, self.device)
+        self.path, self.model, self.model_config = ckpt.path, ckpt.model, ckpt.config
+        self.tokenizer = Tokenizer(path)
+        self.mask_id = self.model_config.mask_token_id
+        if self.mask_id is None:
+            self.mask_id = self.tokenizer.mask_token_id
+        if self.mask_id is None:
+            raise CheckpointError(
+                f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
+                "mask token such as <|MASK|> in the tokenizer)"
+            )
+        self.stop_ids = self.tokenizer.stop_ids or set(self.model_config.eos_token_ids)
+        has_adapter = self.model_config.residual is not None
+        orl = self.config.role == "orl" or (self.config.role is None and has_adapter)
+        self.default_rule = "entropy_budget" if orl else "threshold"
+        self.engine = Engine(self.model, self.device, self.dtype)
+        log.info(
+            "mode=eager, default rule %s, block %d", self.default_rule, self.model_config.block_size
+        )
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        *,
+        chat: bool = False,
+        recorder: Recorder | None = None,
+        on_block: BlockCallback | None = None,
+        **kwargs: Any,
+    ) -> GenerationOutput:
+        """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
+
+        chat=True wraps a text prompt as one user message in the checkpoint's chat template.
+        `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
+        """
+        params = DecodeParams.from_kwargs(**kwargs)
+        t0 = time.perf_counter()
+        ids = self._prompt_ids(prompt, chat)
+        block = params.block_length or self.model_config.block_size
+        limit = self.model_config.max_position_embeddings
+        total = -(-(len(ids) + params.max_new_tokens) // block) * block
+        if total > limit:
+            raise ValueError(
+                f"prompt: {len(ids)} prompt tokens + max_new_tokens {params.max_new_tokens} "
+                f"(rounded up to {total}, whole blocks of {block}) exceed the model's "
+                f"max_position_embeddings {limit}"
+            )
+        res = self.engine.generate(
+            ids,
+            rule=make_rule(
+                params.rule or self.default_rule,
+                threshold=params.threshold,
+                entropy_budget=params.entropy_budget,
+            ),
+            block_size=block,
+            max_new_tokens=params.max_new_tokens,
+            mask_id=self.mask_id,
+            stop_ids=self.stop_ids,
+            temperature=params.temperature,
+            seed=params.seed or 0,
+            ignore_eos=params.ignore_eos,
+            recorder=recorder,
+            on_block=on_block,
+        )
+        text = self.tokenizer.decode(res.token_ids)
+        return GenerationOutput(
+            text=text,
+            token_ids=res.token_ids,
+            finish_reason=res.finish_reason,
+            prompt_tokens=len(ids),
+            num_denoising_forwards=res.denoising_forwards,
+            num_commit_forwards=res.commit_forwards,
+            num_prefill_forwards=res.prefill_forwards,
+            request_time_s=time.perf_counter() - t0,
+            rounds_per_block=res.rounds_per_block,
+        )
+
+    def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
+        if isinstance(prompt, str):
+            if chat:
+                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(prompt)
+        if chat:
+            raise ValueError("chat: needs a text prompt, got token ids")
+        if not isinstance(prompt, list | tuple) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            raise ValueError("prompt: expected a string or a list of token ids (ints)")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        return list(prompt)

@@ -1,0 +1,108 @@
+"""ModelConfig: the backbone fields dlmrt reads from an HF `config.json` (the only place that reads them).
+
+Every value comes from the checkpoint; a missing required field raises `CheckpointError` naming the
+field and the file. Family-specific extras (the ORL adapter) are parsed by their own modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlmrt.errors import CheckpointError
+from dlmrt.models.residual import ResidualConfig
+
+DEFAULT_BLOCK_LENGTH = (
+    256  # QwenDLM trains with 256-token blocks; used when config has no block_size
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Dense Qwen3-style backbone with block-diffusion attention (QwenDLM / SDAR)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool | None  # None: not stated, tie iff `lm_head.weight` is absent
+    mask_token_id: int | None
+    block_size: int
+    eos_token_ids: tuple[int, ...] = ()
+    residual: ResidualConfig | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+def _field(cfg: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
+    if name not in cfg or cfg[name] is None:
+        raise CheckpointError(f"{path}: missing required config field '{name}'")
+    value = cfg[name]
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(
+            f"{path}: config field '{name}' = {value!r} is not {kind.__name__}"
+        ) from e
+
+
+def _rope_theta(cfg: dict[str, Any], path: Path) -> float:
+    # transformers >= 5 nests RoPE under `rope_parameters`; older configs have top-level `rope_theta`.
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", "default") not in ("default", None):
+        raise CheckpointError(
+            f"{path}: rope type '{rope.get('rope_type')}' is not supported (only default RoPE)"
+        )
+    if isinstance(rope, dict) and "rope_theta" in rope:
+        return float(rope["rope_theta"])
+    return _field(cfg, "rope_theta", path, float)
+
+
+def eos_ids(value: Any) -> tuple[int, ...]:
+    """Normalise an `eos_token_id` field (int, list or None) to a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
+    """Parse a QwenDLM/SDAR/Qwen3 `config.json` dict (read from `path`)."""
+    hidden = _field(cfg, "hidden_size", path)
+    heads = _field(cfg, "num_attention_heads", path)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    residual = cfg.get("orl_residual")
+    tie = cfg.get("tie_word_embeddings")
+    return ModelConfig(
+        architecture=(cfg.get("architectures") or ["?"])[0],
+        vocab_size=_field(cfg, "vocab_size", path),
+        hidden_size=hidden,
+        intermediate_size=_field(cfg, "intermediate_size", path),
+        num_hidden_layers=_field(cfg, "num_hidden_layers", path),
+        num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=_field(cfg, "rms_norm_eps", path, float),
+        rope_theta=_rope_theta(cfg, path),
+        max_position_embeddings=_field(cfg, "max_position_embeddings", path),
+        tie_word_embeddings=None if tie is None else bool(tie),
+        mask_token_id=cfg.get("mask_token_id"),
+        block_size=int(cfg.get("block_size") or DEFAULT_BLOCK_LENGTH),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id")),
+        residual=None if residual is None else ResidualConfig.from_hf(residual, path),
+    )

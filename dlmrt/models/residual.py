@@ -1,0 +1,117 @@
+"""The ORL residual pathway (DESIGN §3.1, our checkpoint format v1).
+
+    z_i  = p_i^T E                         pre-adapter residual from the previous round's logits
+    u    = s_in * RMSNorm_w(z)
+    g(z) = s_out * W_d[SiLU(W_g u) * (W_u u)]
+    h_i  = post(E[x_i] + alpha * m_i * g(z_i))
+
+with m_i = 1 on the rows that receive the residual (`positions`) and post = s * RMSNorm_nonaffine
+when `post_norm_scale` is a number s, else the identity. g(0) = 0: RMSNorm(0) = 0 and every
+projection is bias-free, so a block's first round (z = 0) is an ordinary masked forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlmrt.errors import CheckpointError
+from dlmrt.models.layers import RMSNorm, SwiGLU, rms_norm
+
+POST_NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResidualConfig:
+    """The `orl_residual` block of `config.json`."""
+
+    intermediate_size: int
+    input_scale: float = 1.0
+    output_scale: float = 1.0
+    strength: float = 1.0
+    post_norm_scale: float | None = None
+    positions: str = "masked"
+    temperature: float = 1.0
+    norm_eps: float = 1e-6
+
+    @staticmethod
+    def from_hf(raw: Any, path: Path) -> ResidualConfig:
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path}: config field 'orl_residual' must be an object")
+        known = set(ResidualConfig.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise CheckpointError(f"{path}: unknown field(s) in 'orl_residual': {unknown}")
+        if "intermediate_size" not in raw:
+            raise CheckpointError(
+                f"{path}: missing required config field 'orl_residual.intermediate_size'"
+            )
+        cfg = ResidualConfig(**raw)
+        if cfg.positions not in ("masked", "block"):
+            raise CheckpointError(
+                f"{path}: 'orl_residual.positions' must be 'masked' or 'block', got {cfg.positions!r}"
+            )
+        if cfg.temperature <= 0:
+            raise CheckpointError(f"{path}: 'orl_residual.temperature' must be > 0")
+        return cfg
+
+
+class ResidualAdapter(SwiGLU):
+    """g(z): weighted RMSNorm, input scale, the bias-free SwiGLU MLP, output scale."""
+
+    def __init__(self, hidden_size: int, cfg: ResidualConfig) -> None:
+        super().__init__(hidden_size, cfg.intermediate_size)
+        self.cfg = cfg
+        self.input_scale = cfg.input_scale
+        self.output_scale = cfg.output_scale
+        self.norm = RMSNorm(hidden_size, cfg.norm_eps)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:  # z: [rows, hidden]
+        return self.output_scale * super().forward(self.input_scale * self.norm(z))
+
+    def inject(
+        self, tok_emb: torch.Tensor, z: torch.Tensor, receives: torch.Tensor
+    ) -> torch.Tensor:
+        """Return h = post(E[x] + alpha * m * g(z)); `receives` is the bool row mask m: [rows]."""
+        m = receives.to(tok_emb.dtype).unsqueeze(-1)
+        h = tok_emb + self.cfg.strength * m * self.forward(z)
+        if self.cfg.post_norm_scale is not None:
+            h = self.cfg.post_norm_scale * rms_norm(h, POST_NORM_EPS)
+        return h
+
+
+def soft_embedding(
+    logits: torch.Tensor, embed: torch.Tensor, temperature: float, log_z: torch.Tensor | None = None
+) -> torch.Tensor:
+    """z = softmax(logits / T) @ E for every row: [rows, vocab] x [vocab, hidden] -> [rows, hidden].
+
+    `log_z` (logsumexp of logits / T, fp32) is the decoder's log-normaliser; passing it skips a
+    second reduction over the vocabulary.
+    """
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    if log_z is None:
+        log_z = torch.logsumexp(scaled, dim=-1)
+    p = torch.exp(scaled - log_z.unsqueeze(-1))
+    return (p.to(embed.dtype) @ embed).to(embed.dtype)
+
+
+@torch.no_grad()
+def rescale_residual_adapter(adapter: ResidualAdapter, gamma: float) -> ResidualConfig:
+    """Multiply W_g, W_u, W_d by gamma and divide both scales by gamma (the paper's make_scrp_base).
+
+    The adapter computes the same function (up to rounding): SiLU sees (gamma W_g)(u / gamma) = W_g u,
+    and the output is (gamma W_d)(...) / gamma. Returns the updated config (to save with the weights).
+    """
+    if gamma <= 0:
+        raise ValueError(f"gamma must be > 0, got {gamma}")
+    for proj in (adapter.gate_proj, adapter.up_proj, adapter.down_proj):
+        proj.weight.mul_(gamma)
+    adapter.input_scale /= gamma
+    adapter.output_scale /= gamma
+    adapter.cfg = replace(
+        adapter.cfg, input_scale=adapter.input_scale, output_scale=adapter.output_scale
+    )
+    return adapter.cfg

@@ -1,0 +1,83 @@
+"""DecodeParams: the per-request knobs, validated with errors that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+RULE_NAMES = ("threshold", "entropy_budget")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeParams:
+    """Per-request decoding parameters (`LLM.generate(**kwargs)` and `dlmrt generate` flags)."""
+
+    max_new_tokens: int = field(
+        default=256,
+        metadata={"help": "generated tokens at most (the output is cut to this length)"},
+    )
+    rule: str | None = field(
+        default=None,
+        metadata={"help": "acceptance rule; None: the checkpoint's default (ORL: entropy_budget)"},
+    )
+    threshold: float = field(
+        default=0.9, metadata={"help": "`threshold` rule: accept rows with confidence > tau"}
+    )
+    entropy_budget: float = field(
+        default=0.8, metadata={"help": "`entropy_budget` rule: gamma, in nats"}
+    )
+    temperature: float = field(
+        default=0.0, metadata={"help": "0: greedy; > 0: sample from softmax(logits / T)"}
+    )
+    seed: int | None = field(
+        default=None, metadata={"help": "seed of the sampling generator (temperature > 0); None: 0"}
+    )
+    block_length: int | None = field(
+        default=None, metadata={"help": "None: the checkpoint's block size"}
+    )
+    ignore_eos: bool = field(
+        default=False, metadata={"help": "keep generating past stop tokens (benchmarks)"}
+    )
+
+    def __post_init__(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, 1)
+        if self.rule is not None and self.rule not in RULE_NAMES:
+            raise ValueError(
+                f"rule: unknown rule {self.rule!r} (choose from {', '.join(RULE_NAMES)})"
+            )
+        _check_float("threshold", self.threshold, 0.0, 1.0)
+        _check_float("entropy_budget", self.entropy_budget, 0.0, float("inf"))
+        _check_float("temperature", self.temperature, 0.0, float("inf"))
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+        if self.block_length is not None:
+            _check_int("block_length", self.block_length, 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> DecodeParams:
+        """Like the constructor, but an unknown keyword raises TypeError naming it and listing the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        for key in kwargs:
+            if key not in valid:
+                raise TypeError(f"unknown decoding parameter {key!r} (valid: {', '.join(valid)})")
+        return cls(**kwargs)
+
+    @staticmethod
+    def defaults() -> dict[str, Any]:
+        return {f.name: f.default for f in fields(DecodeParams) if f.default is not MISSING}
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name}: must be >= {low}, got {value}")
+
+
+def _check_float(name: str, value: Any, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    if not (low <= value <= high) or value != value:
+        raise ValueError(f"{name}: must be in [{low}, {high}], got {value}")

@@ -1,0 +1,104 @@
+"""Tokenizer: `tokenizer.json` through the `tokenizers` library, the chat template through jinja2.
+
+Reads from the checkpoint directory: tokenizer.json (required), tokenizer_config.json (chat
+template, mask/eos tokens), chat_template.jinja (preferred over the config's template), and the
+stop ids from generation_config.json, else config.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from dlmrt.checkpoint import read_json
+from dlmrt.errors import CheckpointError
+from dlmrt.models.config import eos_ids
+
+MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "[MASK]", "<mask>")
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config stores special tokens as a string or as an AddedToken dict {"content": ...}.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, root: str | Path, config: dict[str, Any] | None = None) -> None:
+        root = Path(root)
+        path = root / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: file not found (dlmrt needs a fast tokenizer.json)")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:
+            raise CheckpointError(f"{path}: unreadable tokenizer ({e})") from e
+        self.config = read_json(root / "tokenizer_config.json", required=False) or {}
+        model_cfg = (
+            config if config is not None else read_json(root / "config.json", required=False) or {}
+        )
+        gen_cfg = read_json(root / "generation_config.json", required=False) or {}
+        self.chat_template = self._load_template(root)
+        self.mask_token_id = self._mask_id(model_cfg)
+        stop = eos_ids(gen_cfg.get("eos_token_id")) or eos_ids(model_cfg.get("eos_token_id"))
+        eos_text = _token_text(self.config.get("eos_token"))
+        if not stop and eos_text is not None and self._tok.token_to_id(eos_text) is not None:
+            stop = (self._tok.token_to_id(eos_text),)
+        self.stop_ids: set[int] = set(stop)
+
+    def _load_template(self, root: Path) -> str | None:
+        jinja_file = root / "chat_template.jinja"
+        if jinja_file.is_file():
+            return jinja_file.read_text(encoding="utf-8")
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # list of {"name", "template"}: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        return template
+
+    def _mask_id(self, model_cfg: dict[str, Any]) -> int | None:
+        if model_cfg.get("mask_token_id") is not None:
+            return int(model_cfg["mask_token_id"])
+        names = [_token_text(self.config.get("mask_token")), *MASK_TOKEN_NAMES]
+        for name in names:
+            if name is not None and self._tok.token_to_id(name) is not None:
+                return self._tok.token_to_id(name)
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        # Special tokens in the text (e.g. from the chat template) are recognised as such; no BOS
+        # is added here: templates and callers add it explicitly.
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render the checkpoint's chat template (jinja2, sandboxed) to a prompt string."""
+        if not self.chat_template:
+            raise ValueError("chat: this checkpoint has no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=_token_text(self.config.get("bos_token")) or "",
+                eos_token=_token_text(self.config.get("eos_token")) or "",
+            )
+        except jinja2.TemplateError as e:
+            raise ValueError(f"chat: the chat template failed to render ({e})") from e
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)

@@ -1,0 +1,1 @@
+"""Triton kernels, installed as dlmrt._kernels (imports nothing from dlmrt)."""

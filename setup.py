@@ -1,0 +1,34 @@
+"""dlmrt: single-request inference engine for block-diffusion language models (ORL)."""
+
+from setuptools import setup
+
+setup(
+    name="dlmrt",
+    version="0.1.0",
+    description="Single-request inference engine and ORL trainer for block-diffusion language models",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    # The Triton kernels live in the top-level `kernels/` directory but are installed as
+    # `dlmrt._kernels`: a top-level `kernels` package would clash with PyPI's `kernels`.
+    packages=[
+        "dlmrt",
+        "dlmrt.models",
+        "dlmrt.decoding",
+        "dlmrt.engine",
+        "dlmrt.attention",
+        "dlmrt._kernels",
+    ],
+    package_dir={"dlmrt": "dlmrt", "dlmrt._kernels": "kernels"},
+    install_requires=[
+        # Any torch >= 2.4 works; CPU machines should install the CPU wheel first (see README).
+        "torch>=2.4",
+        "safetensors>=0.4",
+        "tokenizers>=0.19",
+        "jinja2>=3.1",
+        "numpy>=1.24",
+        "tqdm>=4.60",
+    ],
+    extras_require={"dev": ["pytest>=7", "transformers>=5.0", "ruff>=0.5"]},
+    entry_points={"console_scripts": ["dlmrt = dlmrt.cli:main"]},
+)
