@@ -1,0 +1,111 @@
+"""Shared fixtures: tiny random checkpoints written by transformers' own `save_pretrained`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dlmrt.demo import CHAT_TEMPLATE, _byte_tokenizer
+
+VOCAB = 260  # byte-level tokenizer: 256 bytes + <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258, <|MASK|> 259
+MASK_ID = 259
+EOS_ID = 256
+
+
+def tiny_qwen3_config(**overrides: Any):
+    from transformers import Qwen3Config
+
+    kwargs = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        initializer_range=0.3,  # peaked logits, so rules accept several rows per round
+        tie_word_embeddings=False,
+        eos_token_id=EOS_ID,
+    )
+    kwargs.update(overrides)
+    return Qwen3Config(**kwargs)
+
+
+def write_checkpoint(
+    out: Path,
+    *,
+    seed: int = 0,
+    residual: dict[str, Any] | None = None,
+    architecture: str = "SDARForCausalLM",
+    block_size: int | None = 8,
+    tokenizer: bool = True,
+    **config_overrides: Any,
+) -> Path:
+    """Save a random Qwen3ForCausalLM with transformers, then add dlmrt's fields (and ORL adapter)."""
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(tiny_qwen3_config(**config_overrides)).eval()
+    model.save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["architectures"] = [architecture]
+    cfg["mask_token_id"] = MASK_ID
+    if block_size is not None:
+        cfg["block_size"] = block_size
+    if residual is not None:
+        cfg["orl_residual"] = residual
+        weights = load_file(str(out / "model.safetensors"))
+        gen = torch.Generator().manual_seed(seed + 1)
+        hidden, inter = cfg["hidden_size"], residual["intermediate_size"]
+        prefix = "model.residual_adapter."
+        weights[prefix + "norm.weight"] = 1.0 + 0.1 * torch.randn(hidden, generator=gen)
+        weights[prefix + "gate_proj.weight"] = 0.2 * torch.randn(inter, hidden, generator=gen)
+        weights[prefix + "up_proj.weight"] = 0.2 * torch.randn(inter, hidden, generator=gen)
+        weights[prefix + "down_proj.weight"] = 0.2 * torch.randn(hidden, inter, generator=gen)
+        save_file(weights, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tokenizer:
+        _byte_tokenizer().save(str(out / "tokenizer.json"))
+        (out / "tokenizer_config.json").write_text(
+            json.dumps({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"})
+        )
+    return out
+
+
+def residual_config(positions: str = "masked", post_norm_scale: float | None = 0.02, **kw: Any) -> dict:
+    cfg = {
+        "intermediate_size": 48,
+        "input_scale": 1.0,
+        "output_scale": 1.0,
+        "strength": 1.0,
+        "post_norm_scale": post_norm_scale,
+        "positions": positions,
+        "temperature": 1.0,
+    }
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def base_ckpt(tmp_path: Path) -> Path:
+    """A Base QwenDLM (SDAR) checkpoint: no adapter, untied head, block size 8."""
+    return write_checkpoint(tmp_path / "base")
+
+
+@pytest.fixture
+def orl_ckpt(tmp_path: Path) -> Path:
+    """An ORL QwenDLM checkpoint: adapter on masked rows, post-norm 0.02, block size 8."""
+    return write_checkpoint(tmp_path / "orl", residual=residual_config())
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The embedded demo model is built into DLMRT_CACHE; keep tests away from the user's cache.
+    monkeypatch.setenv("DLMRT_CACHE", str(tmp_path_factory.getbasetemp() / "dlmrt-cache"))
