@@ -65,6 +65,8 @@ def tensor_shapes(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
     """Read only the headers: tensor name -> (file, shape)."""
     shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: file not found (listed in model.safetensors.index.json)")
         try:
             with safe_open(str(f), framework="pt") as st:
                 for name in st.keys():
@@ -85,11 +87,17 @@ def check_tensors(
     root: Path,
 ) -> bool:
     """Compare checkpoint tensors with the model's; return whether lm_head is tied to the embeddings."""
-    tied = LM_HEAD not in found and tie is not False
+    # As transformers: a config that ties ignores a stored lm_head; unstated ties iff it is absent.
+    tied = tie is True or (tie is None and LM_HEAD not in found)
+    if tied and LM_HEAD in found:
+        log.info("%s: config ties the embeddings; ignoring the stored %s", root, LM_HEAD)
+        del found[LM_HEAD]
     missing = [n for n in expected if n not in found and not (tied and n == LM_HEAD)]
     if missing:
+        files = ", ".join(sorted({f.name for f, _ in found.values()})) or "no tensors"
         raise CheckpointError(
-            f"{root}: missing tensor(s) {missing[:8]}" + (" ..." if len(missing) > 8 else "")
+            f"{root} ({files}): missing tensor(s) {missing[:8]}"
+            + (" ..." if len(missing) > 8 else "")
         )
     unexpected = [n for n in found if n not in expected]
     if unexpected:
@@ -110,7 +118,11 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
         raise CheckpointError(f"{root}: not a checkpoint directory")
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
     archs = raw.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
     arch = archs[0] if archs else None
     if arch is None:
         raise CheckpointError(f"{cfg_path}: missing required config field 'architectures'")

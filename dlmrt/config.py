@@ -49,6 +49,8 @@ class EngineConfig:
                 torch.device(self.device)
             except RuntimeError as e:
                 raise ValueError(f"device: {self.device!r} is not a device ({e})") from None
+            if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
 
     def torch_device(self) -> torch.device:
         if self.device is not None:

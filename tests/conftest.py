@@ -79,7 +79,9 @@ def write_checkpoint(
     return out
 
 
-def residual_config(positions: str = "masked", post_norm_scale: float | None = 0.02, **kw: Any) -> dict:
+def residual_config(
+    positions: str = "masked", post_norm_scale: float | None = 0.02, **kw: Any
+) -> dict:
     cfg = {
         "intermediate_size": 48,
         "input_scale": 1.0,
@@ -106,6 +108,8 @@ def orl_ckpt(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The embedded demo model is built into DLMRT_CACHE; keep tests away from the user's cache.
     monkeypatch.setenv("DLMRT_CACHE", str(tmp_path_factory.getbasetemp() / "dlmrt-cache"))

@@ -18,7 +18,7 @@ from dlmrt.errors import CheckpointError
 
 CPU = torch.device("cpu")
 WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
+SHARD = "model-{:05d}-of-00002.safetensors"
 
 
 def load(path: Path, dtype: torch.dtype = torch.float32):
@@ -50,33 +50,27 @@ def shard(path: Path, split: Callable[[list[str]], tuple[list[str], list[str]]])
     (path / WEIGHTS).unlink()
     weight_map = {}
     for i, keys in enumerate(split(sorted(weights)), 1):
-        fname = f"model-{i:05d}-of-00002.safetensors"
+        fname = SHARD.format(i)
         save_file({k: weights[k] for k in keys}, str(path / fname))
         weight_map.update({k: fname for k in keys if k not in weight_map})
-    (path / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-
-
-# ---------------------------------------------------------------- values
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
 
 
 @pytest.mark.parametrize("residual", [None, residual_config()], ids=["base", "orl"])
 def test_loaded_values_equal_file(tmp_path: Path, residual: dict | None) -> None:
-    """Every model tensor equals the safetensors tensor of the same name, and no other exists."""
-    ckpt = write_checkpoint(tmp_path / "x", residual=residual)
-    state = load(ckpt).model.state_dict()
-    file = load_file(str(ckpt / WEIGHTS))
+    """Every model tensor equals the file's tensor of that name; eval mode, no grads, gen config."""
+    path = write_checkpoint(tmp_path / "x", residual=residual)
+    ckpt = load(path)
+    assert ckpt.generation_config["eos_token_id"] == 256
+    assert not ckpt.model.training
+    assert not any(p.requires_grad for p in ckpt.model.parameters())
+    state, file = ckpt.model.state_dict(), load_file(str(path / WEIGHTS))
     assert set(state) == set(file)
     for name, t in file.items():
         assert state[name].dtype == torch.float32
         assert torch.equal(state[name], t), name
-
-
-def test_generation_config_and_eval_mode(base_ckpt: Path) -> None:
-    """The Checkpoint carries generation_config.json; the model is in eval mode without grads."""
-    ckpt = load(base_ckpt)
-    assert ckpt.generation_config["eos_token_id"] == 256
-    assert not ckpt.model.training
-    assert not any(p.requires_grad for p in ckpt.model.parameters())
 
 
 def test_bfloat16_dtype(base_ckpt: Path) -> None:
@@ -122,9 +116,6 @@ def test_untied_config_missing_lm_head(base_ckpt: Path) -> None:
         load(base_ckpt)
 
 
-# ---------------------------------------------------------------- sharded
-
-
 def test_sharded_equals_single_file(base_ckpt: Path) -> None:
     """Two shards plus model.safetensors.index.json load exactly the single-file state_dict."""
     single = load(base_ckpt).model.state_dict()
@@ -139,7 +130,7 @@ def test_sharded_equals_single_file(base_ckpt: Path) -> None:
 def test_tensor_in_two_shards(base_ckpt: Path) -> None:
     """A tensor stored in two shards raises naming the tensor and both files."""
     shard(base_ckpt, lambda keys: (keys[1:], [keys[0], "model.norm.weight"]))
-    first, second = base_ckpt / "model-00001-of-00002.safetensors", base_ckpt / "model-00002-of-00002.safetensors"
+    first, second = base_ckpt / SHARD.format(1), base_ckpt / SHARD.format(2)
     with pytest.raises(CheckpointError, match=names(second, "model.norm.weight", str(first))):
         load(base_ckpt)
 
@@ -147,19 +138,18 @@ def test_tensor_in_two_shards(base_ckpt: Path) -> None:
 def test_index_references_missing_shard(base_ckpt: Path) -> None:
     """An index whose weight_map names a shard that does not exist raises naming that shard."""
     shard(base_ckpt, lambda keys: (keys[:5], keys[5:]))
-    missing = base_ckpt / "model-00002-of-00002.safetensors"
+    missing = base_ckpt / SHARD.format(2)
     missing.unlink()
     with pytest.raises(CheckpointError, match=names(missing)):
         load(base_ckpt)
 
 
-# ---------------------------------------------------------------- tensor errors
-
-
 def test_missing_tensor(base_ckpt: Path) -> None:
     """A tensor absent from the file raises naming it (and the checkpoint directory)."""
     edit_weights(base_ckpt, lambda w: w.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(CheckpointError, match=names(base_ckpt, "model.layers.1.mlp.up_proj.weight")):
+    with pytest.raises(
+        CheckpointError, match=names(base_ckpt, "model.layers.1.mlp.up_proj.weight")
+    ):
         load(base_ckpt)
 
 
@@ -178,9 +168,6 @@ def test_wrong_shape(base_ckpt: Path) -> None:
         load(base_ckpt)
 
 
-# ---------------------------------------------------------------- config errors
-
-
 @pytest.mark.parametrize("archs", [["GPT2LMHeadModel"], ["LlamaForCausalLM", "SDARForCausalLM"]])
 def test_unsupported_architecture(base_ckpt: Path, archs: list[str]) -> None:
     """An architecture outside the registry raises naming it and listing the supported ones."""
@@ -190,15 +177,17 @@ def test_unsupported_architecture(base_ckpt: Path, archs: list[str]) -> None:
         load(base_ckpt)
 
 
-@pytest.mark.parametrize("value", [None, []], ids=["absent", "empty"])
-def test_missing_architectures(base_ckpt: Path, value: list | None) -> None:
+@pytest.mark.parametrize("extra", [{}, {"architectures": []}], ids=["absent", "empty"])
+def test_missing_architectures(base_ckpt: Path, extra: dict) -> None:
     """No (or an empty) 'architectures' field raises naming the field."""
-    edit_config(base_ckpt, lambda c: c.pop("architectures") if value is None else c.update(architectures=value))
+    edit_config(base_ckpt, lambda c: (c.pop("architectures"), c.update(extra)))
     with pytest.raises(CheckpointError, match=names(base_ckpt / "config.json", "'architectures'")):
         load(base_ckpt)
 
 
-@pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "rms_norm_eps", "num_hidden_layers"])
+@pytest.mark.parametrize(
+    "field", ["hidden_size", "vocab_size", "rms_norm_eps", "num_hidden_layers"]
+)
 def test_missing_config_field(base_ckpt: Path, field: str) -> None:
     """A missing required backbone field raises naming the field and config.json."""
     edit_config(base_ckpt, lambda c: c.pop(field))
@@ -220,44 +209,35 @@ def test_missing_orl_intermediate_size(orl_ckpt: Path) -> None:
         ("positions", "everywhere", "orl_residual.positions"),
         ("gain", 2.0, "gain"),
         ("temperature", 0.0, "orl_residual.temperature"),
+        ("intermediate_size", None, "orl_residual.intermediate_size"),
+        ("temperature", "hot", "orl_residual.temperature"),
+        ("strength", "x", "orl_residual.strength"),
+    ],
+    ids=[
+        "positions",
+        "unknown-key",
+        "zero-temperature",
+        "null-size",
+        "str-temperature",
+        "str-strength",
     ],
 )
 def test_bad_orl_field(orl_ckpt: Path, key: str, value: Any, expect: str) -> None:
-    """A bad positions value, a non-positive temperature or an unknown orl_residual key raises."""
+    """A bad/null/non-numeric orl_residual value or an unknown key raises naming the field."""
     edit_config(orl_ckpt, lambda c: c["orl_residual"].update({key: value}))
     with pytest.raises(CheckpointError, match=names(orl_ckpt / "config.json", expect)):
         load(orl_ckpt)
 
 
-@pytest.mark.xfail(reason="residual.py from_hf: null intermediate_size reaches torch (TypeError)", strict=True)
-def test_null_orl_intermediate_size(orl_ckpt: Path) -> None:
-    """orl_residual.intermediate_size = null raises CheckpointError naming the field."""
-    edit_config(orl_ckpt, lambda c: c["orl_residual"].update(intermediate_size=None))
-    with pytest.raises(CheckpointError, match="orl_residual.intermediate_size"):
-        load(orl_ckpt)
-
-
-@pytest.mark.xfail(reason="residual.py from_hf: non-numeric temperature -> TypeError", strict=True)
-def test_non_numeric_orl_temperature(orl_ckpt: Path) -> None:
-    """A non-numeric orl_residual.temperature raises CheckpointError naming the field."""
-    edit_config(orl_ckpt, lambda c: c["orl_residual"].update(temperature="hot"))
-    with pytest.raises(CheckpointError, match="orl_residual.temperature"):
-        load(orl_ckpt)
-
-
-# ---------------------------------------------------------------- rope
-
-
-def test_old_style_rope_theta(base_ckpt: Path) -> None:
-    """A top-level 'rope_theta' (pre-transformers-5 config) is used when rope_parameters is absent."""
-    edit_config(base_ckpt, lambda c: (c.pop("rope_parameters"), c.update(rope_theta=123456.0)))
-    assert load(base_ckpt).model.cfg.rope_theta == 123456.0
-
-
-def test_rope_parameters_theta(base_ckpt: Path) -> None:
-    """rope_parameters.rope_theta is read (the transformers-5 layout)."""
-    edit_config(base_ckpt, lambda c: c["rope_parameters"].update(rope_theta=5e5))
-    assert load(base_ckpt).config.rope_theta == 5e5
+@pytest.mark.parametrize("old_style", [True, False], ids=["top-level", "rope_parameters"])
+def test_rope_theta(base_ckpt: Path, old_style: bool) -> None:
+    """rope_theta is read from rope_parameters, or top-level in a pre-transformers-5 config."""
+    if old_style:
+        edit_config(base_ckpt, lambda c: (c.pop("rope_parameters"), c.update(rope_theta=123456.0)))
+    else:
+        edit_config(base_ckpt, lambda c: c["rope_parameters"].update(rope_theta=123456.0))
+    ckpt = load(base_ckpt)
+    assert ckpt.model.cfg.rope_theta == ckpt.config.rope_theta == 123456.0
 
 
 @pytest.mark.parametrize("key", ["rope_parameters", "rope_scaling"])
@@ -269,36 +249,33 @@ def test_unsupported_rope_type(base_ckpt: Path, key: str) -> None:
         load(base_ckpt)
 
 
-# ---------------------------------------------------------------- unreadable files
-
-
-def test_config_not_json(base_ckpt: Path) -> None:
-    """A config.json that is not JSON raises naming config.json."""
-    (base_ckpt / "config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match=names(base_ckpt / "config.json", "JSON")):
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("{not json", "unreadable JSON"),
+        (None, "not found"),
+        ("[1, 2]", "object"),
+    ],
+    ids=["not-json", "missing", "not-object"],
+)
+def test_bad_config_json(base_ckpt: Path, text: str | None, expect: str) -> None:
+    """A config.json that is missing, not JSON or not a JSON object raises naming config.json."""
+    cfg = base_ckpt / "config.json"
+    if text is None:
+        cfg.unlink()
+    else:
+        cfg.write_text(text)
+    with pytest.raises(CheckpointError, match=names(cfg, expect)):
         load(base_ckpt)
 
 
-@pytest.mark.xfail(reason="checkpoint.py load_checkpoint: non-object config -> AttributeError", strict=True)
-def test_config_not_object(base_ckpt: Path) -> None:
-    """A config.json holding a JSON array (not an object) raises CheckpointError naming it."""
-    (base_ckpt / "config.json").write_text("[1, 2]")
-    with pytest.raises(CheckpointError, match=names(base_ckpt / "config.json")):
-        load(base_ckpt)
-
-
-def test_config_missing(base_ckpt: Path) -> None:
-    """A directory without config.json raises naming config.json."""
-    (base_ckpt / "config.json").unlink()
-    with pytest.raises(CheckpointError, match=names(base_ckpt / "config.json", "not found")):
-        load(base_ckpt)
-
-
-@pytest.mark.parametrize("keep", [100, 2600, -4], ids=["header", "data", "tail"])
-def test_corrupt_safetensors(base_ckpt: Path, keep: int) -> None:
-    """A truncated .safetensors file raises naming it, before any weight is copied."""
+@pytest.mark.parametrize("cut", ["in-header", "in-data", "last-bytes"])
+def test_corrupt_safetensors(base_ckpt: Path, cut: str) -> None:
+    """A truncated .safetensors file (header or data cut short) raises naming the file."""
     data = (base_ckpt / WEIGHTS).read_bytes()
-    (base_ckpt / WEIGHTS).write_bytes(data[:keep])
+    data_start = 8 + int.from_bytes(data[:8], "little")  # u64 header length, then the JSON header
+    keep = {"in-header": data_start // 2, "in-data": data_start + 16, "last-bytes": len(data) - 4}
+    (base_ckpt / WEIGHTS).write_bytes(data[: keep[cut]])
     with pytest.raises(CheckpointError, match=names(base_ckpt / WEIGHTS, "unreadable")):
         load(base_ckpt)
 
@@ -317,16 +294,19 @@ def test_not_a_directory(base_ckpt: Path) -> None:
             load(path)
 
 
-# ---------------------------------------------------------------- resolve_model_path
-
-
 def test_resolve_local_directory(base_ckpt: Path) -> None:
     """A local directory resolves to itself."""
     assert resolve_model_path(str(base_ckpt)) == base_ckpt
 
 
-def test_resolve_uncached_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A hub id absent from the HF cache raises, naming it and saying nothing is downloaded."""
+@pytest.mark.parametrize("dangling_ref", [False, True])
+def test_resolve_uncached_hub_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dangling_ref: bool
+) -> None:
+    """A hub id not in the HF cache (or whose refs/main has no snapshot) raises: never downloads."""
+    if dangling_ref:
+        (tmp_path / "hub" / "models--org--name" / "refs").mkdir(parents=True)
+        (tmp_path / "hub" / "models--org--name" / "refs" / "main").write_text("abc123")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(CheckpointError, match=r"org/name.*never downloads"):

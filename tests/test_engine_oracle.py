@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import residual_config, write_checkpoint
+
 from dlmrt import LLM, reference
 from dlmrt.decoding import make_rule
 
@@ -65,8 +65,14 @@ def test_engine_matches_oracle(llms, adapter, rule, prompt_len):
 def test_engine_matches_oracle_across_block_lengths(llms, block_length, adapter):
     """Block lengths other than the checkpoint's, with a prompt tail in the first block."""
     for rule in RULES:
-        _check(llms[adapter, 0], _prompt(10), rule, max_new_tokens=19, block_length=block_length,
-               ignore_eos=True)
+        _check(
+            llms[adapter, 0],
+            _prompt(10),
+            rule,
+            max_new_tokens=19,
+            block_length=block_length,
+            ignore_eos=True,
+        )
 
 
 @pytest.mark.parametrize("adapter", ["base", "masked"])
@@ -74,8 +80,15 @@ def test_engine_matches_oracle_across_block_lengths(llms, block_length, adapter)
 def test_engine_matches_oracle_when_sampling(llms, adapter, seed):
     """temperature > 0: same seeded draws, same tokens."""
     for rule in RULES:
-        _check(llms[adapter, 1], _prompt(9), rule, max_new_tokens=24, temperature=0.8, seed=seed,
-               ignore_eos=True)
+        _check(
+            llms[adapter, 1],
+            _prompt(9),
+            rule,
+            max_new_tokens=24,
+            temperature=0.8,
+            seed=seed,
+            ignore_eos=True,
+        )
 
 
 def test_engine_matches_oracle_with_stop_ids(llms):
@@ -96,6 +109,7 @@ def test_engine_matches_oracle_with_stop_ids(llms):
 def test_parallel_acceptance_is_exercised(llms):
     """The parity settings accept several rows per round (else the grid above proves little)."""
     for rule in RULES:
-        out = llms["masked", 0].generate(_prompt(8), rule=rule, max_new_tokens=32, ignore_eos=True,
-                                         **RULES[rule])
+        out = llms["masked", 0].generate(
+            _prompt(8), rule=rule, max_new_tokens=32, ignore_eos=True, **RULES[rule]
+        )
         assert out.tokens_per_forward > 1.5, (rule, out.rounds_per_block)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import write_checkpoint
+
 from dlmrt.attention import AttnContext
 from dlmrt.checkpoint import load_checkpoint
 

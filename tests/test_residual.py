@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import residual_config, write_checkpoint
+
 from dlmrt.attention import AttnContext
 from dlmrt.checkpoint import load_checkpoint
-from dlmrt.models.residual import ResidualAdapter, ResidualConfig, rescale_residual_adapter, soft_embedding
+from dlmrt.models.residual import (
+    ResidualAdapter,
+    ResidualConfig,
+    rescale_residual_adapter,
+    soft_embedding,
+)
 
 CPU = torch.device("cpu")
 
@@ -24,8 +29,15 @@ def _adapter(seed: int = 0, **kw) -> ResidualAdapter:
 def _manual_g(adapter: ResidualAdapter, z: torch.Tensor) -> torch.Tensor:
     """g(z) written out from the weights: s_out * W_d[SiLU(W_g u) * W_u u], u = s_in * RMSNorm_w(z)."""
     c = adapter.cfg
-    u = z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + c.norm_eps) * adapter.norm.weight * c.input_scale
-    inner = torch.nn.functional.silu(u @ adapter.gate_proj.weight.T) * (u @ adapter.up_proj.weight.T)
+    u = (
+        z
+        / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + c.norm_eps)
+        * adapter.norm.weight
+        * c.input_scale
+    )
+    inner = torch.nn.functional.silu(u @ adapter.gate_proj.weight.T) * (
+        u @ adapter.up_proj.weight.T
+    )
     return c.output_scale * inner @ adapter.down_proj.weight.T
 
 
@@ -49,7 +61,9 @@ def test_rescale_preserves_adapter_function(gamma):
     z = torch.randn(9, 32)
     before, w_gate = adapter(z), adapter.gate_proj.weight.clone()
     cfg = rescale_residual_adapter(adapter, gamma)
-    assert cfg.input_scale == pytest.approx(1 / gamma) and cfg.output_scale == pytest.approx(1 / gamma)
+    assert cfg.input_scale == pytest.approx(1 / gamma) and cfg.output_scale == pytest.approx(
+        1 / gamma
+    )
     torch.testing.assert_close(adapter.gate_proj.weight, gamma * w_gate)
     after = adapter(z)
     assert ((after - before).abs().max() / before.abs().max()).item() <= 1e-5
@@ -57,7 +71,9 @@ def test_rescale_preserves_adapter_function(gamma):
 
 def test_rescale_preserves_model_logits(tmp_path):
     """A whole ORL model's denoising logits are unchanged (<= 1e-5 relative) by gamma = 8."""
-    model = load_checkpoint(write_checkpoint(tmp_path / "m", residual=residual_config()), torch.float32, CPU).model
+    model = load_checkpoint(
+        write_checkpoint(tmp_path / "m", residual=residual_config()), torch.float32, CPU
+    ).model
     ids = torch.randint(0, 259, (16,), generator=torch.Generator().manual_seed(0))
     z = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
     receives = torch.tensor([True, False] * 4)
@@ -88,7 +104,9 @@ def test_inject_rows_and_post_norm(post):
 
 def test_residual_applies_to_the_block_rows_only(tmp_path):
     """Clean context rows before the block see no residual and no post-norm (oracle layout)."""
-    model = load_checkpoint(write_checkpoint(tmp_path / "m", residual=residual_config()), torch.float32, CPU).model
+    model = load_checkpoint(
+        write_checkpoint(tmp_path / "m", residual=residual_config()), torch.float32, CPU
+    ).model
     ids = torch.randint(0, 259, (16,), generator=torch.Generator().manual_seed(3))
     ctx = AttnContext(torch.arange(16), block_size=8)
     clean = model(ids, ctx)
@@ -99,16 +117,22 @@ def test_residual_applies_to_the_block_rows_only(tmp_path):
 
 def test_masked_positions_ignore_resolved_rows_residual(tmp_path):
     """Only rows with m = 1 read their z: changing z on an m = 0 row changes nothing."""
-    model = load_checkpoint(write_checkpoint(tmp_path / "m", residual=residual_config()), torch.float32, CPU).model
+    model = load_checkpoint(
+        write_checkpoint(tmp_path / "m", residual=residual_config()), torch.float32, CPU
+    ).model
     ids = torch.randint(0, 259, (8,), generator=torch.Generator().manual_seed(4))
     ctx = AttnContext(torch.arange(8), block_size=8)
     z = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))
     receives = torch.tensor([True, True, False, True, False, True, True, True])
     z2 = z.clone()
     z2[2] += 1.0
-    assert torch.equal(model(ids, ctx, z=z, receives=receives), model(ids, ctx, z=z2, receives=receives))
+    assert torch.equal(
+        model(ids, ctx, z=z, receives=receives), model(ids, ctx, z=z2, receives=receives)
+    )
     z2[3] += 1.0
-    assert not torch.equal(model(ids, ctx, z=z, receives=receives), model(ids, ctx, z=z2, receives=receives))
+    assert not torch.equal(
+        model(ids, ctx, z=z, receives=receives), model(ids, ctx, z=z2, receives=receives)
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -127,4 +151,22 @@ def test_base_model_has_no_adapter(tmp_path):
     ids = torch.randint(0, 259, (8,))
     ctx = AttnContext(torch.arange(8), block_size=8)
     assert model.adapter is None
-    assert torch.equal(model(ids, ctx), model(ids, ctx, z=torch.randn(8, 64), receives=torch.ones(8, dtype=torch.bool)))
+    assert torch.equal(
+        model(ids, ctx),
+        model(ids, ctx, z=torch.randn(8, 64), receives=torch.ones(8, dtype=torch.bool)),
+    )
+
+
+@pytest.mark.parametrize("positions", ["masked", "block"])
+def test_round_receives_rows_by_positions(tmp_path, positions):
+    """'masked': rows unresolved at the start of the round get g(z); 'block': every row."""
+    from dlmrt.decoding import make_rule
+    from dlmrt.engine.round import RoundSpec
+
+    path = write_checkpoint(tmp_path / "m", residual=residual_config(positions))
+    spec = RoundSpec(
+        load_checkpoint(path, torch.float32, CPU).model, make_rule("threshold"), 0.0, 8
+    )
+    unresolved = torch.tensor([False, True, True, False, True, True, True, True])
+    expected = unresolved if positions == "masked" else torch.ones(8, dtype=torch.bool)
+    assert torch.equal(spec.receives(unresolved), expected)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import MASK_ID
+
 from dlmrt.decoding import Proposal, RuleOutput, propose
 from dlmrt.decoding.entropy_budget import EntropyBudgetRule
 from dlmrt.decoding.threshold import ThresholdRule
@@ -93,21 +93,14 @@ def test_propose_sampling_needs_uniform():
         propose(torch.zeros(2, 3), 1.0)
 
 
-@pytest.mark.xfail(
-    reason="proposal.py:30 searchsorted(side='left'): u == 0 picks a token whose probability "
-    "underflowed to 0 (needs right=True)",
-    strict=True,
-)
 def test_propose_never_samples_zero_probability_token():
-    """u = 0 (legal: u in [0, 1)) must not pick a token of probability 0."""
-    p = propose(torch.tensor([[-200.0, 0.0]]), 1.0, torch.tensor([0.0]))
-    assert p.tokens.tolist() == [1]
+    """u = 0 or u -> 1 (u in [0, 1)) never picks a token whose probability underflowed to 0."""
+    logits = torch.tensor([[-200.0, 0.0, -200.0], [0.0, -200.0, -200.0]])
+    p = propose(logits, 1.0, torch.tensor([0.0, 0.9999999]))
+    assert p.tokens.tolist() == [1, 0]
+    assert p.confidence.tolist() == [1.0, 1.0]
 
 
-@pytest.mark.xfail(
-    reason="proposal.py:24 entropy = log_z - sum(p * x): 0 * -inf = nan for -inf logits",
-    strict=True,
-)
 def test_propose_entropy_finite_with_masked_vocabulary():
     """-inf logits (a masked vocabulary entry) contribute 0 to the entropy, not NaN."""
     p = propose(torch.tensor([[float("-inf"), 0.0, 0.0]]), 0.0)
@@ -140,7 +133,9 @@ def test_threshold_row_equal_to_tau_accepted_only_when_forced():
 
 def test_threshold_tie_takes_lowest_index():
     """Ties for the forced row resolve to the lowest unresolved index."""
-    out = _apply(ThresholdRule(0.9), _prop(confidence=[0.25, 0.5, 0.5, 0.5]), [True, False, True, True])
+    out = _apply(
+        ThresholdRule(0.9), _prop(confidence=[0.25, 0.5, 0.5, 0.5]), [True, False, True, True]
+    )
     assert _rows(out.accepted) == [2]
 
 
@@ -170,22 +165,12 @@ def test_threshold_all_resolved_accepts_nothing():
 # --- entropy_budget ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    reason="entropy_budget.py:30 exclusive prefix computed as cumsum - h: (0.1+0.3+0.5)-0.5 = "
-    "0.40000004f > 0.4f, though 0.1f+0.3f == 0.4f; row 0 is wrongly rejected",
-    strict=True,
-)
 def test_entropy_budget_paper_example_boundary():
     """H = [0.5, 0.1, 0.3, 2.0], gamma 0.4: prefix sums 0, 0.1, 0.4, 0.9 -> rows 1, 2, 0 accepted."""
     out = _apply(EntropyBudgetRule(0.4), _prop(entropy=[0.5, 0.1, 0.3, 2.0]))
     assert _rows(out.accepted) == [0, 1, 2]
 
 
-@pytest.mark.xfail(
-    reason="entropy_budget.py:30 cumsum - h cancellation: the verdict on a row depends on its "
-    "own entropy (prefix 0.1+0.3 vs gamma 0.4: accepted when H=1.9, rejected when H=0.45/0.5/0.7)",
-    strict=True,
-)
 def test_entropy_budget_verdict_independent_of_own_entropy():
     """Whether the 3rd-lowest row is accepted depends only on the two entropies below it."""
     verdicts = [

@@ -26,10 +26,9 @@ class EntropyBudgetRule(DecodeRule):
     ) -> torch.Tensor:
         h = proposal.entropy.masked_fill(~unresolved, float("inf"))
         sorted_h, order = torch.sort(h, stable=True)
-        before = (
-            torch.cumsum(sorted_h, dim=0) - sorted_h
-        )  # exclusive prefix sum (inf after resolved)
-        before[0] = 0.0  # first row: nothing before it (avoids inf - inf when all are resolved)
+        # Exclusive prefix sum by shifting (not cumsum - h, whose rounding can flip a verdict at the
+        # boundary); resolved rows sort last with +inf, so they never lower a sum before them.
+        before = torch.cat((sorted_h.new_zeros(1), torch.cumsum(sorted_h, dim=0)[:-1]))
         ok_sorted = before <= self.budget
         ok = torch.zeros_like(unresolved).scatter_(0, order, ok_sorted)
         return unresolved & ok

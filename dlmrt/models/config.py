@@ -52,6 +52,10 @@ def _field(cfg: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
     if name not in cfg or cfg[name] is None:
         raise CheckpointError(f"{path}: missing required config field '{name}'")
     value = cfg[name]
+    if kind is int and (
+        isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())
+    ):
+        raise CheckpointError(f"{path}: config field '{name}' = {value!r} is not an integer")
     try:
         return kind(value)
     except (TypeError, ValueError) as e:

@@ -49,6 +49,8 @@ class ResidualConfig:
             raise CheckpointError(
                 f"{path}: missing required config field 'orl_residual.intermediate_size'"
             )
+        for name, value in raw.items():
+            _check_type(path, name, value)
         cfg = ResidualConfig(**raw)
         if cfg.positions not in ("masked", "block"):
             raise CheckpointError(
@@ -57,6 +59,17 @@ class ResidualConfig:
         if cfg.temperature <= 0:
             raise CheckpointError(f"{path}: 'orl_residual.temperature' must be > 0")
         return cfg
+
+
+_TYPES = {"intermediate_size": int, "positions": str, "post_norm_scale": (int, float, type(None))}
+
+
+def _check_type(path: Path, name: str, value: Any) -> None:
+    kind = _TYPES.get(name, (int, float))
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise CheckpointError(
+            f"{path}: config field 'orl_residual.{name}' has the wrong type ({value!r})"
+        )
 
 
 class ResidualAdapter(SwiGLU):

@@ -1,0 +1,232 @@
+"""The Python API (`dlmrt.LLM`) end to end on tiny random checkpoints, CPU fp32."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EOS_ID, MASK_ID, residual_config, write_checkpoint
+
+import dlmrt
+from dlmrt.demo import DEMO_NAME, write_demo_checkpoint
+from dlmrt.outputs import GenerationOutput
+
+PROMPT = "What is 12+30?"
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("api")
+    return {
+        "base": write_checkpoint(root / "base"),
+        "orl": write_checkpoint(root / "orl", residual=residual_config()),
+    }
+
+
+@pytest.fixture(scope="module")
+def base_llm(ckpts) -> dlmrt.LLM:
+    return dlmrt.LLM(ckpts["base"], dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def orl_llm(ckpts) -> dlmrt.LLM:
+    return dlmrt.LLM(ckpts["orl"], dtype="float32", device="cpu")
+
+
+def test_generate_output_fields(orl_llm):
+    """GenerationOutput: text decodes token_ids, TPF = tokens / denoising forwards, tps > 0."""
+    out = orl_llm.generate(PROMPT, max_new_tokens=12)
+    assert isinstance(out, GenerationOutput)
+    assert out.text == orl_llm.tokenizer.decode(out.token_ids)
+    assert 1 <= len(out.token_ids) <= 12
+    assert out.num_denoising_forwards == sum(out.rounds_per_block) > 0
+    assert out.tokens_per_forward == len(out.token_ids) / out.num_denoising_forwards
+    assert out.request_tps > 0 and out.request_time_s > 0
+    assert out.finish_reason in {"stop", "length"}
+    assert out.prompt_tokens == len(orl_llm.tokenizer.encode(PROMPT))
+
+
+@pytest.mark.parametrize("n", [1, 5, 13])
+def test_max_new_tokens_exact(base_llm, n):
+    """With ignore_eos, exactly max_new_tokens tokens come back (block 8), finish 'length'."""
+    out = base_llm.generate(PROMPT, max_new_tokens=n, ignore_eos=True)
+    assert len(out.token_ids) == n
+    assert out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("block", [1, 4, 16])
+def test_block_length_override(base_llm, block):
+    """block_length overrides the checkpoint's block: at most `block` rounds per block, n tokens."""
+    out = base_llm.generate(PROMPT, max_new_tokens=10, ignore_eos=True, block_length=block)
+    assert len(out.token_ids) == 10
+    assert len(out.rounds_per_block) == -(-(14 + 10) // block) - 14 // block
+    assert all(1 <= r <= block for r in out.rounds_per_block)
+
+
+@pytest.mark.parametrize("prompt", ["", "12345678", [7] * 16])
+def test_empty_and_block_aligned_prompts(base_llm, prompt):
+    """An empty prompt, or one filling whole blocks (no tail), still generates exactly n tokens."""
+    out = base_llm.generate(prompt, max_new_tokens=9, ignore_eos=True)
+    assert len(out.token_ids) == 9 and out.num_prefill_forwards == (1 if prompt else 0)
+    assert len(out.rounds_per_block) == 2
+
+
+def test_stop_id_truncates_output(ckpts, tmp_path):
+    """A generated stop id ends the output (kept as last token): a prefix of the ignore_eos run."""
+    path = shutil.copytree(ckpts["base"], tmp_path / "stop")
+    full = dlmrt.LLM(path, dtype="float32").generate(PROMPT, max_new_tokens=16, ignore_eos=True)
+    ids = full.token_ids
+    k = next(i for i in range(2, len(ids)) if ids[i] not in ids[:i])  # first occurrence at k >= 2
+    gen_cfg = json.loads((path / "generation_config.json").read_text())
+    gen_cfg["eos_token_id"] = ids[k]
+    (path / "generation_config.json").write_text(json.dumps(gen_cfg))
+    llm = dlmrt.LLM(path, dtype="float32")
+    assert llm.stop_ids == {ids[k]}
+    out = llm.generate(PROMPT, max_new_tokens=16)
+    assert out.token_ids == ids[: k + 1]
+    assert out.finish_reason == "stop"
+    again = llm.generate(PROMPT, max_new_tokens=16, ignore_eos=True)
+    assert again.token_ids == ids and again.finish_reason == "length"
+
+
+def test_default_stop_id_is_eos(base_llm):
+    """The tiny checkpoints stop on EOS (id 256) from generation_config.json."""
+    assert base_llm.stop_ids == {EOS_ID}
+    assert base_llm.mask_id == MASK_ID
+
+
+def test_unknown_keyword_is_type_error(base_llm):
+    """An unknown generate() keyword raises TypeError naming it."""
+    with pytest.raises(TypeError, match="max_tokens"):
+        base_llm.generate(PROMPT, max_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_new_tokens", 0),
+        ("max_new_tokens", "5"),
+        ("max_new_tokens", True),
+        ("threshold", 1.5),
+        ("threshold", float("nan")),
+        ("entropy_budget", -1),
+        ("temperature", -0.1),
+        ("rule", "nope"),
+        ("block_length", 0),
+        ("seed", -1),
+        ("ignore_eos", 1),
+    ],
+)
+def test_invalid_decode_value_names_field(base_llm, field, value):
+    """An invalid DecodeParams value raises ValueError whose message starts with the field name."""
+    with pytest.raises(ValueError, match=f"^{field}"):
+        base_llm.generate(PROMPT, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"dtype": "float64"}, "dtype"), ({"role": "bad"}, "role"), ({"mode": "bad"}, "mode")],
+)
+def test_invalid_engine_value_names_field(ckpts, kwargs, field):
+    """An invalid LLM() argument raises ValueError naming the field."""
+    with pytest.raises(ValueError, match=f"^{field}"):
+        dlmrt.LLM(ckpts["base"], **kwargs)
+
+
+def test_prompt_too_long_for_positions(base_llm):
+    """prompt + max_new_tokens (in whole blocks) beyond max_position_embeddings raises."""
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        base_llm.generate([5] * 1000, max_new_tokens=100)
+
+
+@pytest.mark.parametrize("bad", [260, 10_000, -1])
+def test_prompt_token_outside_vocab(base_llm, bad):
+    """A prompt token id outside [0, vocab) raises ValueError naming the id."""
+    with pytest.raises(ValueError, match=f"token id {bad} "):
+        base_llm.generate([1, 2, bad, 3], max_new_tokens=4)
+
+
+def test_chat_needs_text_prompt(base_llm):
+    """chat=True with a token-id prompt raises ValueError naming chat."""
+    with pytest.raises(ValueError, match="^chat"):
+        base_llm.generate([1, 2, 3], chat=True, max_new_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("which", "role", "rule"),
+    [
+        ("orl", None, "entropy_budget"),
+        ("base", None, "threshold"),
+        ("orl", "base", "threshold"),
+        ("base", "orl", "entropy_budget"),
+    ],
+)
+def test_default_rule(ckpts, which, role, rule):
+    """ORL checkpoints (adapter) default to entropy_budget, Base to threshold; role overrides."""
+    assert dlmrt.LLM(ckpts[which], role=role, dtype="float32").default_rule == rule
+
+
+def test_sampling_seeded(base_llm):
+    """temperature 1: the same seed gives the same tokens, different seeds different tokens."""
+    kw = dict(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+    a = base_llm.generate(PROMPT, seed=1, **kw).token_ids
+    assert base_llm.generate(PROMPT, seed=1, **kw).token_ids == a
+    assert base_llm.generate(PROMPT, seed=2, **kw).token_ids != a
+
+
+def test_recorder_rounds(orl_llm):
+    """The recorder sees one record per forward; z is 0 only in a block's first round; counts add up."""
+    prompt, block = [72, 101, 108, 108, 111], 8  # tail of 5 rows in block 0; 3 blocks in all
+    records = []
+    out = orl_llm.generate(prompt, max_new_tokens=19, ignore_eos=True, recorder=records.append)
+    assert len(records) == out.num_denoising_forwards
+    full = torch.tensor(prompt + out.token_ids)
+    assert len(full) == 3 * block
+    for b in range(3):
+        recs = [r for r in records if r.block == b]
+        assert [r.round for r in recs] == list(range(out.rounds_per_block[b]))
+        assert not recs[0].z.any()
+        assert all(r.z.any() for r in recs[1:])
+        assert recs[-1].accepted.equal(recs[-1].unresolved)  # the last round finishes the block
+        target = full[b * block : (b + 1) * block]
+        for prev, nxt in zip(recs, recs[1:]):
+            assert prev.unresolved.sum() - prev.accepted.sum() == nxt.unresolved.sum()
+        for r in recs:
+            assert not (r.accepted & ~r.unresolved).any()
+            assert r.canvas[~r.unresolved].equal(target[~r.unresolved])
+            assert (r.canvas[r.unresolved] == MASK_ID).all()
+    assert records[0].unresolved.tolist() == [False] * 5 + [True] * 3
+
+
+def test_token_id_prompt_equals_text(base_llm):
+    """A prompt given as token ids generates the same as the equivalent text."""
+    ids = base_llm.tokenizer.encode(PROMPT)
+    a = base_llm.generate(PROMPT, max_new_tokens=10)
+    b = base_llm.generate(ids, max_new_tokens=10)
+    assert a.token_ids == b.token_ids and a.prompt_tokens == b.prompt_tokens == len(ids)
+
+
+def test_demo_model_builds_into_cache():
+    """LLM() without a model builds the demo in DLMRT_CACHE and generates with entropy_budget."""
+    llm = dlmrt.LLM(device="cpu")
+    cache = Path(os.environ["DLMRT_CACHE"])
+    assert Path(llm.path) == cache / DEMO_NAME
+    assert (cache / DEMO_NAME / "model.safetensors").is_file()
+    assert llm.default_rule == "entropy_budget"
+    out = llm.generate(PROMPT, max_new_tokens=6, ignore_eos=True)
+    assert len(out.token_ids) == 6 and out.finish_reason == "length"
+
+
+def test_demo_build_is_deterministic(tmp_path):
+    """Two demo builds write byte-identical files (safetensors included)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    write_demo_checkpoint(a), write_demo_checkpoint(b)
+    names = sorted(p.name for p in a.iterdir())
+    assert "model.safetensors" in names and names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
