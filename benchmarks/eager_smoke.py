@@ -79,6 +79,11 @@ def time_round(model: QwenDLM, context: int, iters: int) -> float:
     return (time.perf_counter() - t0) / iters * 1e3
 
 
+def _git_revision() -> str:
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return rev.stdout.strip() or "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,6 +91,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/eager_smoke.json")
+    ap.add_argument("--git-revision", default=None, help="recorded revision (default: git rev-parse)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     cfg = qwen_dlm_4b(args.layers)
@@ -113,10 +119,7 @@ def main() -> None:
         "benchmark": "eager_smoke",
         "device": torch.cuda.get_device_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "git_revision": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        or "unknown",
+        "git_revision": args.git_revision or _git_revision(),
         "torch": torch.__version__,
         "shape": {
             "layers": args.layers,
