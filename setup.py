@@ -17,9 +17,12 @@ setup(
         "dlmrt.decoding",
         "dlmrt.engine",
         "dlmrt.attention",
+        "dlmrt.ops",
         "dlmrt._kernels",
+        "dlmrt._csrc",
     ],
-    package_dir={"dlmrt": "dlmrt", "dlmrt._kernels": "kernels"},
+    package_dir={"dlmrt": "dlmrt", "dlmrt._kernels": "kernels", "dlmrt._csrc": "csrc"},
+    package_data={"dlmrt._csrc": ["*.cu"]},
     install_requires=[
         # Any torch >= 2.4 works; CPU machines should install the CPU wheel first (see README).
         "torch>=2.4",

@@ -8,7 +8,6 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ROLES = ("base", "orl")
-MODES = ("eager",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,8 +32,11 @@ class EngineConfig:
         },
     )
     mode: str = field(
-        default="eager",
-        metadata={"help": "execution mode (graph modes come with the GPU fast path)"},
+        default="auto",
+        metadata={
+            "help": "auto | block_graph | round_graph | eager; auto picks the fastest mode that "
+            "passes a start-up self-test (eager on CPU)"
+        },
     )
 
     def __post_init__(self) -> None:
@@ -42,6 +44,8 @@ class EngineConfig:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.role is not None and self.role not in ROLES:
             raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {self.role!r}")
+        from dlmrt.engine.modes import MODES
+
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
         if self.device is not None:

@@ -17,3 +17,8 @@ def cache_dir() -> Path:
 def log_level() -> str:
     """DLMRT_LOG_LEVEL: logging level of the `dlmrt` logger (default WARNING; the CLI's -v sets INFO)."""
     return os.environ.get("DLMRT_LOG_LEVEL", "WARNING").upper()
+
+
+def ops_impl() -> str:
+    """DLMRT_OPS: "auto" (default: Triton kernels on CUDA) or "torch" (force the plain-PyTorch twins)."""
+    return os.environ.get("DLMRT_OPS", "auto").lower()

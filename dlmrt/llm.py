@@ -13,6 +13,7 @@ from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
 from dlmrt.engine.engine import BlockCallback, Engine, Recorder
+from dlmrt.engine.modes import select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.outputs import GenerationOutput
 from dlmrt.params import DecodeParams
@@ -35,7 +36,7 @@ class LLM:
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | None = None,
         role: str | None = None,
-        mode: str = "eager",
+        mode: str = "auto",
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -73,10 +74,10 @@ class LLM:
         has_adapter = self.model_config.residual is not None
         orl = self.config.role == "orl" or (self.config.role is None and has_adapter)
         self.default_rule = "entropy_budget" if orl else "threshold"
-        self.engine = Engine(self.model, self.device, self.dtype)
-        log.info(
-            "mode=eager, default rule %s, block %d", self.default_rule, self.model_config.block_size
-        )
+        self.mode, self.mode_reason = select_mode(self.config.mode, self.device)
+        log.info("execution mode %s: %s", self.mode, self.mode_reason)
+        self.engine = Engine(self.model, self.device, self.dtype, self.mode)
+        log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 
     def generate(
         self,
@@ -110,6 +111,7 @@ class LLM:
                 params.rule or self.default_rule,
                 threshold=params.threshold,
                 entropy_budget=params.entropy_budget,
+                denoising_steps=params.denoising_steps or block,
             ),
             block_size=block,
             max_new_tokens=params.max_new_tokens,
@@ -132,6 +134,7 @@ class LLM:
             num_prefill_forwards=res.prefill_forwards,
             request_time_s=time.perf_counter() - t0,
             rounds_per_block=res.rounds_per_block,
+            mode=res.mode,
         )
 
     def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:

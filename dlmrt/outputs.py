@@ -23,6 +23,7 @@ class GenerationOutput:
     num_prefill_forwards: int
     request_time_s: float
     rounds_per_block: list[int] = field(default_factory=list)
+    mode: str = "eager"  # execution mode that ran the request (eager when a recorder was given)
 
     @property
     def num_generated_tokens(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-RULE_NAMES = ("threshold", "entropy_budget")
+RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +25,10 @@ class DecodeParams:
     )
     entropy_budget: float = field(
         default=0.8, metadata={"help": "`entropy_budget` rule: gamma, in nats"}
+    )
+    denoising_steps: int | None = field(
+        default=None,
+        metadata={"help": "`fixed_steps` rule: rounds per block; None: the block length"},
     )
     temperature: float = field(
         default=0.0, metadata={"help": "0: greedy; > 0: sample from softmax(logits / T)"}
@@ -50,6 +54,8 @@ class DecodeParams:
         _check_float("temperature", self.temperature, 0.0, float("inf"))
         if self.seed is not None:
             _check_int("seed", self.seed, 0)
+        if self.denoising_steps is not None:
+            _check_int("denoising_steps", self.denoising_steps, 1)
         if self.block_length is not None:
             _check_int("block_length", self.block_length, 1)
         if not isinstance(self.ignore_eos, bool):

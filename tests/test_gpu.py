@@ -1,4 +1,7 @@
-"""The same engine on a CUDA device (run on the device machine: pytest -m gpu)."""
+"""GPU: eager, round_graph and block_graph give the same tokens; graphs are reused; fallbacks work.
+
+Run on the device machine: pytest -m gpu.
+"""
 
 from __future__ import annotations
 
@@ -8,52 +11,137 @@ from conftest import residual_config, write_checkpoint
 
 from dlmrt import LLM, reference
 from dlmrt.decoding import make_rule
+from dlmrt.decoding.noise import counter_uniform
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-PROMPT = [(37 * i + 11) % 256 for i in range(13)]
-
-
-@pytest.mark.parametrize(
-    "rule,knob", [("threshold", {"threshold": 0.25}), ("entropy_budget", {"entropy_budget": 4.0})]
+MODES = ("eager", "round_graph", "block_graph")
+KNOBS = {
+    "threshold": {"threshold": 0.25},
+    "entropy_budget": {"entropy_budget": 4.0},
+    "fixed_steps": {"denoising_steps": 3},
+}
+MID = dict(
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=64,
 )
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_cuda_fp32_engine_matches_oracle(tmp_path, rule, knob, temperature):
-    """fp32 on CUDA: the cached engine and the no-cache oracle agree token for token."""
-    llm = LLM(
-        write_checkpoint(tmp_path / "m", residual=residual_config()), device="cuda", dtype="float32"
-    )
-    out = llm.generate(
-        PROMPT,
-        rule=rule,
-        max_new_tokens=40,
-        temperature=temperature,
-        seed=3,
-        ignore_eos=True,
-        **knob,
-    )
-    tokens, reason = reference.generate(
-        llm.model,
-        PROMPT,
-        rule=make_rule(rule, **knob),
-        block_size=8,
-        max_new_tokens=40,
-        mask_id=llm.mask_id,
-        stop_ids=llm.stop_ids,
-        temperature=temperature,
-        seed=3,
-        ignore_eos=True,
-    )
-    assert out.token_ids == tokens and out.finish_reason == reason
 
 
-def test_cuda_default_dtype_is_bf16_and_generates(tmp_path):
-    """On a GPU the default dtype is bfloat16; generation runs to max_new_tokens."""
-    llm = LLM(write_checkpoint(tmp_path / "m", residual=residual_config()))
-    assert llm.device.type == "cuda" and llm.dtype == torch.bfloat16
-    assert next(llm.model.parameters()).dtype == torch.bfloat16
+def _prompt(n: int) -> list[int]:
+    return [(37 * i + 11) % 256 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    return {
+        "tiny-orl": write_checkpoint(root / "tiny-orl", residual=residual_config()),
+        "tiny-base": write_checkpoint(root / "tiny-base"),
+        "mid-orl": write_checkpoint(root / "mid-orl", residual=residual_config("block"), **MID),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["tiny-orl", "tiny-base", "mid-orl"])
+def test_all_modes_give_the_same_tokens(checkpoints, name, dtype):
+    """block_graph == round_graph == eager, token for token, over rules, prompts and sampling."""
+    llms = {m: LLM(checkpoints[name], device="cuda", dtype=dtype, mode=m) for m in MODES}
+    assert {m: llm.mode for m, llm in llms.items()} == {m: m for m in MODES}
+    for rule, knob in KNOBS.items():
+        for plen, temp in ((3, 0.0), (8, 0.0), (13, 0.8)):
+            outs = {
+                m: llm.generate(
+                    _prompt(plen),
+                    rule=rule,
+                    max_new_tokens=29,
+                    temperature=temp,
+                    seed=plen,
+                    ignore_eos=True,
+                    **knob,
+                )
+                for m, llm in llms.items()
+            }
+            ref = outs["eager"]
+            for m, out in outs.items():
+                assert out.mode == m
+                assert out.token_ids == ref.token_ids, (m, rule, plen)
+                assert out.rounds_per_block == ref.rounds_per_block, (m, rule, plen)
+
+
+def test_cuda_fp32_engine_matches_oracle(checkpoints):
+    """fp32 on CUDA: the block graph and the no-cache oracle agree token for token."""
+    llm = LLM(checkpoints["tiny-orl"], device="cuda", dtype="float32", mode="block_graph")
+    for rule, knob in KNOBS.items():
+        out = llm.generate(_prompt(13), rule=rule, max_new_tokens=40, ignore_eos=True, **knob)
+        tokens, reason = reference.generate(
+            llm.model,
+            _prompt(13),
+            rule=make_rule(rule, **knob),
+            block_size=8,
+            max_new_tokens=40,
+            mask_id=llm.mask_id,
+            stop_ids=llm.stop_ids,
+            ignore_eos=True,
+        )
+        assert out.token_ids == tokens and out.finish_reason == reason
+
+
+def test_graphs_are_captured_once_and_reused(checkpoints):
+    """A second request with the same block length and rule reuses the captured graphs."""
+    llm = LLM(checkpoints["tiny-orl"], device="cuda", mode="block_graph")
+    first = llm.generate(_prompt(5), max_new_tokens=20, ignore_eos=True)
+    runners = dict(llm.engine._runners)
+    second = llm.generate(_prompt(5), max_new_tokens=20, ignore_eos=True)
+    assert llm.engine._runners == runners and first.token_ids == second.token_ids
+    assert len(runners) == 1
+
+
+def test_recorder_requests_run_eagerly_with_the_same_tokens(checkpoints):
+    """A recorder needs the host between rounds: that request runs eagerly, same tokens."""
+    llm = LLM(checkpoints["tiny-orl"], device="cuda", dtype="float32", mode="block_graph")
+    fast = llm.generate(_prompt(5), max_new_tokens=24, ignore_eos=True)
+    records = []
+    slow = llm.generate(_prompt(5), max_new_tokens=24, ignore_eos=True, recorder=records.append)
+    assert slow.mode == "eager" and fast.mode == "block_graph"
+    assert slow.token_ids == fast.token_ids and len(records) == slow.num_denoising_forwards
+
+
+def test_auto_mode_falls_back_when_the_while_self_test_fails(monkeypatch, checkpoints):
+    """auto: a failing block_graph self-test gives round_graph, with the failure as the reason."""
+    import dlmrt.engine.modes as modes
+
+    def broken():
+        raise RuntimeError("no conditional nodes here")
+
+    monkeypatch.setattr(modes, "_block_graph_self_test", broken)
+    mode, reason = modes.select_mode("auto", torch.device("cuda"))
+    assert mode == "round_graph" and "no conditional nodes here" in reason
+    with pytest.raises(ValueError, match="mode: block_graph failed its self-test"):
+        modes.select_mode("block_graph", torch.device("cuda"))
+
+
+def test_auto_mode_picks_block_graph():
+    from dlmrt.engine.modes import select_mode
+
+    assert select_mode("auto", torch.device("cuda"))[0] == "block_graph"
+
+
+def test_counter_noise_is_identical_on_cpu_and_cuda():
+    t = torch.tensor
+    cpu = counter_uniform(t(9), t(512), t(7), 4096)
+    cuda = counter_uniform(t(9, device="cuda"), t(512, device="cuda"), t(7, device="cuda"), 4096)
+    assert torch.equal(cpu, cuda.cpu())
+
+
+def test_cuda_default_dtype_is_bf16_and_generates(checkpoints):
+    """On a GPU the default dtype is bfloat16 and auto picks block_graph."""
+    llm = LLM(checkpoints["tiny-orl"])
+    assert llm.device.type == "cuda" and llm.dtype == torch.bfloat16 and llm.mode == "block_graph"
     out = llm.generate("hello", max_new_tokens=33, ignore_eos=True)
     assert len(out.token_ids) == 33 and out.finish_reason == "length"
-    assert out.num_denoising_forwards >= 5  # 33 tokens after a 5-token prompt tail: 5 blocks of 8

@@ -10,6 +10,7 @@ from conftest import MASK_ID
 
 from dlmrt.decoding import Proposal, RuleOutput, propose
 from dlmrt.decoding.entropy_budget import EntropyBudgetRule
+from dlmrt.decoding.fixed_steps import FixedStepsRule
 from dlmrt.decoding.threshold import ThresholdRule
 
 STEP = torch.zeros((), dtype=torch.long)
@@ -284,3 +285,22 @@ def test_rule_outputs_are_device_tensors(rule):
     assert out.done.dim() == 0 and out.done.dtype == torch.bool
     assert out.accepted.dtype == out.unresolved.dtype == torch.bool
     assert out.canvas.dtype == torch.long and out.canvas.shape == (8,)
+
+
+@pytest.mark.parametrize("steps,rows", [(3, 8), (1, 5), (23, 256), (8, 4)])
+def test_fixed_steps_finishes_in_exactly_min_steps_rows(steps, rows):
+    """fixed_steps accepts ceil(n / rounds left) most confident rows: min(S, B) rounds per block."""
+    rule = FixedStepsRule(steps)
+    gen = torch.Generator().manual_seed(steps)
+    unresolved, canvas = torch.ones(rows, dtype=torch.bool), torch.zeros(rows, dtype=torch.long)
+    for r in range(rows + 1):
+        prop = propose(torch.randn(rows, 11, generator=gen), 0.0)
+        out = rule(prop, canvas, unresolved, torch.tensor(r))
+        conf = prop.confidence.masked_fill(~unresolved, -1.0)
+        k = int(out.accepted.sum())
+        assert k == -(-int(unresolved.sum()) // max(steps - r, 1))
+        assert set(out.accepted.nonzero().flatten().tolist()) == set(conf.topk(k).indices.tolist())
+        unresolved, canvas = out.unresolved, out.canvas
+        if bool(out.done):
+            break
+    assert r + 1 == min(steps, rows)

@@ -28,11 +28,13 @@ class AttnContext:
     block_size: block length of the visibility rule.
     kv: the arena. When given, each layer writes its rows' K/V at `positions` and attends over
         arena rows [0, kv_len); when None, rows attend only to each other (the no-cache oracle).
-    kv_len: host-side bound on the arena rows to read (eager); None reads the whole arena, whose
-        invisible rows are masked (graph modes: static shapes).
+    kv_len: host-side bound on the arena rows to read, under the block-causal mask (prefill, CPU).
+    kv_end: device scalar; when given, every row is in one block and sees arena rows [0, kv_end)
+        (denoising rounds and commit passes on CUDA: static shapes, one graph for every block).
     """
 
     positions: torch.Tensor
     block_size: int
     kv: KVArena | None = None
     kv_len: int | None = None
+    kv_end: torch.Tensor | None = None

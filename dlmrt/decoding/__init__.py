@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from dlmrt.decoding.base import DecodeRule, Proposal, RuleOutput
 from dlmrt.decoding.entropy_budget import EntropyBudgetRule
+from dlmrt.decoding.fixed_steps import FixedStepsRule
 from dlmrt.decoding.proposal import propose
 from dlmrt.decoding.threshold import ThresholdRule
 
-RULES = ("threshold", "entropy_budget")
+RULES = ("threshold", "entropy_budget", "fixed_steps")
 
 
-def make_rule(name: str, *, threshold: float = 0.9, entropy_budget: float = 0.8) -> DecodeRule:
+def make_rule(
+    name: str,
+    *,
+    threshold: float = 0.9,
+    entropy_budget: float = 0.8,
+    denoising_steps: int = 23,
+) -> DecodeRule:
     """Build a rule by name from the per-request knobs (validated by `DecodeParams`)."""
     if name == "threshold":
         return ThresholdRule(threshold)
     if name == "entropy_budget":
         return EntropyBudgetRule(entropy_budget)
+    if name == "fixed_steps":
+        return FixedStepsRule(denoising_steps)
     raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})")
 
 

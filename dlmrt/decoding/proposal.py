@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from dlmrt import ops
 from dlmrt.decoding.base import Proposal
 
 
@@ -17,23 +18,17 @@ def propose(
     temperature: float,
     uniform: torch.Tensor | None = None,  # [B] in [0, 1); required when temperature > 0
 ) -> Proposal:
-    x = logits.float()
-    if temperature > 0:
-        x = x / temperature
-    log_z = torch.logsumexp(x, dim=-1)
-    p = torch.exp(x - log_z.unsqueeze(-1))
-    # p * x is 0 where p underflows to 0, also for -inf logits (0 * -inf would be nan).
-    entropy = log_z - torch.where(p > 0, p * x, 0.0).sum(-1)
-    if temperature > 0:
-        if uniform is None:
-            raise ValueError("temperature > 0 needs uniform noise")
-        cdf = torch.cumsum(p, dim=-1)
-        target = (uniform * cdf[:, -1]).unsqueeze(-1).contiguous()
-        # right=True: the first token whose cdf exceeds u * total, so u = 0 never picks a
-        # zero-probability token (its cdf equals the previous one's).
-        tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-        tokens = tokens.clamp_(max=x.shape[-1] - 1)
-    else:
-        tokens = torch.argmax(x, dim=-1)
+    argmax, confidence, entropy, log_z = ops.token_stats(logits, temperature)
+    if temperature <= 0:
+        return Proposal(argmax, confidence, entropy, log_z)
+    if uniform is None:
+        raise ValueError("temperature > 0 needs uniform noise")
+    p = torch.exp(logits.float() / temperature - log_z.unsqueeze(-1))
+    cdf = torch.cumsum(p, dim=-1)
+    target = (uniform * cdf[:, -1]).unsqueeze(-1).contiguous()
+    # right=True: the first token whose cdf exceeds u * total, so u = 0 never picks a
+    # zero-probability token (its cdf equals the previous one's).
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    tokens = tokens.clamp_(max=logits.shape[-1] - 1)
     confidence = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return Proposal(tokens, confidence, entropy, log_z)

@@ -1,13 +1,15 @@
-"""Engine: the per-request block loop (eager mode).
+"""Engine: the per-request block loop, in one of three execution modes (see `runners.py`).
 
 prefill the full prompt blocks -> for each block: denoising rounds until the rule says done ->
 commit pass (clean tokens, writes the block's KV) -> stop at a stop id or max_new_tokens.
-The KV arena is allocated once per request; nothing is allocated per round beyond activations.
+One KV arena per engine, grown (rarely) to the largest request; per block length, one set of
+static buffers and, in graph modes, graphs captured once and reused across requests.
 The engine knows nothing about text: it takes and returns token ids.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,7 +19,11 @@ from dlmrt.attention import AttnContext
 from dlmrt.blocks import finish, initial_canvas, layout
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine.kv_cache import KVCache
-from dlmrt.engine.round import BlockState, RoundSpec, denoise_round, initial_state
+from dlmrt.engine.round import BlockBuffers, RoundSpec
+from dlmrt.engine.runners import BlockGraphRunner, EagerRunner, RoundGraphRunner
+
+log = logging.getLogger("dlmrt")
+ARENA_QUANTUM = 1024  # the arena grows in steps of this many rows (each growth recaptures graphs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +47,7 @@ class EngineResult:
     commit_forwards: int = 0
     prefill_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
+    mode: str = "eager"
 
 
 Recorder = Callable[[RoundRecord], None]
@@ -48,11 +55,52 @@ BlockCallback = Callable[[int, int, list[int]], None]  # (block index, rounds, t
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-        self.model = model
-        self.cfg = model.cfg
-        self.device = device
-        self.dtype = dtype
+    def __init__(
+        self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, mode: str = "eager"
+    ) -> None:
+        self.model, self.cfg, self.device, self.dtype, self.mode = (
+            model,
+            model.cfg,
+            device,
+            dtype,
+            mode,
+        )
+        self.kv: KVCache | None = None
+        self._runners: dict[tuple, object] = {}  # (block, rule, temperature) -> runner
+        self._pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
+
+    def _arena(self, max_len: int) -> KVCache:
+        if self.kv is None or self.kv.max_len < max_len:
+            size = -(-max_len // ARENA_QUANTUM) * ARENA_QUANTUM
+            self.kv, self._runners = None, {}  # graphs hold pointers into the old arena
+            c = self.cfg
+            self.kv = KVCache(
+                c.num_hidden_layers,
+                c.num_key_value_heads,
+                c.head_dim,
+                size,
+                self.dtype,
+                self.device,
+            )
+        return self.kv
+
+    def _runner(self, spec: RoundSpec, recorder_hook) -> tuple[object, BlockBuffers]:
+        key = (spec.block_size, spec.rule, spec.temperature)
+        if key not in self._runners:
+            buf = BlockBuffers(spec, self.device)
+            if self.mode == "block_graph":
+                runner = BlockGraphRunner(spec, buf, self.kv, self._pool, spec.block_size)
+            elif self.mode == "round_graph":
+                runner = RoundGraphRunner(spec, buf, self.kv, self._pool)
+            else:
+                runner = EagerRunner(spec)
+            self._runners[key] = (runner, buf)
+        runner, buf = self._runners[key]
+        if recorder_hook is not None and not isinstance(runner, EagerRunner):
+            runner = EagerRunner(spec)  # per-round hooks need the host between rounds
+        if isinstance(runner, EagerRunner):
+            runner.on_round = recorder_hook
+        return runner, buf
 
     def generate(
         self,
@@ -70,66 +118,55 @@ class Engine:
         on_block: BlockCallback | None = None,
     ) -> EngineResult:
         lay = layout(len(prompt_ids), max_new_tokens, block_size)
-        gen = torch.Generator(self.device).manual_seed(seed) if temperature > 0 else None
-        spec = RoundSpec(self.model, rule, temperature, block_size, gen)
-        kv = KVCache(
-            self.cfg.num_hidden_layers,
-            self.cfg.num_key_value_heads,
-            self.cfg.head_dim,
-            lay.max_len,
-            self.dtype,
-            self.device,
-        )
+        spec = RoundSpec(self.model, rule, temperature, block_size)
+        kv = self._arena(lay.max_len)
         res = EngineResult([], "length")
         with torch.inference_mode():
             if lay.first_block:
-                self._clean_pass(prompt_ids[: lay.first_block * block_size], 0, block_size, kv)
+                self._prefill(prompt_ids[: lay.first_block * block_size], block_size, kv)
                 res.prefill_forwards = 1
+            block_index = [lay.first_block]
+            hook = self._record_hook(recorder, block_index) if recorder else None
+            runner, buf = self._runner(spec, hook)
+            res.mode = runner.name
             for b in range(lay.first_block, lay.num_blocks):
-                state = self._denoise_block(spec, lay, b, prompt_ids, mask_id, kv, res, recorder)
-                block_tokens = state.canvas.tolist()
+                block_index[0] = b
+                canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, self.device)
+                buf.load(canvas, unresolved, b * block_size, seed)
+                kv_len = self._kv_len(b, block_size)
+                rounds = runner.run_block(buf, kv, kv_len, block_size)
+                if not bool(buf.done):
+                    raise RuntimeError(f"block {b} did not finish in {rounds} rounds ({rule.name})")
+                res.denoising_forwards += rounds
+                res.rounds_per_block.append(rounds)
+                block_tokens = buf.canvas.tolist()
                 res.token_ids += block_tokens[lay.tail :] if b == lay.first_block else block_tokens
                 res.token_ids, reason = finish(res.token_ids, stop_ids, max_new_tokens, ignore_eos)
                 if on_block is not None:
-                    on_block(b, res.rounds_per_block[-1], res.token_ids)
+                    on_block(b, rounds, res.token_ids)
                 if reason is not None:
                     res.finish_reason = reason
                     break  # the last block's commit pass is skipped: nothing reads its KV
-                self._clean_pass(block_tokens, b * block_size, block_size, kv)
+                runner.commit(buf, kv, kv_len)
                 res.commit_forwards += 1
         return res
 
-    def _denoise_block(self, spec, lay, b, prompt_ids, mask_id, kv, res, recorder) -> BlockState:
-        canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, self.device)
-        state = initial_state(canvas, unresolved, spec)
-        positions = torch.arange(b * lay.block, (b + 1) * lay.block, device=self.device)
-        for r in range(lay.block):
-            new, prop, accepted = denoise_round(spec, state, positions, kv, (b + 1) * lay.block)
-            res.denoising_forwards += 1
-            if recorder is not None:
-                recorder(
-                    RoundRecord(
-                        b,
-                        r,
-                        state.canvas.clone(),
-                        state.unresolved.clone(),
-                        None if state.z is None else state.z.clone(),
-                        prop.entropy.clone(),
-                        accepted.clone(),
-                    )
-                )
-            state = new
-            if bool(state.done):  # eager mode: the host reads the flag each round
-                res.rounds_per_block.append(r + 1)
-                return state
-        raise RuntimeError(
-            f"block {b} did not finish in {lay.block} rounds (rule {spec.rule.name})"
-        )
+    def _kv_len(self, block: int, block_size: int) -> int | None:
+        # On the CPU, attend to the written rows only. On CUDA every mode reads the visible length
+        # from the device, so eager and the graph modes run identical kernels (identical tokens).
+        return (block + 1) * block_size if self.device.type == "cpu" else None
 
-    def _clean_pass(self, tokens: list[int], start: int, block_size: int, kv: KVCache) -> None:
-        """Prefill / commit: clean tokens (h = E[x]) write their K/V; no logits."""
+    @staticmethod
+    def _record_hook(recorder: Recorder, block_index: list[int]):
+        def hook(r: int, seen: tuple, buf: BlockBuffers) -> None:
+            canvas, unresolved, z = seen
+            entropy, accepted = buf.entropy.clone(), buf.accepted.clone()
+            recorder(RoundRecord(block_index[0], r, canvas, unresolved, z, entropy, accepted))
+
+        return hook
+
+    def _prefill(self, tokens: list[int], block_size: int, kv: KVCache) -> None:
+        """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits."""
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + len(tokens), device=self.device)
-        self.model(
-            ids, AttnContext(positions, block_size, kv, start + len(tokens)), compute_logits=False
-        )
+        positions = torch.arange(len(tokens), device=self.device)
+        self.model(ids, AttnContext(positions, block_size, kv, len(tokens)), compute_logits=False)

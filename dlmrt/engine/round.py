@@ -1,6 +1,9 @@
 """The denoising round: one forward of the active block, the proposal, the rule, the next residual.
 
-Takes and returns device tensors only (no host sync), so the graph modes can capture it unchanged.
+`RoundSpec.decide` is the pure per-round decision (shared with the oracle); `denoise_round` runs a
+round over static `BlockBuffers` in place. Neither syncs with the host or allocates shapes that
+depend on data, so the graph modes capture `denoise_round` unchanged: the block's position, the
+round counter and the sampling seed are device tensors.
 """
 
 from __future__ import annotations
@@ -11,33 +14,29 @@ from typing import NamedTuple
 import torch
 
 from dlmrt.attention import AttnContext
-from dlmrt.decoding import DecodeRule, Proposal, propose
+from dlmrt.decoding import DecodeRule, Proposal, RuleOutput, propose
+from dlmrt.decoding.noise import counter_uniform
 from dlmrt.models.residual import soft_embedding
 
 
-class BlockState(NamedTuple):
-    """State of the active block between rounds."""
-
-    canvas: torch.Tensor  # [B] long
-    unresolved: torch.Tensor  # [B] bool
-    z: torch.Tensor | None  # [B, hidden] pre-adapter residual for the next round (None: Base model)
-    step: torch.Tensor  # [] long, rounds run in this block
-    done: torch.Tensor  # [] bool
+class Decision(NamedTuple):
+    out: RuleOutput  # new canvas, unresolved, accepted, done
+    proposal: Proposal
+    z: torch.Tensor | None  # [B, hidden] residual for the next round (None: Base model)
 
 
 @dataclass(frozen=True, slots=True)
 class RoundSpec:
-    """What stays fixed for a whole request: the model, the rule and the sampling temperature."""
+    """What stays fixed for a request: the model, the rule, the sampling temperature, the block length."""
 
     model: torch.nn.Module
     rule: DecodeRule
     temperature: float
     block_size: int
-    generator: torch.Generator | None = None
 
-    def residual_temperature(self) -> float | None:
-        adapter = getattr(self.model, "adapter", None)
-        return None if adapter is None else adapter.cfg.temperature
+    @property
+    def has_residual(self) -> bool:
+        return getattr(self.model, "adapter", None) is not None
 
     def receives(self, unresolved: torch.Tensor) -> torch.Tensor:
         """Rows that get alpha * g(z): unresolved rows ("masked") or every row ("block")."""
@@ -45,49 +44,93 @@ class RoundSpec:
             return torch.ones_like(unresolved)
         return unresolved
 
-    def noise(self, rows: int, device: torch.device) -> torch.Tensor | None:
-        if self.temperature <= 0:
-            return None
-        return torch.rand(rows, generator=self.generator, device=device)
-
-    def next_state(
-        self, logits: torch.Tensor, state: BlockState
-    ) -> tuple[BlockState, Proposal, torch.Tensor]:
-        """Proposal + rule + next residual from this round's logits [B, V] (the last B rows)."""
-        prop = propose(logits, self.temperature, self.noise(logits.shape[0], logits.device))
-        out = self.rule(prop, state.canvas, state.unresolved, state.step)
+    def decide(
+        self,
+        logits: torch.Tensor,  # [B, V] this round's logits of the block rows
+        canvas: torch.Tensor,
+        unresolved: torch.Tensor,
+        step: torch.Tensor,  # [] int64 rounds already run in this block
+        seed: torch.Tensor,  # [] int64
+        block_start: torch.Tensor,  # [] int64
+    ) -> Decision:
+        """Proposal + rule + next residual; sampling noise is counter-based (seed, block, round, row)."""
+        noise = None
+        if self.temperature > 0:
+            noise = counter_uniform(seed, block_start, step, logits.shape[0])
+        prop = propose(logits, self.temperature, noise)
+        out = self.rule(prop, canvas, unresolved, step)
         z = None
-        t_res = self.residual_temperature()
-        if t_res is not None:
+        if self.has_residual:
+            t_res = self.model.adapter.cfg.temperature
             # Reuse the decoder's log-normaliser when both softmaxes use the same temperature.
             same = t_res == (self.temperature if self.temperature > 0 else 1.0)
             z = soft_embedding(logits, self.model.embed_table, t_res, prop.log_z if same else None)
-        return (
-            BlockState(out.canvas, out.unresolved, z, state.step + 1, out.done),
-            prop,
-            out.accepted,
-        )
+        return Decision(out, prop, z)
 
 
-def initial_state(canvas: torch.Tensor, unresolved: torch.Tensor, spec: RoundSpec) -> BlockState:
-    """A block before its first round: z = 0 (so g(z) = 0)."""
-    z = None
-    if getattr(spec.model, "adapter", None) is not None:
-        z = torch.zeros(
-            canvas.shape[0],
-            spec.model.cfg.hidden_size,
-            dtype=spec.model.embed_table.dtype,
-            device=canvas.device,
-        )
-    zero = torch.zeros((), dtype=torch.long, device=canvas.device)
-    return BlockState(canvas, unresolved, z, zero, zero.bool())
+class BlockBuffers:
+    """Static device state of the active block; one set per block length, reused across blocks."""
+
+    def __init__(self, spec: RoundSpec, device: torch.device) -> None:
+        rows, model = spec.block_size, spec.model
+        self.canvas = torch.zeros(rows, dtype=torch.long, device=device)
+        self.unresolved = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.z = None
+        if spec.has_residual:
+            self.z = torch.zeros(
+                rows, model.cfg.hidden_size, dtype=model.embed_table.dtype, device=device
+            )
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+        self.done = torch.zeros((), dtype=torch.bool, device=device)
+        self.block_start = torch.zeros((), dtype=torch.long, device=device)
+        self.kv_end = torch.zeros((), dtype=torch.long, device=device)  # block_start + rows
+        self.seed = torch.zeros((), dtype=torch.long, device=device)
+        self.offsets = torch.arange(rows, device=device)
+        self.entropy = torch.zeros(rows, dtype=torch.float32, device=device)  # last round's
+        self.accepted = torch.zeros(rows, dtype=torch.bool, device=device)  # last round's
+
+    def load(
+        self, canvas: torch.Tensor, unresolved: torch.Tensor, block_start: int, seed: int
+    ) -> None:
+        """Start a block: stream-ordered copies into the static tensors, z = 0, round 0."""
+        self.canvas.copy_(canvas)
+        self.unresolved.copy_(unresolved)
+        if self.z is not None:
+            self.z.zero_()
+        self.step.zero_()
+        self.done.zero_()
+        self.block_start.fill_(block_start)
+        self.kv_end.fill_(block_start + self.offsets.numel())
+        self.seed.fill_(seed)
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.block_start + self.offsets
 
 
-def denoise_round(
-    spec: RoundSpec, state: BlockState, positions: torch.Tensor, kv, kv_len: int | None
-) -> tuple[BlockState, Proposal, torch.Tensor]:
-    """One round over the arena: returns (next state, this round's proposal, accepted rows)."""
-    ctx = AttnContext(positions, spec.block_size, kv, kv_len)
-    receives = spec.receives(state.unresolved) if state.z is not None else None
-    logits = spec.model(state.canvas, ctx, z=state.z, receives=receives)
-    return spec.next_state(logits, state)
+def _context(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> AttnContext:
+    # kv_len (host int, CPU): read that many arena rows. None (CUDA, every mode): the visible length
+    # is the device scalar kv_end, so a captured graph serves every block.
+    kv_end = buf.kv_end if kv_len is None else None
+    return AttnContext(buf.positions, spec.block_size, kv, kv_len, kv_end)
+
+
+def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:
+    """One round, in place on `buf` (kv_len: see `_context`)."""
+    ctx = _context(spec, buf, kv, kv_len)
+    receives = spec.receives(buf.unresolved) if buf.z is not None else None
+    logits = spec.model(buf.canvas, ctx, z=buf.z, receives=receives)
+    d = spec.decide(logits, buf.canvas, buf.unresolved, buf.step, buf.seed, buf.block_start)
+    if d.z is not None:
+        buf.z.copy_(d.z)
+    buf.canvas.copy_(d.out.canvas)
+    buf.unresolved.copy_(d.out.unresolved)
+    buf.accepted.copy_(d.out.accepted)
+    buf.entropy.copy_(d.proposal.entropy)
+    buf.done.copy_(d.out.done)
+    buf.step.add_(1)
+
+
+def commit_pass(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:
+    """Clean forward of the finished block (h = E[x], no residual): writes its K/V, no logits."""
+    spec.model(buf.canvas, _context(spec, buf, kv, kv_len), compute_logits=False)

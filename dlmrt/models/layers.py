@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 
 
@@ -80,10 +81,14 @@ class Attention(nn.Module):
         if ctx.kv is None:
             keys, values, k_pos = k, v, ctx.positions
         else:
-            ctx.kv.k[self.layer_idx].index_copy_(1, ctx.positions, k)
-            ctx.kv.v[self.layer_idx].index_copy_(1, ctx.positions, v)
-            n = ctx.kv.k.shape[2] if ctx.kv_len is None else ctx.kv_len
-            keys, values = ctx.kv.k[self.layer_idx, :, :n], ctx.kv.v[self.layer_idx, :, :n]
+            layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
+            layer_k.index_copy_(1, ctx.positions, k)
+            layer_v.index_copy_(1, ctx.positions, v)
+            if ctx.kv_end is not None:
+                out = ops.arena_attention(q, layer_k, layer_v, ctx.kv_end, self.scale)
+                return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
+            n = layer_k.shape[1] if ctx.kv_len is None else ctx.kv_len
+            keys, values = layer_k[:, :n], layer_v[:, :n]
             k_pos = torch.arange(n, device=x.device)
         out = block_attention(q, keys, values, ctx.positions, k_pos, ctx.block_size, self.scale)
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))

@@ -1,0 +1,108 @@
+"""Shared pieces of the device benchmarks: the QwenDLM-4B shape with random weights, result files."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from dlmrt.models.config import ModelConfig
+from dlmrt.models.qwen_dlm import QwenDLM
+from dlmrt.models.residual import ResidualConfig
+
+PEAK_FLOPS = 790e12  # measured bf16 dense on the H200
+PEAK_BYTES = 4.3e12  # HBM3e bytes/s
+
+
+def qwen_dlm_4b(layers: int = 36) -> ModelConfig:
+    """QwenDLM-4B + ORL adapter (Qwen3-4B dims, 256-token blocks)."""
+    return ModelConfig(
+        architecture="SDARForCausalLM",
+        vocab_size=151936,
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=5e6,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        mask_token_id=151669,
+        block_size=256,
+        residual=ResidualConfig(
+            intermediate_size=9728, input_scale=0.125, output_scale=0.125, post_norm_scale=0.02
+        ),
+    )
+
+
+def random_model(cfg: ModelConfig, device: torch.device, dtype=torch.bfloat16) -> QwenDLM:
+    with torch.device("meta"):
+        model = QwenDLM(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    model.tie_lm_head()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model.eval().requires_grad_(False)
+
+
+def round_flops_bytes(cfg: ModelConfig, rows: int, context: int) -> tuple[float, float]:
+    """FLOPs and minimum HBM bytes of one denoising round (weights + KV read once, bf16)."""
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    per_layer = h * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h + 3 * h * inter
+    adapter = 3 * h * cfg.residual.intermediate_size if cfg.residual else 0
+    head = cfg.vocab_size * h * (2 if cfg.residual else 1)  # LM head + z = p^T E
+    weights = layers * per_layer + adapter + head
+    attn = layers * 4 * rows * (context + rows) * cfg.q_size
+    kv_bytes = layers * 2 * (context + rows) * cfg.kv_size * 2
+    return 2 * weights * rows + attn, (
+        layers * per_layer + adapter + cfg.vocab_size * h
+    ) * 2 + kv_bytes
+
+
+def cuda_time(fn: Callable[[], None], iters: int, warmup: int = 2) -> float:
+    """Median seconds of fn() over iters, each bracketed by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def wall_time(fn: Callable[[], None]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def git_revision() -> str:
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return rev.stdout.strip() or "unknown"
+
+
+def write_result(path: str, payload: dict, revision: str | None) -> None:
+    payload = {
+        "device": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_revision": revision or git_revision(),
+        "torch": torch.__version__,
+        **payload,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")

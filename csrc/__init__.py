@@ -1,0 +1,1 @@
+"""CUDA C sources compiled at run time with NVRTC (installed as dlmrt._csrc)."""

@@ -1,0 +1,134 @@
+"""CUDA conditional WHILE nodes through cuda.bindings (PyTorch 2.11 has no conditional-node API).
+
+The "compose" design (reference/cuda-graph-while.md §4): capture one round with torch (plus the
+condition kernel from csrc/block_cond.cu, compiled once with NVRTC), then hand-build an outer graph
+WHILE(handle){child(round)} and instantiate it. Imported only on CUDA machines.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from importlib.resources import files
+
+import numpy as np
+import torch
+from cuda.bindings import driver, nvrtc
+from cuda.bindings import runtime as cudart
+
+MIN_DRIVER = 12040  # WHILE nodes: driver >= 12.4
+CUDA13 = int(__import__("cuda.bindings").bindings.__version__.split(".")[0]) >= 13
+
+
+def ck(ret):
+    """Unwrap a cuda-python (err, *values) tuple, raising on error."""
+    err, rest = (ret[0], ret[1:]) if isinstance(ret, tuple) else (ret, ())
+    if int(getattr(err, "value", err)) != 0:
+        raise RuntimeError(f"CUDA call failed: {err!r}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _source() -> str:
+    return files("dlmrt._csrc").joinpath("block_cond.cu").read_text()
+
+
+@functools.cache
+def condition_kernel():
+    """Compile and load dlmrt_block_cond for the current device (once per process)."""
+    if ck(driver.cuDriverGetVersion()) < MIN_DRIVER:
+        raise RuntimeError(f"CUDA driver older than {MIN_DRIVER} (no conditional WHILE nodes)")
+    torch.zeros(1, device="cuda")  # the primary context must exist before loading a module
+    prog = ck(nvrtc.nvrtcCreateProgram(_source().encode(), b"block_cond.cu", 0, [], []))
+    major, minor = torch.cuda.get_device_capability()
+    opts = [f"--gpu-architecture=compute_{major}{minor}".encode()]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if int(getattr(err, "value", err)) != 0:
+        log = bytearray(ck(nvrtc.nvrtcGetProgramLogSize(prog)))
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError("NVRTC failed on block_cond.cu: " + log.decode(errors="replace"))
+    ptx = bytearray(ck(nvrtc.nvrtcGetPTXSize(prog)))
+    ck(nvrtc.nvrtcGetPTX(prog, ptx))
+    image = np.frombuffer(bytes(ptx), dtype=np.uint8).copy()
+    module = ck(driver.cuModuleLoadData(image.ctypes.data))
+    return ck(driver.cuModuleGetFunction(module, b"dlmrt_block_cond")), (image, module)
+
+
+def launch_condition(handle: int, done: torch.Tensor, step: torch.Tensor, max_rounds: int) -> None:
+    """Enqueue the condition kernel on torch's current stream (only valid inside the WHILE body)."""
+    fn, _ = condition_kernel()
+    args = (
+        (handle, done.data_ptr(), step.data_ptr(), int(max_rounds)),
+        (ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong),
+    )
+    ck(
+        driver.cuLaunchKernel(
+            fn, 1, 1, 1, 1, 1, 1, 0, torch.cuda.current_stream().cuda_stream, args, 0
+        )
+    )
+
+
+def _handle_int(h) -> int:
+    try:
+        return int(h)
+    except TypeError:
+        return ctypes.c_ulonglong.from_address(h.getPtr()).value
+
+
+def _assign_default_flag() -> int:
+    flags = getattr(cudart, "cudaGraphConditionalHandleFlags", None)
+    if flags is not None and hasattr(flags, "cudaGraphCondAssignDefault"):
+        return int(flags.cudaGraphCondAssignDefault.value)
+    return 1
+
+
+class WhileGraph:
+    """outer = WHILE(handle, default 1){ child(body) }; `body(handle)` is captured by torch."""
+
+    def __init__(self, body, stream: torch.cuda.Stream, pool) -> None:
+        self.outer = ck(cudart.cudaGraphCreate(0))
+        self.handle = _handle_int(
+            ck(cudart.cudaGraphConditionalHandleCreate(self.outer, 1, _assign_default_flag()))
+        )
+        self.round_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the body
+        with torch.cuda.graph(self.round_graph, stream=stream, pool=pool):
+            body(self.handle)
+        params = cudart.cudaGraphNodeParams()
+        params.type = cudart.cudaGraphNodeType.cudaGraphNodeTypeConditional
+        params.conditional.handle = self.handle
+        params.conditional.type = cudart.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
+        params.conditional.size = 1
+        if CUDA13:
+            ck(cudart.cudaGraphAddNode(self.outer, [], None, 0, params))
+        else:
+            ck(cudart.cudaGraphAddNode(self.outer, [], 0, params))
+        inner = params.conditional.phGraph_out[0]
+        ck(cudart.cudaGraphAddChildGraphNode(inner, None, 0, self.round_graph.raw_cuda_graph()))
+        self.exec = ck(cudart.cudaGraphInstantiate(self.outer, 0))
+
+    def launch(self) -> None:
+        ck(cudart.cudaGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream))
+
+    def __del__(self) -> None:  # exec before graph; the torch graph (and its pool) goes last
+        try:
+            cudart.cudaGraphExecDestroy(self.exec)
+            cudart.cudaGraphDestroy(self.outer)
+        except Exception:
+            pass
+
+
+def self_test() -> None:
+    """Build a WHILE loop around a counter increment and check it runs exactly 3 rounds."""
+    step = torch.zeros((), dtype=torch.long, device="cuda")
+    done = torch.zeros((), dtype=torch.bool, device="cuda")
+    stream = torch.cuda.Stream()
+
+    def body(handle: int) -> None:
+        step.add_(1)
+        launch_condition(handle, done, step, 3)
+
+    graph = WhileGraph(body, stream, torch.cuda.graph_pool_handle())
+    step.zero_()
+    graph.launch()
+    torch.cuda.synchronize()
+    if int(step) != 3:
+        raise RuntimeError(f"WHILE self-test ran {int(step)} rounds instead of 3")

@@ -1,0 +1,56 @@
+"""Pick the execution mode once at start-up: block_graph, else round_graph, else eager (logged, with why)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("dlmrt")
+MODES = ("auto", "block_graph", "round_graph", "eager")
+
+
+def _round_graph_self_test() -> None:
+    x = torch.zeros(4, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=stream):
+        x.add_(1)
+    graph.replay()
+    graph.replay()
+    if x.sum().item() != 8:
+        raise RuntimeError("per-round graph self-test replayed wrongly")
+
+
+def _block_graph_self_test() -> None:
+    from dlmrt.engine.conditional import self_test  # needs cuda.bindings + NVRTC
+
+    self_test()
+
+
+def select_mode(requested: str, device: torch.device) -> tuple[str, str]:
+    """Return (mode, reason). A forced graph mode that cannot work raises ValueError naming `mode`."""
+    if requested not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {requested!r}")
+    if requested == "eager":
+        return "eager", "forced by mode='eager'"
+    if device.type != "cuda":
+        if requested != "auto":
+            raise ValueError(f"mode: {requested} needs a CUDA device, got {device}")
+        return "eager", f"device {device} has no CUDA graphs"
+    failures = []
+    for mode, test in (
+        ("block_graph", _block_graph_self_test),
+        ("round_graph", _round_graph_self_test),
+    ):
+        if requested not in ("auto", mode):
+            continue
+        try:
+            test()
+            return mode, "self-test passed" + (f" ({'; '.join(failures)})" if failures else "")
+        except Exception as e:  # any failure of an optional fast path means: fall back, say why
+            failures.append(f"{mode} unavailable: {type(e).__name__}: {e}")
+            if requested == mode:
+                raise ValueError(f"mode: {mode} failed its self-test ({e})") from e
+    return "eager", "; ".join(failures)

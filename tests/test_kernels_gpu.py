@@ -1,0 +1,90 @@
+"""Triton kernels vs their torch twins (`dlmrt.ops.reference`) over awkward sizes. Device machine only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlmrt.ops import reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 64), (32, 8, 128), (8, 8, 128)])
+@pytest.mark.parametrize("rows", [1, 7, 64, 256])
+@pytest.mark.parametrize("kv_end", [1, 100, 1280, 4093])
+def test_arena_attention_matches_sdpa(dtype, heads, kv_heads, head_dim, rows, kv_end):
+    """Every row attends to arena rows [0, kv_end) read from the device; garbage beyond is ignored."""
+    from dlmrt._kernels.arena_attention import arena_attention
+
+    gen = torch.Generator(device="cuda").manual_seed(rows * 7 + kv_end)
+    q = torch.randn(heads, rows, head_dim, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(kv_heads, 4096, head_dim, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(kv_heads, 4096, head_dim, device="cuda", dtype=dtype, generator=gen)
+    k[:, kv_end:] = float("nan")  # invisible rows must not leak, even as NaN
+    v[:, kv_end:] = float("nan")
+    end = torch.tensor(kv_end, device="cuda")
+    out = arena_attention(q, k, v, end, head_dim**-0.5)
+    ref = reference.arena_attention(
+        q.float(), k[:, :kv_end].float(), v[:, :kv_end].float(), end, head_dim**-0.5
+    )
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 256])
+@pytest.mark.parametrize("vocab", [111, 4096, 32001, 151936])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_token_stats_matches_twin(dtype, rows, vocab, temperature):
+    """argmax (first among ties), confidence, entropy and log_z of softmax(logits / T)."""
+    from dlmrt._kernels.token_stats import token_stats
+
+    gen = torch.Generator(device="cuda").manual_seed(vocab + rows)
+    logits = (4 * torch.randn(rows, vocab, device="cuda", generator=gen)).to(dtype)
+    logits[0, 5 % vocab] = logits[0].max()  # a tie: the first index must win
+    got = token_stats(logits, temperature)
+    want = reference.token_stats(logits, temperature)
+    assert torch.equal(got[0], want[0])
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_token_stats_with_minus_inf_logits():
+    """-inf logits (a suppressed vocabulary) give finite entropy, as the twin."""
+    from dlmrt._kernels.token_stats import token_stats
+
+    logits = torch.tensor([[float("-inf"), 0.0, 0.0, float("-inf")]], device="cuda")
+    token, conf, entropy, log_z = token_stats(logits, 0.0)
+    assert int(token) == 1 and abs(float(conf) - 0.5) < 1e-6
+    assert abs(float(entropy) - 0.6931472) < 1e-6 and abs(float(log_z) - 0.6931472) < 1e-6
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_engine_tokens_identical_with_either_implementation(tmp_path, impl):
+    """The engine with the twins forced gives the tokens of the Triton path (fp32)."""
+    from conftest import residual_config, write_checkpoint
+
+    from dlmrt import LLM, ops
+
+    path = write_checkpoint(tmp_path / "m", residual=residual_config())
+    outs = {}
+    for which in ("triton", impl):
+        ops.use(which)
+        try:
+            llm = LLM(path, device="cuda", dtype="float32", mode="block_graph")
+            outs[which] = llm.generate(
+                [1, 2, 3, 4, 5],
+                max_new_tokens=30,
+                ignore_eos=True,
+                rule="entropy_budget",
+                entropy_budget=4.0,
+            ).token_ids
+        finally:
+            ops.use(None)
+    assert outs["triton"] == outs[impl]

@@ -1,0 +1,63 @@
+"""Execution-mode selection on a machine without CUDA, and the counter-based sampling noise."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from dlmrt import LLM
+from dlmrt.decoding.noise import counter_uniform
+from dlmrt.engine.modes import select_mode
+
+CPU = torch.device("cpu")
+
+
+def test_auto_falls_back_to_eager_on_cpu_with_reason():
+    """auto on a CPU device gives eager and says why."""
+    mode, reason = select_mode("auto", CPU)
+    assert mode == "eager" and "cpu" in reason
+
+
+@pytest.mark.parametrize("mode", ["block_graph", "round_graph"])
+def test_forced_graph_mode_on_cpu_is_a_clear_error(mode):
+    """Forcing a graph mode without CUDA raises ValueError naming `mode`."""
+    with pytest.raises(ValueError, match=f"mode: {mode} needs a CUDA device"):
+        select_mode(mode, CPU)
+
+
+def test_unknown_mode_names_the_field():
+    with pytest.raises(ValueError, match="mode: expected one of"):
+        select_mode("warp", CPU)
+
+
+def test_llm_logs_the_chosen_mode(base_ckpt, caplog):
+    """LLM(...) logs the mode and the reason; outputs report the mode that ran."""
+    with caplog.at_level(logging.INFO, logger="dlmrt"):
+        llm = LLM(base_ckpt, device="cpu")
+    assert llm.mode == "eager"
+    assert any("execution mode eager" in r.getMessage() for r in caplog.records)
+    assert llm.generate("hi", max_new_tokens=4).mode == "eager"
+
+
+def test_counter_noise_is_a_pure_function_of_its_counters():
+    """Same (seed, block, round) -> same uniforms; any counter changed -> different uniforms."""
+    t = torch.tensor
+    a = counter_uniform(t(5), t(256), t(3), 64)
+    assert torch.equal(a, counter_uniform(t(5), t(256), t(3), 64))
+    for other in (
+        counter_uniform(t(6), t(256), t(3), 64),
+        counter_uniform(t(5), t(512), t(3), 64),
+        counter_uniform(t(5), t(256), t(4), 64),
+    ):
+        assert (a != other).float().mean() > 0.9
+    assert a.dtype == torch.float32 and bool(((a >= 0) & (a < 1)).all())
+
+
+def test_counter_noise_is_uniform():
+    """Mean, variance and the histogram of 2^18 draws match U[0, 1)."""
+    u = counter_uniform(torch.tensor(1), torch.tensor(0), torch.tensor(0), 1 << 18)
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    hist = torch.histc(u, bins=16, min=0, max=1) / u.numel()
+    assert (hist - 1 / 16).abs().max() < 0.003
