@@ -8,7 +8,7 @@ setup(
     description="Single-request inference engine and ORL trainer for block-diffusion language models",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     # The Triton kernels live in the top-level `kernels/` directory but are installed as
     # `dlmrt._kernels`: a top-level `kernels` package would clash with PyPI's `kernels`.
     packages=[

@@ -2,8 +2,9 @@
 
 Blocks sit on absolute multiples of the block length B. The floor(P / B) full prompt blocks are
 prefilled; the prompt tail (P mod B tokens) starts the first decode block as already-resolved rows
-that attend bidirectionally to the masks after them. Blocks are decoded whole; the output is cut
-to `max_new_tokens`, or just after the first stop id.
+that attend bidirectionally to the masks after them. Rows past prompt + max_new_tokens (in the last
+block) stay mask tokens and are never decoded, so no round is spent on tokens nobody asked for.
+The output is cut just after the first stop id.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Layout:
     block: int  # B
     num_blocks: int  # blocks covering prompt + max_new_tokens
     first_block: int  # index of the first decode block (= number of full prompt blocks)
+    limit: int  # prompt + max_new_tokens: rows at or past this position are not decoded
 
     @property
     def max_len(self) -> int:
@@ -32,7 +34,7 @@ class Layout:
 
 def layout(prompt_len: int, max_new_tokens: int, block: int) -> Layout:
     num_blocks = -(-(prompt_len + max_new_tokens) // block)
-    return Layout(prompt_len, block, num_blocks, prompt_len // block)
+    return Layout(prompt_len, block, num_blocks, prompt_len // block, prompt_len + max_new_tokens)
 
 
 def initial_canvas(
@@ -44,6 +46,9 @@ def initial_canvas(
     if index == lay.first_block and lay.tail:
         canvas[: lay.tail] = torch.tensor(prompt_ids[lay.first_block * lay.block :], device=device)
         unresolved[: lay.tail] = False
+    past = lay.limit - index * lay.block  # first row past the requested length, if in this block
+    if past < lay.block:
+        unresolved[past:] = False
     return canvas, unresolved
 
 

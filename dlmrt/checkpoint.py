@@ -37,15 +37,18 @@ class Checkpoint:
 
 
 def read_json(path: Path, required: bool = True) -> dict[str, Any] | None:
-    """Parse a JSON file; a missing optional file gives None, anything unreadable raises."""
+    """Parse a JSON object file; a missing optional file gives None, anything unreadable raises."""
     if not path.is_file():
         if required:
             raise CheckpointError(f"{path}: file not found")
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: unreadable JSON ({e})") from e
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -118,8 +121,6 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
         raise CheckpointError(f"{root}: not a checkpoint directory")
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
     archs = raw.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]

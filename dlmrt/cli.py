@@ -104,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
-    except (ValueError, TypeError) as e:  # CheckpointError is a ValueError
+    except (ValueError, TypeError) as e:  # bad input; CheckpointError is a ValueError
         print(f"dlmrt: error: {e}", file=sys.stderr)
         return 2
+    except (OSError, RuntimeError) as e:  # the machine, not the input (disk, CUDA, ...)
+        print(f"dlmrt: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 1
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps")
@@ -51,9 +51,9 @@ class DecodeParams:
             )
         _check_float("threshold", self.threshold, 0.0, 1.0)
         _check_float("entropy_budget", self.entropy_budget, 0.0, float("inf"))
-        _check_float("temperature", self.temperature, 0.0, float("inf"))
+        _check_float("temperature", self.temperature, 0.0, 1e4)
         if self.seed is not None:
-            _check_int("seed", self.seed, 0)
+            _check_int("seed", self.seed, 0, 2**63 - 1)
         if self.denoising_steps is not None:
             _check_int("denoising_steps", self.denoising_steps, 1)
         if self.block_length is not None:
@@ -70,16 +70,13 @@ class DecodeParams:
                 raise TypeError(f"unknown decoding parameter {key!r} (valid: {', '.join(valid)})")
         return cls(**kwargs)
 
-    @staticmethod
-    def defaults() -> dict[str, Any]:
-        return {f.name: f.default for f in fields(DecodeParams) if f.default is not MISSING}
 
-
-def _check_int(name: str, value: Any, low: int) -> None:
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name}: expected an integer, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name}: must be >= {low}, got {value}")
+    if value < low or (high is not None and value > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: must be {bound}, got {value}")
 
 
 def _check_float(name: str, value: Any, low: float, high: float) -> None:

@@ -1,8 +1,9 @@
 """The oracle: block-diffusion generation with no KV cache, no graphs, no custom ops.
 
 Every round recomputes the whole sequence (prompt + finished blocks + the active block) under a
-dense block-causal mask. It shares only the model and the per-round decision (proposal, rule,
-residual) with the engine; the engine must produce the same tokens (CPU, fp32). Slow by design.
+dense block-causal mask, and computes the residual z and its rows m inline from DESIGN §3.1. It
+shares with the engine the model, the block layout, the proposal and the rules (each tested on its
+own); the engine must produce the same tokens (CPU, fp32). Slow by design: it is the spec.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.blocks import finish, initial_canvas, layout
-from dlmrt.decoding import DecodeRule
-from dlmrt.engine.round import RoundSpec
+from dlmrt.decoding import DecodeRule, propose
+from dlmrt.decoding.noise import counter_uniform
+
+
+def _residual(model, logits: torch.Tensor) -> torch.Tensor:
+    """z = softmax(logits / T_res) @ E, straight from DESIGN §3.1 (no shared log-normaliser)."""
+    p = torch.softmax(logits.float() / model.adapter.cfg.temperature, dim=-1)
+    return (p.to(model.embed_table.dtype) @ model.embed_table).to(model.embed_table.dtype)
 
 
 @torch.inference_mode()
@@ -32,7 +39,7 @@ def generate(
     """Return (generated token ids, finish reason) exactly as `Engine.generate` should."""
     device = model.embed_table.device
     lay = layout(len(prompt_ids), max_new_tokens, block_size)
-    spec = RoundSpec(model, rule, temperature, block_size)
+    adapter = getattr(model, "adapter", None)
     seed_t = torch.tensor(seed, device=device)
     context = torch.tensor(
         prompt_ids[: lay.first_block * block_size], dtype=torch.long, device=device
@@ -40,20 +47,34 @@ def generate(
     generated: list[int] = []
     for b in range(lay.first_block, lay.num_blocks):
         canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, device)
-        dtype = model.embed_table.dtype
-        z = (
-            torch.zeros(block_size, model.cfg.hidden_size, dtype=dtype, device=device)
-            if spec.has_residual
-            else None
-        )
-        start, step = torch.tensor(b * block_size, device=device), torch.tensor(0, device=device)
+        # z = 0 on a block's first round: g(0) = 0, but the post-norm still applies (DESIGN §3.1).
+        z = None if adapter is None else torch.zeros_like(model.embed_table[:block_size])
         positions = torch.arange((b + 1) * block_size, device=device)
-        while unresolved.any():
+        for step in range(block_size):  # every round accepts >= 1 row: at most B rounds
+            if not unresolved.any():
+                break
             ids = torch.cat((context, canvas))
-            receives = spec.receives(unresolved) if z is not None else None
-            logits = model(ids, AttnContext(positions, block_size), z=z, receives=receives)
-            d = spec.decide(logits[-block_size:], canvas, unresolved, step, seed_t, start)
-            canvas, unresolved, z, step = d.out.canvas, d.out.unresolved, d.z, step + 1
+            if adapter is None:
+                logits = model(ids, AttnContext(positions, block_size))
+            else:
+                receives = (
+                    unresolved if adapter.cfg.positions == "masked" else torch.ones_like(unresolved)
+                )
+                logits = model(ids, AttnContext(positions, block_size), z=z, receives=receives)
+            logits = logits[-block_size:]
+            noise = None
+            if temperature > 0:
+                noise = counter_uniform(
+                    seed_t,
+                    torch.tensor(b * block_size, device=device),
+                    torch.tensor(step, device=device),
+                    block_size,
+                )
+            out = rule(propose(logits, temperature, noise), canvas, unresolved, torch.tensor(step))
+            canvas, unresolved = out.canvas, out.unresolved
+            z = _residual(model, logits) if adapter is not None else None
+        if unresolved.any():
+            raise RuntimeError(f"oracle: block {b} did not finish in {block_size} rounds")
         context = torch.cat((context, canvas))
         block = canvas.tolist()
         generated += block[lay.tail :] if b == lay.first_block else block

@@ -24,7 +24,10 @@ class EntropyBudgetRule(DecodeRule):
     def accept(
         self, proposal: Proposal, unresolved: torch.Tensor, step: torch.Tensor
     ) -> torch.Tensor:
-        h = proposal.entropy.masked_fill(~unresolved, float("inf"))
+        # NaN entropies (a broken model) sort as the largest finite value, never before a resolved
+        # row (+inf), so the lowest-entropy unresolved row is always accepted: progress is guaranteed.
+        h = torch.nan_to_num(proposal.entropy, nan=torch.finfo(torch.float32).max)
+        h = h.masked_fill(~unresolved, float("inf"))
         sorted_h, order = torch.sort(h, stable=True)
         # Exclusive prefix sum by shifting (not cumsum - h, whose rounding can flip a verdict at the
         # boundary); resolved rows sort last with +inf, so they never lower a sum before them.

@@ -143,7 +143,7 @@ class Engine:
                 res.token_ids += block_tokens[lay.tail :] if b == lay.first_block else block_tokens
                 res.token_ids, reason = finish(res.token_ids, stop_ids, max_new_tokens, ignore_eos)
                 if on_block is not None:
-                    on_block(b, rounds, res.token_ids)
+                    on_block(b, rounds, list(res.token_ids))
                 if reason is not None:
                     res.finish_reason = reason
                     break  # the last block's commit pass is skipped: nothing reads its KV

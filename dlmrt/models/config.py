@@ -67,22 +67,35 @@ def _field(cfg: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
 def _rope_theta(cfg: dict[str, Any], path: Path) -> float:
     # transformers >= 5 nests RoPE under `rope_parameters`; older configs have top-level `rope_theta`.
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if isinstance(rope, dict) and rope.get("rope_type", "default") not in ("default", None):
-        raise CheckpointError(
-            f"{path}: rope type '{rope.get('rope_type')}' is not supported (only default RoPE)"
-        )
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in ("default", None):
+        raise CheckpointError(f"{path}: rope type '{kind}' is not supported (only default RoPE)")
     if isinstance(rope, dict) and "rope_theta" in rope:
         return float(rope["rope_theta"])
     return _field(cfg, "rope_theta", path, float)
 
 
-def eos_ids(value: Any) -> tuple[int, ...]:
-    """Normalise an `eos_token_id` field (int, list or None) to a tuple."""
+def eos_ids(value: Any, path: Path | None = None) -> tuple[int, ...]:
+    """Normalise an `eos_token_id` field (int, list of ints or None) to a tuple."""
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    items = [value] if isinstance(value, int) else value
+    if not isinstance(items, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in items
+    ):
+        raise CheckpointError(
+            f"{path or 'config'}: 'eos_token_id' must be an int or a list of ints, got {value!r}"
+        )
+    return tuple(items)
+
+
+def _optional_id(cfg: dict[str, Any], name: str, vocab: int, path: Path) -> int | None:
+    value = cfg.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+        raise CheckpointError(f"{path}: '{name}' = {value!r} is not a token id in [0, {vocab})")
+    return value
 
 
 def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
@@ -92,9 +105,19 @@ def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
     head_dim = cfg.get("head_dim") or hidden // heads
     residual = cfg.get("orl_residual")
     tie = cfg.get("tie_word_embeddings")
+    if tie is not None and not isinstance(tie, bool):
+        raise CheckpointError(f"{path}: 'tie_word_embeddings' must be true or false, got {tie!r}")
+    vocab = _field(cfg, "vocab_size", path)
+    block = (
+        _field(cfg, "block_size", path)
+        if cfg.get("block_size") is not None
+        else DEFAULT_BLOCK_LENGTH
+    )
+    if block < 1:
+        raise CheckpointError(f"{path}: 'block_size' must be >= 1, got {block}")
     return ModelConfig(
         architecture=(cfg.get("architectures") or ["?"])[0],
-        vocab_size=_field(cfg, "vocab_size", path),
+        vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=_field(cfg, "intermediate_size", path),
         num_hidden_layers=_field(cfg, "num_hidden_layers", path),
@@ -104,9 +127,9 @@ def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
         rms_norm_eps=_field(cfg, "rms_norm_eps", path, float),
         rope_theta=_rope_theta(cfg, path),
         max_position_embeddings=_field(cfg, "max_position_embeddings", path),
-        tie_word_embeddings=None if tie is None else bool(tie),
-        mask_token_id=cfg.get("mask_token_id"),
-        block_size=int(cfg.get("block_size") or DEFAULT_BLOCK_LENGTH),
-        eos_token_ids=eos_ids(cfg.get("eos_token_id")),
+        tie_word_embeddings=tie,
+        mask_token_id=_optional_id(cfg, "mask_token_id", vocab, path),
+        block_size=block,
+        eos_token_ids=eos_ids(cfg.get("eos_token_id"), path),
         residual=None if residual is None else ResidualConfig.from_hf(residual, path),
     )

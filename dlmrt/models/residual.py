@@ -12,6 +12,7 @@ projection is bias-free, so a block's first round (z = 0) is an ordinary masked 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ _TYPES = {"intermediate_size": int, "positions": str, "post_norm_scale": (int, f
 
 def _check_type(path: Path, name: str, value: Any) -> None:
     kind = _TYPES.get(name, (int, float))
-    if isinstance(value, bool) or not isinstance(value, kind):
+    bad_float = isinstance(value, float) and not math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, kind) or bad_float:
         raise CheckpointError(
             f"{path}: config field 'orl_residual.{name}' has the wrong type ({value!r})"
         )
