@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+from common import qwen_dlm_4b, random_model
 from torch.profiler import ProfilerActivity, profile
 
-from common import qwen_dlm_4b, random_model
 from dlmrt.decoding import make_rule
 from dlmrt.engine.engine import Engine
 from dlmrt.engine.round import RoundSpec, denoise_round
