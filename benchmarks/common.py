@@ -50,7 +50,9 @@ def random_model(cfg: ModelConfig, device: torch.device, dtype=torch.bfloat16) -
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    model.fuse_projections()
+    return model
 
 
 def round_flops_bytes(cfg: ModelConfig, rows: int, context: int) -> tuple[float, float]:

@@ -158,6 +158,8 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
                         params[name].copy_(st.get_tensor(name))
                     bar.update()
     model.eval().requires_grad_(False)
+    if hasattr(model, "fuse_projections"):
+        model.fuse_projections()
     log.info(
         "loaded %s (%s, %s%s) on %s in %s",
         root,

@@ -13,6 +13,13 @@ import triton
 import triton.language as tl
 
 
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+        for m, n, w, st in ((64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 2), (32, 32, 4, 2))
+    ],
+    key=["rows", "HEAD_DIM", "IEEE", "GROUPS"],
+)
 @triton.jit
 def _arena_attention_kernel(
     q_ptr,
@@ -90,32 +97,14 @@ def arena_attention(
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     heads, rows, head_dim = q.shape
     out = torch.empty_like(q)
-    ieee = q.dtype == torch.float32
-    block_m = 64 if rows >= 64 else max(16, triton.next_power_of_2(rows))
-    block_n = 32 if ieee else 64
-    grid = (triton.cdiv(rows, block_m), heads)
+
+    def grid(meta):
+        return (triton.cdiv(rows, meta["BLOCK_M"]), heads)
+
     _arena_attention_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        kv_end,
-        scale,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        rows,
-        GROUPS=heads // k.shape[0],
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        HEAD_DIM=head_dim,
-        IEEE=ieee,
-        num_warps=4,
-        num_stages=2,
+        q, k, v, out, kv_end, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), rows,
+        GROUPS=heads // k.shape[0], HEAD_DIM=head_dim, IEEE=q.dtype == torch.float32,
     )
     return out

@@ -88,3 +88,63 @@ def test_engine_tokens_identical_with_either_implementation(tmp_path, impl):
         finally:
             ops.use(None)
     assert outs["triton"] == outs[impl]
+
+
+BF16 = dict(atol=1e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n", [(1, 64), (7, 2560), (256, 2560), (33, 1000)])
+def test_rms_norm_and_fused_add_match_twins(dtype, rows, n):
+    """w * x / rms(x), and the residual add fused before it (sum returned as the new stream)."""
+    from dlmrt._kernels.rms_norm import add_rms_norm, rms_norm
+
+    gen = torch.Generator(device="cuda").manual_seed(rows + n)
+    x = torch.randn(rows, n, device="cuda", generator=gen).to(dtype)
+    r = torch.randn(rows, n, device="cuda", generator=gen).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dtype)
+    tol = TOL[torch.float32] if dtype == torch.float32 else BF16
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), **tol)
+    got, got_sum = add_rms_norm(x, r, w, 1e-6)
+    want, want_sum = reference.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(got_sum, want_sum)
+    torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,heads,d", [(1, 2, 64), (256, 8, 128), (13, 32, 128)])
+@pytest.mark.parametrize("at_positions", [False, True])
+def test_qk_norm_rope_matches_twin(dtype, rows, heads, d, at_positions):
+    """Per-head norm + RoPE, head-major output, optionally scattered to arena rows."""
+    from dlmrt._kernels.qk_norm_rope import qk_norm_rope
+
+    from dlmrt.models.layers import rope_cos_sin
+
+    gen = torch.Generator(device="cuda").manual_seed(rows * heads)
+    fused = torch.randn(rows, heads * d * 3, device="cuda", generator=gen).to(dtype)
+    x = fused[:, heads * d : 2 * heads * d].view(rows, heads, d)  # a strided view, as in the model
+    w = (1 + 0.1 * torch.randn(d, device="cuda", generator=gen)).to(dtype)
+    pos = torch.randperm(4 * rows + 8, device="cuda", generator=gen)[:rows] + 3
+    cos, sin = rope_cos_sin(pos, d, 1e6, dtype)
+    tol = TOL[torch.float32] if dtype == torch.float32 else BF16
+    if at_positions:
+        got = torch.zeros(heads, 4 * rows + 16, d, device="cuda", dtype=dtype)
+        want = got.clone()
+        qk_norm_rope(x, w, cos, sin, 1e-6, got, pos)
+        reference.qk_norm_rope(x, w, cos, sin, 1e-6, want, pos)
+    else:
+        got = qk_norm_rope(x, w, cos, sin, 1e-6)
+        want = reference.qk_norm_rope(x, w, cos, sin, 1e-6)
+    torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n", [(1, 96), (256, 9728), (5, 1500)])
+def test_silu_mul_matches_twin(dtype, rows, n):
+    from dlmrt._kernels.silu_mul import silu_mul
+
+    gu = torch.randn(
+        rows, 2 * n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n)
+    ).to(dtype)
+    tol = TOL[torch.float32] if dtype == torch.float32 else BF16
+    torch.testing.assert_close(silu_mul(gu), reference.silu_mul(gu), **tol)

@@ -14,22 +14,33 @@ from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 
 
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """Non-affine RMSNorm computed in fp32, returned in x's dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (plain gain, not 1 + w)."""
+    """x / rms(x) * weight (plain gain, not 1 + w); `forward(x, residual)` fuses the residual add."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_norm(x, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps)
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+def fuse_weights(*linears: nn.Linear) -> torch.Tensor:
+    """Concatenate the linears' weights into one tensor; each linear keeps a view of its slice.
+
+    One GEMM then computes all of them, while the state dict (and in-place edits such as the
+    adapter rescale) still see the per-projection parameters. Call after loading.
+    """
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start : start + rows], requires_grad=False)
+        start += rows
+    return fused
 
 
 def rope_cos_sin(
@@ -41,13 +52,6 @@ def rope_cos_sin(
     freqs = positions.float().unsqueeze(-1) * inv_freq.unsqueeze(0)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [rows, heads, head_dim]; cos/sin: [rows, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -68,47 +72,71 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
+        self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
+        self.qkv_weight: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.qkv_weight = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_weight is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return F.linear(x, self.qkv_weight).split(self.split, dim=-1)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttnContext
     ) -> torch.Tensor:
         rows = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(rows, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(rows, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(rows, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, rows, d]
+        q, k, v = self._qkv(x)
+        q = q.view(rows, self.heads, self.head_dim)
+        k = k.view(rows, self.kv_heads, self.head_dim)
+        v = v.view(rows, self.kv_heads, self.head_dim).transpose(0, 1)  # [kv_heads, rows, d]
+        eps = self.q_norm.eps
+        q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, eps)  # [heads, rows, d]
         if ctx.kv is None:
-            keys, values, k_pos = k, v, ctx.positions
+            k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps)
+            out = block_attention(q, k, v, ctx.positions, ctx.positions, ctx.block_size, self.scale)
+            return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
+        # K is normalised, rotated and written into the arena in one step; V is copied in.
+        ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions)
+        layer_v.index_copy_(1, ctx.positions, v)
+        if ctx.kv_end is not None:
+            out = ops.arena_attention(q, layer_k, layer_v, ctx.kv_end, self.scale)
         else:
-            layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
-            layer_k.index_copy_(1, ctx.positions, k)
-            layer_v.index_copy_(1, ctx.positions, v)
-            if ctx.kv_end is not None:
-                out = ops.arena_attention(q, layer_k, layer_v, ctx.kv_end, self.scale)
-                return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
             n = layer_k.shape[1] if ctx.kv_len is None else ctx.kv_len
-            keys, values = layer_k[:, :n], layer_v[:, :n]
             k_pos = torch.arange(n, device=x.device)
-        out = block_attention(q, keys, values, ctx.positions, k_pos, ctx.block_size, self.scale)
+            out = block_attention(
+                q, layer_k[:, :n], layer_v[:, :n], ctx.positions, k_pos, ctx.block_size, self.scale
+            )
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 
 class SwiGLU(nn.Module):
-    """down(SiLU(gate(x)) * up(x)), bias-free."""
+    """down(SiLU(gate(x)) * up(x)), bias-free; gate and up run as one GEMM once fused."""
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.gate_up_weight = fuse_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(ops.silu_mul(F.linear(x, self.gate_up_weight)))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: h += attn(norm(h)); h += mlp(norm(h))."""
+    """Pre-norm block on a residual stream: r += attn(norm(r)); r += mlp(norm(r)).
+
+    forward(h, residual) takes the previous layer's output h and the stream before it, and fuses
+    each residual add into the following norm (residual None: h is the stream, first layer).
+    """
 
     def __init__(self, cfg, layer_idx: int) -> None:
         super().__init__()
@@ -118,7 +146,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
-        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttnContext
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        ctx: AttnContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = h, self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(x, rope, ctx), residual)
+        return self.mlp(x), residual

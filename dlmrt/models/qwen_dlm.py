@@ -40,6 +40,12 @@ class QwenDLM(nn.Module):
         self.model = QwenDLMBackbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
+    def fuse_projections(self) -> None:
+        """One GEMM for q/k/v and one for gate/up in every layer (and the adapter). After loading."""
+        for module in self.modules():
+            if hasattr(module, "fuse") and module is not self:
+                module.fuse()
+
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -73,8 +79,9 @@ class QwenDLM(nn.Module):
         if z is not None and self.adapter is not None:
             h = self._inject_tail(h, z, receives)
         rope = rope_cos_sin(ctx.positions, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        residual = None
         for layer in self.model.layers:
-            h = layer(h, rope, ctx)
+            h, residual = layer(h, residual, rope, ctx)
         if not compute_logits:
             return None
-        return self.lm_head(self.model.norm(h))
+        return self.lm_head(self.model.norm(h, residual)[0])

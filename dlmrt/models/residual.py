@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from dlmrt.errors import CheckpointError
-from dlmrt.models.layers import RMSNorm, SwiGLU, rms_norm
+from dlmrt.models.layers import RMSNorm, SwiGLU
+from dlmrt.ops.reference import rms_normalize
 
 POST_NORM_EPS = 1e-6
 
@@ -94,7 +95,7 @@ class ResidualAdapter(SwiGLU):
         m = receives.to(tok_emb.dtype).unsqueeze(-1)
         h = tok_emb + self.cfg.strength * m * self.forward(z)
         if self.cfg.post_norm_scale is not None:
-            h = self.cfg.post_norm_scale * rms_norm(h, POST_NORM_EPS)
+            h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
         return h
 
 

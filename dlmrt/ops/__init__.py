@@ -17,7 +17,7 @@ from dlmrt.ops import reference
 
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
-OPS = ("arena_attention", "token_stats")
+OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul")
 
 
 def _triton_ok() -> tuple[bool, str]:
@@ -30,13 +30,13 @@ def _triton_ok() -> tuple[bool, str]:
     return True, "triton available"
 
 
-def _resolve(name: str) -> Callable:
+def _resolve(name: str, module_name: str | None = None) -> Callable:
     if name not in _IMPL:
         ok, why = _triton_ok()
         _IMPL[name] = "triton" if ok else "torch"
         log.info("op %s -> %s (%s)", name, _IMPL[name], why)
     if _IMPL[name] == "triton":
-        module = importlib.import_module(f"dlmrt._kernels.{name}")
+        module = importlib.import_module(f"dlmrt._kernels.{module_name or name}")
         return getattr(module, name)
     return getattr(reference, name)
 
@@ -63,3 +63,43 @@ def token_stats(
     """argmax, confidence, entropy, log_z of softmax(logits / T), one pass. See kernels/token_stats.py."""
     fn = _resolve("token_stats") if logits.is_cuda else reference.token_stats
     return fn(logits, temperature)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * x / rms(x) over the last dim of x [rows, n]. See kernels/rms_norm.py."""
+    fn = _resolve("rms_norm") if x.is_cuda and x.stride(-1) == 1 else reference.rms_norm
+    return fn(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): the residual add fused into the norm."""
+    if x.is_cuda and x.stride(-1) == 1 and _impl("rms_norm") == "triton":
+        return _resolve("add_rms_norm", "rms_norm")(x, residual, weight, eps)
+    return reference.add_rms_norm(x, residual, weight, eps)
+
+
+def qk_norm_rope(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-head RMSNorm + RoPE, head-major, optionally written at arena rows. See kernels/qk_norm_rope.py."""
+    fn = _resolve("qk_norm_rope") if x.is_cuda else reference.qk_norm_rope
+    return fn(x, weight, cos, sin, eps, out, positions)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up on the fused gate_up projection output. See kernels/silu_mul.py."""
+    fn = _resolve("silu_mul") if gate_up.is_cuda else reference.silu_mul
+    return fn(gate_up)
+
+
+def _impl(name: str) -> str:
+    _resolve(name)
+    return _IMPL[name]

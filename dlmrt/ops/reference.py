@@ -35,3 +35,51 @@ def token_stats(
     token = torch.argmax(x, dim=-1)
     confidence = torch.exp(x.gather(-1, token.unsqueeze(-1)).squeeze(-1) - log_z)
     return token, confidence, entropy, log_z
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Non-affine RMSNorm computed in fp32, returned in x's dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / rms(x)), the normalised row cast to x's dtype first (as transformers)."""
+    return weight * rms_normalize(x, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual)."""
+    total = x + residual
+    return rms_norm(total, weight, eps), total
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+def qk_norm_rope(
+    x: torch.Tensor,  # [rows, heads, head_dim]
+    weight: torch.Tensor,
+    cos: torch.Tensor,  # [rows, head_dim]
+    sin: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,  # [heads, L, head_dim]
+    positions: torch.Tensor | None = None,  # [rows]
+) -> torch.Tensor:
+    """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim]."""
+    y = _rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
+    if out is None:
+        return y.contiguous()
+    out.index_copy_(1, positions, y)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for gate_up [rows, 2n], gate columns first."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,76 @@
+"""RMSNorm with a gain, optionally fused with the residual add that precedes it.
+
+out = w * (x / rms(x)), rounded as transformers does it: the normalised row is cast to the input
+dtype before the gain multiply. With a residual: x = x + residual first (rounded to the dtype),
+and that sum is returned as the new residual stream. Torch twins: `dlmrt.ops.reference.rms_norm`,
+`add_rms_norm`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    stride_x,
+    stride_r,
+    n,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(res_out_ptr + row * n + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, 0) / n + eps)
+    y = (xf * inv).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    rows, n = x.shape
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else out
+    res = residual if residual is not None else x
+    _rms_norm_kernel[(rows,)](
+        x,
+        res,
+        weight,
+        out,
+        res_out,
+        x.stride(0),
+        res.stride(0),
+        n,
+        eps,
+        HAS_RES=residual is not None,
+        BLOCK=triton.next_power_of_2(n),
+        num_warps=8 if n > 2048 else 4,
+    )
+    return out, res_out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [rows, n] (unit stride in n) -> w * x / rms(x)."""
+    return _launch(x, None, weight, eps)[0]
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w * norm(x + residual), x + residual)."""
+    return _launch(x, residual, weight, eps)
