@@ -16,7 +16,13 @@ import triton.language as tl
 @triton.autotune(
     configs=[
         triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-        for m, n, w, st in ((64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 4, 3), (128, 64, 8, 2), (32, 32, 4, 2))
+        for m, n, w, st in (
+            (64, 64, 4, 2),
+            (32, 64, 4, 3),
+            (64, 32, 4, 3),
+            (128, 64, 8, 2),
+            (32, 32, 4, 2),
+        )
     ],
     key=["rows", "HEAD_DIM", "IEEE", "GROUPS"],
 )
@@ -96,15 +102,31 @@ def arena_attention(
     scale: float,
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     heads, rows, head_dim = q.shape
-    out = torch.empty_like(q)
+    # Written row-major [rows, heads, head_dim], returned as a [heads, rows, head_dim] view: the
+    # caller's transpose(0, 1).reshape(rows, -1) for o_proj is then free.
+    out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
 
     def grid(meta):
         return (triton.cdiv(rows, meta["BLOCK_M"]), heads)
 
     _arena_attention_kernel[grid](
-        q, k, v, out, kv_end, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), rows,
-        GROUPS=heads // k.shape[0], HEAD_DIM=head_dim, IEEE=q.dtype == torch.float32,
+        q,
+        k,
+        v,
+        out,
+        kv_end,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        rows,
+        GROUPS=heads // k.shape[0],
+        HEAD_DIM=head_dim,
+        IEEE=q.dtype == torch.float32,
     )
     return out

@@ -148,3 +148,22 @@ def test_silu_mul_matches_twin(dtype, rows, n):
     ).to(dtype)
     tol = TOL[torch.float32] if dtype == torch.float32 else BF16
     torch.testing.assert_close(silu_mul(gu), reference.silu_mul(gu), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,vocab", [(1, 111), (256, 151936), (7, 32001)])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_softmax_probs_matches_twin_and_sums_to_one(dtype, rows, vocab, temperature):
+    """p = exp(logits / T - log_z) from the decoder's log_z, in the embedding dtype."""
+    from dlmrt._kernels.softmax_probs import softmax_probs
+
+    gen = torch.Generator(device="cuda").manual_seed(rows + vocab)
+    logits = (3 * torch.randn(rows, vocab, device="cuda", generator=gen)).to(dtype)
+    log_z = reference.token_stats(logits, temperature)[3]
+    got = softmax_probs(logits, log_z, temperature, dtype)
+    torch.testing.assert_close(
+        got, reference.softmax_probs(logits, log_z, temperature, dtype), atol=1e-6, rtol=1e-2
+    )
+    torch.testing.assert_close(
+        got.float().sum(-1), torch.ones(rows, device="cuda"), atol=2e-2, rtol=0
+    )

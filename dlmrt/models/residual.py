@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dlmrt import ops
 from dlmrt.errors import CheckpointError
 from dlmrt.models.layers import RMSNorm, SwiGLU
 from dlmrt.ops.reference import rms_normalize
@@ -107,11 +108,9 @@ def soft_embedding(
     `log_z` (logsumexp of logits / T, fp32) is the decoder's log-normaliser; passing it skips a
     second reduction over the vocabulary.
     """
-    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
     if log_z is None:
-        log_z = torch.logsumexp(scaled, dim=-1)
-    p = torch.exp(scaled - log_z.unsqueeze(-1))
-    return (p.to(embed.dtype) @ embed).to(embed.dtype)
+        log_z = torch.logsumexp(logits.float() / temperature, dim=-1)
+    return ops.softmax_probs(logits, log_z, temperature, embed.dtype) @ embed
 
 
 @torch.no_grad()

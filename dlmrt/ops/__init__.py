@@ -17,7 +17,7 @@ from dlmrt.ops import reference
 
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
-OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul")
+OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 
 
 def _triton_ok() -> tuple[bool, str]:
@@ -98,6 +98,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up on the fused gate_up projection output. See kernels/silu_mul.py."""
     fn = _resolve("silu_mul") if gate_up.is_cuda else reference.silu_mul
     return fn(gate_up)
+
+
+def softmax_probs(
+    logits: torch.Tensor, log_z: torch.Tensor, temperature: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """exp(logits / T - log_z) in `dtype`, one pass. See kernels/softmax_probs.py."""
+    fn = _resolve("softmax_probs") if logits.is_cuda else reference.softmax_probs
+    return fn(logits, log_z, temperature, dtype)
 
 
 def _impl(name: str) -> str:

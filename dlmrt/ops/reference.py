@@ -83,3 +83,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up for gate_up [rows, 2n], gate columns first."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def softmax_probs(
+    logits: torch.Tensor, log_z: torch.Tensor, temperature: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """exp(logits / T - log_z) in `dtype` (the probabilities behind the residual z = p @ E)."""
+    return torch.exp(logits.float() / temperature - log_z.unsqueeze(-1)).to(dtype)
