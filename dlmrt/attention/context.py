@@ -31,6 +31,8 @@ class AttnContext:
     kv_len: host-side bound on the arena rows to read, under the block-causal mask (prefill, CPU).
     kv_end: device scalar; when given, every row is in one block and sees arena rows [0, kv_end)
         (denoising rounds and commit passes on CUDA: static shapes, one graph for every block).
+    mask: bool [rows, rows] visibility replacing the block-causal rule when kv is None (training
+        layouts such as [prompt | clean response | noisy response], packed documents).
     """
 
     positions: torch.Tensor
@@ -38,3 +40,4 @@ class AttnContext:
     kv: KVArena | None = None
     kv_len: int | None = None
     kv_end: torch.Tensor | None = None
+    mask: torch.Tensor | None = None

@@ -19,9 +19,11 @@ def block_attention(
     k_pos: torch.Tensor,  # [keys]
     block_size: int,
     scale: float,
+    mask: torch.Tensor | None = None,  # [rows, keys] bool: overrides the block-causal rule
 ) -> torch.Tensor:  # [heads, rows, head_dim]
-    """Grouped-query attention under the block-causal visibility rule."""
-    mask = visibility_mask(q_pos, k_pos, block_size)
+    """Grouped-query attention under the block-causal visibility rule (or an explicit mask)."""
+    if mask is None:
+        mask = visibility_mask(q_pos, k_pos, block_size)
     groups = q.shape[0] // k.shape[0]
     if groups > 1:
         k = k.repeat_interleave(groups, dim=0)

@@ -95,7 +95,9 @@ class Attention(nn.Module):
         q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, eps)  # [heads, rows, d]
         if ctx.kv is None:
             k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps)
-            out = block_attention(q, k, v, ctx.positions, ctx.positions, ctx.block_size, self.scale)
+            out = block_attention(
+                q, k, v, ctx.positions, ctx.positions, ctx.block_size, self.scale, ctx.mask
+            )
             return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
         layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
         # K is normalised, rotated and written into the arena in one step; V is copied in.
