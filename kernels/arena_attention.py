@@ -1,9 +1,10 @@
-"""Attention of one block's rows over the KV arena, with the visible length read on the device.
+"""Attention of query rows over the KV arena under the block-causal rule, lengths read on the device.
 
-Every query row of a denoising round (or commit pass) sees the same keys: arena rows [0, kv_end),
-i.e. the committed prefix plus the block itself (bidirectional). kv_end lives in device memory, so
-one captured CUDA graph serves every block. Flash-style online softmax, fp32 accumulation; grouped
-query heads share their KV head. Torch twin: `dlmrt.ops.reference.arena_attention`.
+A query at absolute position p sees arena rows [0, (p // B + 1) * B): the committed prefix plus
+its whole block (bidirectional). Positions live in device memory, so one captured CUDA graph serves
+every block, and the same kernel runs prefill (many blocks), denoising rounds and commit passes.
+Flash-style online softmax with fp32 accumulation; the key loop of a tile of rows stops at the
+furthest end any of its rows can see. Torch twin: `dlmrt.ops.reference.arena_attention`.
 """
 
 from __future__ import annotations
@@ -12,93 +13,78 @@ import torch
 import triton
 import triton.language as tl
 
+_CONFIGS = [
+    triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+    for m, n, w, st in (
+        (64, 64, 4, 2),
+        (64, 64, 4, 3),
+        (32, 64, 4, 3),
+        (64, 32, 4, 3),
+        (128, 64, 8, 2),
+        (64, 128, 8, 3),
+        (32, 32, 4, 2),
+    )
+]
 
-@triton.autotune(
-    configs=[
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-        for m, n, w, st in (
-            (64, 64, 4, 2),
-            (32, 64, 4, 3),
-            (64, 32, 4, 3),
-            (128, 64, 8, 2),
-            (32, 32, 4, 2),
-        )
-    ],
-    key=["rows", "HEAD_DIM", "IEEE", "GROUPS"],
-)
+
+@triton.autotune(configs=_CONFIGS, key=["rows", "HEAD_DIM", "IEEE", "GROUPS"])
 @triton.jit
 def _arena_attention_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    o_ptr,
-    kv_end_ptr,
-    scale,
-    stride_qh,
-    stride_qm,
-    stride_kh,
-    stride_kn,
-    stride_vh,
-    stride_vn,
-    stride_oh,
-    stride_om,
+    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, block_size, scale,
+    stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
     rows,
-    GROUPS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     IEEE: tl.constexpr,
-):
+):  # fmt: skip
     pid_m, head = tl.program_id(0), tl.program_id(1)
     kv_head = head // GROUPS
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-        mask=offs_m[:, None] < rows,
-        other=0.0,
-    )
-    kv_end = tl.load(kv_end_ptr).to(tl.int32)
+    row_ok = offs_m < rows
+    q = tl.load(q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)  # fmt: skip
+    pos = tl.load(pos_ptr + offs_m, mask=row_ok, other=0)
+    row_end = ((pos // block_size + 1) * block_size).to(tl.int32)
+    row_end = tl.where(row_ok, row_end, 0)
+    tile_end = tl.max(row_end, 0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
-    for start in range(0, kv_end, BLOCK_N):
+    for start in range(0, tile_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        valid = offs_n < kv_end
-        k = tl.load(
-            k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=valid[:, None], other=0.0
-        )
+        in_tile = offs_n < tile_end
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_tile[:, None],
+                    other=0.0)  # fmt: skip
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale, float("-inf"))
+        visible = offs_n[None, :] < row_end[:, None]
+        s = tl.where(visible, s * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see nothing
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=valid[:, None], other=0.0
-        )
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_tile[:, None],
+                    other=0.0)  # fmt: skip
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(
-        o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=offs_m[:, None] < rows,
-    )
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim] (one layer of the arena)
     v: torch.Tensor,  # [kv_heads, arena, head_dim]
-    kv_end: torch.Tensor,  # [] int64 on the device: keys [0, kv_end) are visible
+    positions: torch.Tensor,  # [rows] int64 absolute positions of the query rows (ascending)
+    block_size: int,
     scale: float,
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     heads, rows, head_dim = q.shape
@@ -110,23 +96,9 @@ def arena_attention(
         return (triton.cdiv(rows, meta["BLOCK_M"]), heads)
 
     _arena_attention_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        kv_end,
-        scale,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        rows,
-        GROUPS=heads // k.shape[0],
-        HEAD_DIM=head_dim,
-        IEEE=q.dtype == torch.float32,
-    )
+        q, k, v, out, positions, block_size, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), rows,
+        GROUPS=heads // k.shape[0], HEAD_DIM=head_dim, IEEE=q.dtype == torch.float32,
+    )  # fmt: skip
     return out

@@ -16,22 +16,25 @@ TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 64), (32, 8, 128), (8, 8, 128)])
-@pytest.mark.parametrize("rows", [1, 7, 64, 256])
-@pytest.mark.parametrize("kv_end", [1, 100, 1280, 4093])
-def test_arena_attention_matches_sdpa(dtype, heads, kv_heads, head_dim, rows, kv_end):
-    """Every row attends to arena rows [0, kv_end) read from the device; garbage beyond is ignored."""
+@pytest.mark.parametrize(
+    "start,rows,block",
+    [(0, 1, 1), (96, 7, 8), (1024, 256, 256), (3840, 256, 256), (0, 300, 16), (0, 64, 64)],
+)
+def test_arena_attention_matches_sdpa(dtype, heads, kv_heads, head_dim, start, rows, block):
+    """Row p sees arena rows [0, (p // B + 1) * B): one block (rounds) or many (prefill)."""
     from dlmrt._kernels.arena_attention import arena_attention
 
-    gen = torch.Generator(device="cuda").manual_seed(rows * 7 + kv_end)
+    gen = torch.Generator(device="cuda").manual_seed(rows * 7 + start)
+    pos = torch.arange(start, start + rows, device="cuda")
+    end = int((pos[-1] // block + 1) * block)
     q = torch.randn(heads, rows, head_dim, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(kv_heads, 4096, head_dim, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(kv_heads, 4096, head_dim, device="cuda", dtype=dtype, generator=gen)
-    k[:, kv_end:] = float("nan")  # invisible rows must not leak, even as NaN
-    v[:, kv_end:] = float("nan")
-    end = torch.tensor(kv_end, device="cuda")
-    out = arena_attention(q, k, v, end, head_dim**-0.5)
+    k = torch.randn(kv_heads, 4096 + 64, head_dim, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(kv_heads, 4096 + 64, head_dim, device="cuda", dtype=dtype, generator=gen)
+    k[:, end:] = float("nan")  # invisible rows must not leak, even as NaN
+    v[:, end:] = float("nan")
+    out = arena_attention(q, k, v, pos, block, head_dim**-0.5)
     ref = reference.arena_attention(
-        q.float(), k[:, :kv_end].float(), v[:, :kv_end].float(), end, head_dim**-0.5
+        q.float(), k[:, :end].float(), v[:, :end].float(), pos, block, head_dim**-0.5
     )
     assert not out.isnan().any()
     torch.testing.assert_close(out.float(), ref, **TOL[dtype])
@@ -127,11 +130,13 @@ def test_qk_norm_rope_matches_twin(dtype, rows, heads, d, at_positions):
     pos = torch.randperm(4 * rows + 8, device="cuda", generator=gen)[:rows] + 3
     cos, sin = rope_cos_sin(pos, d, 1e6, dtype)
     tol = TOL[torch.float32] if dtype == torch.float32 else BF16
-    if at_positions:
+    if at_positions:  # keys into the arena, with the value rows riding along
+        v = fused[:, 2 * heads * d :].view(rows, heads, d)
         got = torch.zeros(heads, 4 * rows + 16, d, device="cuda", dtype=dtype)
-        want = got.clone()
-        qk_norm_rope(x, w, cos, sin, 1e-6, got, pos)
-        reference.qk_norm_rope(x, w, cos, sin, 1e-6, want, pos)
+        got_v, want, want_v = got.clone(), got.clone(), got.clone()
+        qk_norm_rope(x, w, cos, sin, 1e-6, got, pos, v, got_v)
+        reference.qk_norm_rope(x, w, cos, sin, 1e-6, want, pos, v, want_v)
+        assert torch.equal(got_v, want_v)
     else:
         got = qk_norm_rope(x, w, cos, sin, 1e-6)
         want = reference.qk_norm_rope(x, w, cos, sin, 1e-6)

@@ -28,9 +28,9 @@ class AttnContext:
     block_size: block length of the visibility rule.
     kv: the arena. When given, each layer writes its rows' K/V at `positions` and attends over
         arena rows [0, kv_len); when None, rows attend only to each other (the no-cache oracle).
-    kv_len: host-side bound on the arena rows to read, under the block-causal mask (prefill, CPU).
-    kv_end: device scalar; when given, every row is in one block and sees arena rows [0, kv_end)
-        (denoising rounds and commit passes on CUDA: static shapes, one graph for every block).
+    kv_len: host-side bound on the arena rows to read (CPU). None: each row's visible length is
+        derived on the device from its position, over the whole arena (CUDA: static shapes, so
+        one captured graph serves every block).
     mask: bool [rows, rows] visibility replacing the block-causal rule when kv is None (training
         layouts such as [prompt | clean response | noisy response], packed documents).
     """
@@ -39,5 +39,4 @@ class AttnContext:
     block_size: int
     kv: KVArena | None = None
     kv_len: int | None = None
-    kv_end: torch.Tensor | None = None
     mask: torch.Tensor | None = None

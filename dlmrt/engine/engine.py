@@ -169,4 +169,5 @@ class Engine:
         """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits."""
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(len(tokens), device=self.device)
-        self.model(ids, AttnContext(positions, block_size, kv, len(tokens)), compute_logits=False)
+        kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel
+        self.model(ids, AttnContext(positions, block_size, kv, kv_len), compute_logits=False)

@@ -83,7 +83,6 @@ class BlockBuffers:
         self.step = torch.zeros((), dtype=torch.long, device=device)
         self.done = torch.zeros((), dtype=torch.bool, device=device)
         self.block_start = torch.zeros((), dtype=torch.long, device=device)
-        self.kv_end = torch.zeros((), dtype=torch.long, device=device)  # block_start + rows
         self.seed = torch.zeros((), dtype=torch.long, device=device)
         self.offsets = torch.arange(rows, device=device)
         self.entropy = torch.zeros(rows, dtype=torch.float32, device=device)  # last round's
@@ -100,7 +99,6 @@ class BlockBuffers:
         self.step.zero_()
         self.done.zero_()
         self.block_start.fill_(block_start)
-        self.kv_end.fill_(block_start + self.offsets.numel())
         self.seed.fill_(seed)
 
     @property
@@ -109,10 +107,9 @@ class BlockBuffers:
 
 
 def _context(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> AttnContext:
-    # kv_len (host int, CPU): read that many arena rows. None (CUDA, every mode): the visible length
-    # is the device scalar kv_end, so a captured graph serves every block.
-    kv_end = buf.kv_end if kv_len is None else None
-    return AttnContext(buf.positions, spec.block_size, kv, kv_len, kv_end)
+    # kv_len (host int, CPU): read that many arena rows. None (CUDA, every mode): visible lengths
+    # come from the device-side positions, so a captured graph serves every block.
+    return AttnContext(buf.positions, spec.block_size, kv, kv_len)
 
 
 def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:

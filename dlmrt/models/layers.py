@@ -90,21 +90,24 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x)
         q = q.view(rows, self.heads, self.head_dim)
         k = k.view(rows, self.kv_heads, self.head_dim)
-        v = v.view(rows, self.kv_heads, self.head_dim).transpose(0, 1)  # [kv_heads, rows, d]
-        eps = self.q_norm.eps
-        q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, eps)  # [heads, rows, d]
+        v = v.view(rows, self.kv_heads, self.head_dim)
+        q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, self.q_norm.eps)  # [heads, rows, d]
         if ctx.kv is None:
             k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps)
+            v = v.transpose(0, 1)  # [kv_heads, rows, d]
             out = block_attention(
                 q, k, v, ctx.positions, ctx.positions, ctx.block_size, self.scale, ctx.mask
             )
             return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
         layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
-        # K is normalised, rotated and written into the arena in one step; V is copied in.
-        ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions)
-        layer_v.index_copy_(1, ctx.positions, v)
-        if ctx.kv_end is not None:
-            out = ops.arena_attention(q, layer_k, layer_v, ctx.kv_end, self.scale)
+        # K is normalised, rotated and written into the arena, and V copied in, in one step.
+        ops.qk_norm_rope(
+            k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions, v, layer_v
+        )
+        if ctx.kv_len is None:  # visibility from the device-side positions (every mode on CUDA)
+            out = ops.arena_attention(
+                q, layer_k, layer_v, ctx.positions, ctx.block_size, self.scale
+            )
         else:
             n = layer_k.shape[1] if ctx.kv_len is None else ctx.kv_len
             k_pos = torch.arange(n, device=x.device)

@@ -50,11 +50,16 @@ def use(impl: str | None) -> None:
 
 
 def arena_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_end: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    scale: float,
 ) -> torch.Tensor:
-    """Rows of one block attend to arena rows [0, kv_end) (device scalar). See kernels/arena_attention.py."""
+    """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py."""
     fn = _resolve("arena_attention") if q.is_cuda else reference.arena_attention
-    return fn(q, k, v, kv_end, scale)
+    return fn(q, k, v, positions, block_size, scale)
 
 
 def token_stats(
@@ -88,10 +93,15 @@ def qk_norm_rope(
     eps: float,
     out: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    v_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-head RMSNorm + RoPE, head-major, optionally written at arena rows. See kernels/qk_norm_rope.py."""
+    """Per-head RMSNorm + RoPE, head-major, optionally written at arena rows with the values.
+
+    See kernels/qk_norm_rope.py.
+    """
     fn = _resolve("qk_norm_rope") if x.is_cuda else reference.qk_norm_rope
-    return fn(x, weight, cos, sin, eps, out, positions)
+    return fn(x, weight, cos, sin, eps, out, positions, v, v_out)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

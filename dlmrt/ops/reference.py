@@ -10,14 +10,16 @@ def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim]
     v: torch.Tensor,  # [kv_heads, arena, head_dim]
-    kv_end: torch.Tensor,  # [] int64: keys [0, kv_end) are visible to every row
+    positions: torch.Tensor,  # [rows] absolute positions of the query rows
+    block_size: int,
     scale: float,
 ) -> torch.Tensor:
-    visible = torch.arange(k.shape[1], device=k.device) < kv_end  # [arena]
+    """Block-causal attention over the whole arena: row p sees keys [0, (p // B + 1) * B)."""
+    keys = torch.arange(k.shape[1], device=k.device)
+    mask = (keys // block_size).unsqueeze(0) <= (positions // block_size).unsqueeze(1)
     groups = q.shape[0] // k.shape[0]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
-    mask = visible.expand(q.shape[1], -1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
@@ -70,9 +72,19 @@ def qk_norm_rope(
     eps: float,
     out: torch.Tensor | None = None,  # [heads, L, head_dim]
     positions: torch.Tensor | None = None,  # [rows]
+    v: torch.Tensor | None = None,  # [rows, heads, head_dim]
+    v_out: torch.Tensor | None = None,  # [heads, L, head_dim]
 ) -> torch.Tensor:
-    """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim]."""
+    """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim].
+
+    With `v`, the value rows are also written to v_out at the same rows, unchanged.
+    """
     y = _rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
+    if v is not None:
+        if positions is None:
+            v_out[:, : v.shape[0]] = v.transpose(0, 1)
+        else:
+            v_out.index_copy_(1, positions, v.transpose(0, 1))
     if out is None:
         return y.contiguous()
     out.index_copy_(1, positions, y)
