@@ -2,7 +2,7 @@
 
 x [rows, heads, head_dim] (a view of the fused qkv output) -> out[head, dest(row), :], where dest is
 the row itself, or positions[row] when writing keys straight into the KV arena (the KV write is
-fused, and the value rows can ride along in the same launch). Rounded like the torch twin (`dlmrt.ops.reference.qk_norm_rope`): normalised row, gain
+fused). Rounded like the torch twin (`dlmrt.ops.reference.qk_norm_rope`): normalised row, gain
 product, x*cos, rot*sin and their sum each round to the dtype.
 """
 
@@ -15,12 +15,6 @@ import triton.language as tl
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    v_ptr,
-    v_out_ptr,
-    stride_vr,
-    stride_vh,
-    stride_voh,
-    stride_vor,
     x_ptr,
     w_ptr,
     cos_ptr,
@@ -36,7 +30,6 @@ def _qk_norm_rope_kernel(
     D: tl.constexpr,
     HALF: tl.constexpr,
     AT_POS: tl.constexpr,
-    HAS_V: tl.constexpr,
 ):
     row, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = tl.arange(0, D)
@@ -56,9 +49,6 @@ def _qk_norm_rope_kernel(
     a = (y * c).to(x.dtype).to(tl.float32)
     b = (rot * s).to(x.dtype).to(tl.float32)
     dest = tl.load(pos_ptr + row) if AT_POS else row
-    if HAS_V:  # the value row of the same KV head goes to the same arena row, unchanged
-        val = tl.load(v_ptr + row * stride_vr + head * stride_vh + offs)
-        tl.store(v_out_ptr + head * stride_voh + dest * stride_vor + offs, val)
     tl.store(
         out_ptr + head * stride_oh + dest * stride_or + offs, (a + b).to(out_ptr.dtype.element_ty)
     )
@@ -72,19 +62,27 @@ def qk_norm_rope(
     eps: float,
     out: torch.Tensor | None = None,  # [heads, L, head_dim]; None: a new [heads, rows, head_dim]
     positions: torch.Tensor | None = None,  # [rows]: write out[:, positions[row]] (the KV arena)
-    v: torch.Tensor | None = None,  # [rows, heads, head_dim]: values, copied to v_out as-is
-    v_out: torch.Tensor | None = None,  # [heads, L, head_dim]
 ) -> torch.Tensor:
     rows, heads, d = x.shape
     if out is None:
         out = torch.empty((heads, rows, d), dtype=x.dtype, device=x.device)
     at_pos = positions is not None
-    has_v = v is not None
-    vv, vo = (v, v_out) if has_v else (x, out)
     _qk_norm_rope_kernel[(rows, heads)](
-        vv, vo, vv.stride(0), vv.stride(1), vo.stride(0), vo.stride(1),
-        x, weight, cos, sin, positions if at_pos else x, out,
-        x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1), eps,
-        D=d, HALF=d // 2, AT_POS=at_pos, HAS_V=has_v, num_warps=1 if d <= 128 else 2,
-    )  # fmt: skip
+        x,
+        weight,
+        cos,
+        sin,
+        positions if at_pos else x,
+        out,
+        x.stride(0),
+        x.stride(1),
+        cos.stride(0),
+        out.stride(0),
+        out.stride(1),
+        eps,
+        D=d,
+        HALF=d // 2,
+        AT_POS=at_pos,
+        num_warps=1 if d <= 128 else 2,
+    )
     return out

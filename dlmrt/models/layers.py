@@ -100,10 +100,9 @@ class Attention(nn.Module):
             )
             return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
         layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
-        # K is normalised, rotated and written into the arena, and V copied in, in one step.
-        ops.qk_norm_rope(
-            k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions, v, layer_v
-        )
+        # K is normalised, rotated and written into the arena in one step; V is copied in.
+        ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions)
+        layer_v.index_copy_(1, ctx.positions, v.transpose(0, 1))
         if ctx.kv_len is None:  # visibility from the device-side positions (every mode on CUDA)
             out = ops.arena_attention(
                 q, layer_k, layer_v, ctx.positions, ctx.block_size, self.scale

@@ -93,15 +93,10 @@ def qk_norm_rope(
     eps: float,
     out: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
-    v: torch.Tensor | None = None,
-    v_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-head RMSNorm + RoPE, head-major, optionally written at arena rows with the values.
-
-    See kernels/qk_norm_rope.py.
-    """
+    """Per-head RMSNorm + RoPE, head-major, optionally written at arena rows. See kernels/qk_norm_rope.py."""
     fn = _resolve("qk_norm_rope") if x.is_cuda else reference.qk_norm_rope
-    return fn(x, weight, cos, sin, eps, out, positions, v, v_out)
+    return fn(x, weight, cos, sin, eps, out, positions)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -72,19 +72,9 @@ def qk_norm_rope(
     eps: float,
     out: torch.Tensor | None = None,  # [heads, L, head_dim]
     positions: torch.Tensor | None = None,  # [rows]
-    v: torch.Tensor | None = None,  # [rows, heads, head_dim]
-    v_out: torch.Tensor | None = None,  # [heads, L, head_dim]
 ) -> torch.Tensor:
-    """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim].
-
-    With `v`, the value rows are also written to v_out at the same rows, unchanged.
-    """
+    """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim]."""
     y = _rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
-    if v is not None:
-        if positions is None:
-            v_out[:, : v.shape[0]] = v.transpose(0, 1)
-        else:
-            v_out.index_copy_(1, positions, v.transpose(0, 1))
     if out is None:
         return y.contiguous()
     out.index_copy_(1, positions, y)
