@@ -18,6 +18,10 @@ setup(
         "dlmrt.engine",
         "dlmrt.attention",
         "dlmrt.ops",
+        "dlmrt.train",
+        "dlmrt.train.tasks",
+        "dlmrt.server",
+        "dlmrt.bench",
         "dlmrt._kernels",
         "dlmrt._csrc",
     ],
@@ -32,6 +36,19 @@ setup(
         "numpy>=1.24",
         "tqdm>=4.60",
     ],
-    extras_require={"dev": ["pytest>=7", "transformers>=5.0", "ruff>=0.5"]},
+    extras_require={
+        "dev": [
+            "pytest>=7",
+            "transformers>=5.0",
+            "ruff>=0.5",
+            # the server tests: a live uvicorn driven by the official openai client
+            "fastapi>=0.110",
+            "uvicorn>=0.29",
+            "openai>=1.30",
+            "httpx>=0.27",
+        ],
+        "serve": ["fastapi>=0.110", "uvicorn>=0.29"],
+        "bench": ["matplotlib>=3.7", "math-verify>=0.7"],
+    },
     entry_points={"console_scripts": ["dlmrt = dlmrt.cli:main"]},
 )

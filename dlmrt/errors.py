@@ -5,3 +5,9 @@ from __future__ import annotations
 
 class CheckpointError(ValueError):
     """A checkpoint directory cannot be loaded: the message names the file and the tensor or field."""
+
+
+class GenerationCancelled(Exception):
+    """Raised by `LLM.generate` when its `should_stop` callback returned True (between rounds in the
+    eager and round_graph modes, between blocks in block_graph). The engine is ready for the next
+    request."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +87,15 @@ class LLM:
         chat: bool = False,
         recorder: Recorder | None = None,
         on_block: BlockCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
         """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
         `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
+        `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
+        True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """
         params = DecodeParams.from_kwargs(**kwargs)
         t0 = time.perf_counter()
@@ -122,6 +126,7 @@ class LLM:
             ignore_eos=params.ignore_eos,
             recorder=recorder,
             on_block=on_block,
+            should_stop=should_stop,
         )
         text = self.tokenizer.decode(res.token_ids)
         return GenerationOutput(

@@ -32,7 +32,8 @@ class AttnContext:
         derived on the device from its position, over the whole arena (CUDA: static shapes, so
         one captured graph serves every block).
     mask: bool [rows, rows] visibility replacing the block-causal rule when kv is None (training
-        layouts such as [prompt | clean response | noisy response], packed documents).
+        layouts such as [prompt | clean response | noisy response], packed documents), or a
+        flex_attention `BlockMask` over the same rows (CUDA training; see attention/flex.py).
     """
 
     positions: torch.Tensor

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dlmrt.attention.flex import flex_block_attention, is_block_mask
+
 
 def visibility_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, block_size: int) -> torch.Tensor:
     """Bool [rows, keys]: key k visible to query q iff k // block_size <= q // block_size."""
@@ -19,9 +21,11 @@ def block_attention(
     k_pos: torch.Tensor,  # [keys]
     block_size: int,
     scale: float,
-    mask: torch.Tensor | None = None,  # [rows, keys] bool: overrides the block-causal rule
+    mask: torch.Tensor | None = None,  # [rows, keys] bool (or a flex BlockMask): overrides the rule
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     """Grouped-query attention under the block-causal visibility rule (or an explicit mask)."""
+    if is_block_mask(mask):  # training layouts on CUDA: flex_attention skips invisible tiles
+        return flex_block_attention(q, k, v, mask, scale)
     if mask is None:
         mask = visibility_mask(q_pos, k_pos, block_size)
     groups = q.shape[0] // k.shape[0]

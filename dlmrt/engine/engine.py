@@ -116,6 +116,7 @@ class Engine:
         ignore_eos: bool = False,
         recorder: Recorder | None = None,
         on_block: BlockCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> EngineResult:
         lay = layout(len(prompt_ids), max_new_tokens, block_size)
         spec = RoundSpec(self.model, rule, temperature, block_size)
@@ -128,6 +129,7 @@ class Engine:
             block_index = [lay.first_block]
             hook = self._record_hook(recorder, block_index) if recorder else None
             runner, buf = self._runner(spec, hook)
+            runner.should_stop = should_stop
             res.mode = runner.name
             for b in range(lay.first_block, lay.num_blocks):
                 block_index[0] = b

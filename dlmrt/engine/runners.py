@@ -15,9 +15,16 @@ from collections.abc import Callable
 import torch
 
 from dlmrt.engine.round import BlockBuffers, RoundSpec, commit_pass, denoise_round
+from dlmrt.errors import GenerationCancelled
 
 # (round index, (canvas, unresolved, z) the round consumed, buffers after the round)
 RoundHook = Callable[[int, tuple, BlockBuffers], None]
+StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)
+
+
+def _check(should_stop: StopCheck | None) -> None:
+    if should_stop is not None and should_stop():
+        raise GenerationCancelled("cancelled by should_stop()")
 
 
 class EagerRunner:
@@ -25,9 +32,11 @@ class EagerRunner:
 
     def __init__(self, spec: RoundSpec, on_round: RoundHook | None = None) -> None:
         self.spec, self.on_round = spec, on_round
+        self.should_stop: StopCheck | None = None
 
     def run_block(self, buf: BlockBuffers, kv, kv_len: int | None, max_rounds: int) -> int:
         for r in range(max_rounds):
+            _check(self.should_stop)
             seen = None
             if self.on_round is not None:
                 z = None if buf.z is None else buf.z.clone()
@@ -65,6 +74,7 @@ class RoundGraphRunner:
         self.spec, self.buf, self.kv, self.pool = spec, buf, kv, pool
         self.stream = torch.cuda.Stream()
         self.round_graph = self.commit_graph = None
+        self.should_stop: StopCheck | None = None
 
     def _ensure(self, buf: BlockBuffers) -> None:
         if self.round_graph is None:
@@ -80,6 +90,7 @@ class RoundGraphRunner:
     def run_block(self, buf: BlockBuffers, kv, kv_len: int, max_rounds: int) -> int:
         self._ensure(buf)
         for r in range(max_rounds):
+            _check(self.should_stop)
             self.round_graph.replay()
             if bool(buf.done):
                 return r + 1
@@ -117,5 +128,6 @@ class BlockGraphRunner(RoundGraphRunner):
 
     def run_block(self, buf: BlockBuffers, kv, kv_len: int, max_rounds: int) -> int:
         self._ensure(buf)
+        _check(self.should_stop)  # a WHILE node runs the whole block: check before it
         self.block.launch()
         return int(buf.step)  # the one host sync of the block

@@ -1,0 +1,218 @@
+"""The FastAPI application: OpenAI-compatible routes in front of the single engine worker.
+
+/v1/completions and /v1/chat/completions (SSE with `stream=true`, ending with `data: [DONE]`),
+/v1/models, /health and /metrics. Every error is an OpenAI-style JSON body with a 4xx status for bad
+input, 503 (with Retry-After) when the queue is full; never a bare 500 for a client mistake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dlmrt import __version__
+from dlmrt.server import protocol, responses
+from dlmrt.server.metrics import Metrics
+from dlmrt.server.protocol import APIError, ModelInfo, RequestSpec
+from dlmrt.server.worker import CLIENT_CLOSED, Job, Worker
+
+log = logging.getLogger("dlmrt")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks its client
+
+
+def build_app(llm: Any, *, served_model_name: str | None = None, max_queue: int = 8) -> FastAPI:
+    """An app serving `llm` (a `dlmrt.LLM`); its worker thread runs while the app's lifespan does."""
+    metrics = Metrics()
+    worker = Worker(llm, max_queue, metrics)
+    cfg = llm.model_config
+    info = ModelInfo(
+        name=served_model_name or Path(llm.path).name,
+        tokenizer=llm.tokenizer,
+        vocab_size=cfg.vocab_size,
+        block_size=cfg.block_size,
+        max_positions=cfg.max_position_embeddings,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="dlmrt", version=__version__, lifespan=lifespan)
+    app.state.worker, app.state.metrics, app.state.info = worker, metrics, info
+    app.state.created = int(time.time())
+    _add_error_handlers(app, metrics)
+    _add_generation_routes(app, worker, info)
+    _add_info_routes(app, worker, metrics, info)
+    return app
+
+
+def _add_generation_routes(app: FastAPI, worker: Worker, info: ModelInfo) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: protocol.CompletionRequest, request: Request) -> Response:
+        return await _serve(worker, protocol.completion_spec(body, info), request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: protocol.ChatCompletionRequest, request: Request) -> Response:
+        return await _serve(worker, protocol.chat_spec(body, info), request)
+
+
+def _add_info_routes(app: FastAPI, worker: Worker, metrics: Metrics, info: ModelInfo) -> None:
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": info.name,
+            "object": "model",
+            "created": app.state.created,
+            "owned_by": "dlmrt",
+        }
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        protocol.check_model(model, info)
+        return model_card()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if worker.closing:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        text = metrics.render(worker.queue_depth, int(worker.running is not None))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+async def _serve(worker: Worker, spec: RequestSpec, request: Request) -> Response:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple] = asyncio.Queue()
+
+    def emit(event: tuple) -> None:  # called from the worker thread
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+    job = Job(spec, emit)
+    worker.submit(job)  # APIError 503 when full
+    if spec.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            _sse(spec, job, events), media_type="text/event-stream", headers=headers
+        )
+    return await _wait(spec, job, events, request)
+
+
+async def _wait(spec: RequestSpec, job: Job, events: asyncio.Queue, request: Request) -> Response:
+    """The non-streamed answer; checks the client every DISCONNECT_POLL_S while it waits."""
+    getter: asyncio.Future | None = None
+    try:
+        while True:
+            getter = getter or asyncio.ensure_future(events.get())
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if not done:
+                if await request.is_disconnected():
+                    return Response(status_code=CLIENT_CLOSED)  # nobody reads it
+                continue
+            (kind, value), getter = getter.result(), None
+            if kind == "done":
+                return JSONResponse(responses.response_body(spec, value))
+            if kind == "error":
+                raise value
+    finally:
+        if getter is not None:
+            getter.cancel()
+        job.cancel()  # a no-op once it finished; else the worker drops it or stops it
+
+
+async def _sse(spec: RequestSpec, job: Job, events: asyncio.Queue) -> AsyncIterator[str]:
+    """Server-sent events; a client disconnect cancels this generator and so the job."""
+    try:
+        if spec.kind == "chat":
+            yield _data(responses.chat_role_chunk(spec))
+        while True:
+            kind, value = await events.get()
+            if kind == "delta":
+                yield _data(responses.chunk_body(spec, value))
+            elif kind == "done":
+                yield _data(responses.chunk_body(spec, None, value.finish_reason))
+                if spec.include_usage:
+                    yield _data(responses.usage_chunk(spec, value))
+                break
+            else:
+                yield _data(value.body())
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()  # a no-op once the job has finished
+
+
+def _data(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    def answer(request: Request, error: APIError) -> JSONResponse:
+        if request.url.path in GENERATION_PATHS and not error.counted:
+            metrics.count_status(error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return answer(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(exc.errors())
+        return answer(request, APIError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+        return answer(request, error)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        return answer(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def validation_message(errors: Any) -> tuple[str, str | None]:
+    """One clear sentence per offending field (a union reports each member: keep the first)."""
+    parts: list[str] = []
+    params: list[str] = []
+    for err in errors:
+        loc = [x for x in err.get("loc", ()) if x != "body"]
+        kind = err.get("type", "")
+        if kind == "json_invalid":
+            detail = err.get("ctx", {}).get("error", err.get("msg", ""))
+            return f"malformed JSON body: {detail}", None
+        param = str(loc[0]) if loc else None
+        if param in params:
+            continue
+        params.append(param)  # type: ignore[arg-type]
+        where = (param or "") + "".join(f"[{x}]" for x in loc[1:] if isinstance(x, int))
+        if kind == "extra_forbidden":
+            parts.append(f"unrecognized request argument {where!r}")
+        elif param is None:
+            parts.append(f"request body: {err.get('msg', 'invalid')} (expected a JSON object)")
+        else:
+            parts.append(f"{where}: {err.get('msg', 'invalid value')}")
+    return "; ".join(parts) or "invalid request", (params[0] if params else None)

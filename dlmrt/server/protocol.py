@@ -1,0 +1,274 @@
+"""OpenAI request schemas and their validation into a `RequestSpec` (responses: responses.py).
+
+Bad input raises `APIError` (an HTTP status plus an OpenAI-style error body); nothing here runs the
+engine. Extra body fields `rule`, `threshold`, `entropy_budget`, `denoising_steps`, `block_length`
+and `ignore_eos` map to the `DecodeParams` fields of the same name.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from dlmrt.params import DecodeParams
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP_STRINGS = 4
+DECODE_FIELDS = (
+    "temperature",
+    "seed",
+    "rule",
+    "threshold",
+    "entropy_budget",
+    "denoising_steps",
+    "block_length",
+    "ignore_eos",
+)
+# OpenAI fields the engine cannot honour: accepted only at the value that changes nothing.
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "top_p": (None, 1, 1.0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # without tools, "auto" calls none
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class APIError(Exception):
+    """An error answered with `status` and {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        *,
+        err_type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.err_type = err_type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers
+        self.counted = False  # set once its status has been counted in the metrics
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.err_type, self.param, self.code)
+
+
+def error_body(
+    message: str, err_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+class _Request(BaseModel):
+    # Strict: "0.5" is not a number and 1.0 is not an integer. Unknown fields are rejected.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+    n: int | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # dlmrt extensions (DecodeParams fields)
+    rule: str | None = None
+    threshold: float | None = None
+    entropy_budget: float | None = None
+    denoising_steps: int | None = None
+    block_length: int | None = None
+    ignore_eos: bool | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    best_of: int | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")  # name, tool_call_id, ...: ignored
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+
+@dataclass
+class RequestSpec:
+    """A validated request: what the worker runs and how the answer is shaped."""
+
+    kind: Literal["completion", "chat"]
+    model: str
+    prompt_ids: list[int]
+    params: DecodeParams
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    request_id: str = ""
+    created: int = 0
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What validation needs to know about the served model."""
+
+    name: str
+    tokenizer: Any  # dlmrt.tokenizer.Tokenizer
+    vocab_size: int
+    block_size: int
+    max_positions: int
+
+
+def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:
+    check_model(req.model, info)
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise APIError(400, "prompt: one prompt per request (batches are not served)", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = info.tokenizer.encode(prompt)
+    else:
+        ids = list(prompt)
+        bad = [t for t in ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise APIError(
+                400, f"prompt: token id {bad[0]} is outside [0, {info.vocab_size})", "prompt"
+            )
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS
+    return _spec("completion", req, ids, req.max_tokens, default, info)
+
+
+def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
+    check_model(req.model, info)
+    if not req.messages:
+        raise APIError(400, "messages: must contain at least one message", "messages")
+    messages = [
+        {"role": m.role, "content": _text_content(m, i)} for i, m in enumerate(req.messages)
+    ]
+    try:
+        text = info.tokenizer.apply_chat_template(messages)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+    ids = info.tokenizer.encode(text)
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return _spec("chat", req, ids, limit, DecodeParams().max_new_tokens, info)
+
+
+def _text_content(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise APIError(
+                400,
+                f"messages[{index}].content: only text parts are supported, got {part.get('type')!r}",
+                "messages",
+            )
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def check_model(model: str | None, info: ModelInfo) -> None:
+    if model is not None and model != info.name:
+        raise APIError(
+            404,
+            f"The model {model!r} does not exist (this server serves {info.name!r})",
+            "model",
+            "model_not_found",
+        )
+
+
+def _spec(
+    kind: str, req: _Request, ids: list[int], max_tokens: int | None, default: int, info: ModelInfo
+) -> RequestSpec:
+    _check_neutral(req)
+    if not ids:
+        raise APIError(400, "prompt: must not be empty", "prompt")
+    max_tokens = default if max_tokens is None else max_tokens
+    if max_tokens < 1:
+        raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
+    params = _decode_params(req, max_tokens)
+    block = params.block_length or info.block_size
+    total = -(-(len(ids) + max_tokens) // block) * block
+    if total > info.max_positions:
+        raise APIError(
+            400,
+            f"prompt: {len(ids)} prompt tokens + max_tokens {max_tokens} (rounded up to {total}, "
+            f"whole blocks of {block}) exceed the model's context of {info.max_positions} tokens",
+            "prompt",
+            "context_length_exceeded",
+        )
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings", "stop")
+    options = req.stream_options or {}
+    prefix = "cmpl" if kind == "completion" else "chatcmpl"
+    return RequestSpec(
+        kind=kind,  # type: ignore[arg-type]
+        model=info.name,
+        prompt_ids=ids,
+        params=params,
+        stop=stop,
+        stream=req.stream,
+        include_usage=bool(req.stream and options.get("include_usage")),
+        request_id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+    )
+
+
+def _check_neutral(req: _Request) -> None:
+    for name, allowed in NEUTRAL_VALUES.items():
+        value = getattr(req, name, None)
+        if value is not None and value not in allowed:
+            raise APIError(
+                400, f"{name}: {value!r} is not supported by dlmrt (leave it unset)", name
+            )
+
+
+def _decode_params(req: _Request, max_tokens: int) -> DecodeParams:
+    kwargs: dict[str, Any] = {"max_new_tokens": max_tokens}
+    for name in DECODE_FIELDS:
+        if getattr(req, name) is not None:
+            kwargs[name] = getattr(req, name)
+    try:
+        return DecodeParams.from_kwargs(**kwargs)
+    except (ValueError, TypeError) as e:
+        param = str(e).split(":", 1)[0] if ":" in str(e) else None
+        raise APIError(400, str(e), param) from None

@@ -1,0 +1,83 @@
+"""HF-format checkpoint files of a run, and `export`: a clean model directory for shipping.
+
+A run directory (and each of its checkpoints) is a complete HF model directory that `LLM` loads
+as-is: `config.json` (SDARForCausalLM, `block_size`, `mask_token_id`), `generation_config.json`
+(stop ids <|im_end|> and <|endoftext|>), `model.safetensors` (fp32 master weights, tied
+lm_head left out), `tokenizer.json` and `tokenizer_config.json` (ChatML template).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from dlmrt.config import DTYPES
+
+HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+WEIGHTS = "model.safetensors"
+
+
+def generation_config(specials: dict[str, int]) -> dict:
+    return {
+        "bos_token_id": specials["<|endoftext|>"],
+        "eos_token_id": [specials["<|im_end|>"], specials["<|endoftext|>"]],
+        "pad_token_id": specials["<|endoftext|>"],
+    }
+
+
+def write_json(path: Path, value: dict) -> None:
+    """Write a JSON file atomically (temporary file, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def copy_atomic(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete `checkpoints/step-N` of a run (complete: it was renamed into place)."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return None
+    steps = [
+        (int(p.name[5:]), p)
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit()
+    ]
+    return max(steps)[1] if steps else None
+
+
+def export(src: str | Path, dest: str | Path, dtype: str = "bfloat16") -> Path:
+    """Copy a model directory (a run, or one of its checkpoints) to `dest`, weights in `dtype`.
+
+    Only the HF files are copied (no optimizer state, logs or checkpoints); `dest` must not exist.
+    """
+    src, dest = Path(src), Path(dest)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not (src / WEIGHTS).is_file():
+        raise ValueError(f"{src}: no {WEIGHTS} (not a model directory, or no checkpoint yet)")
+    if dest.exists():
+        raise ValueError(f"{dest}: already exists")
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in HF_FILES:
+        shutil.copyfile(src / name, tmp / name)
+    tensors = {
+        k: v.to(DTYPES[dtype]).contiguous() for k, v in load_file(str(src / WEIGHTS)).items()
+    }
+    save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["torch_dtype"] = dtype
+    write_json(tmp / "config.json", cfg)
+    os.replace(tmp, dest)
+    return dest

@@ -1,0 +1,427 @@
+"""Block-diffusion SFT loop: `train_sft(cfg, out)`, resumable after a kill with nothing lost.
+
+Per step: `grad_accum` packs of train examples (pack j is a pure function of the run and j:
+its examples and its noise, see `data.SFTPacks`; DataLoader workers build them ahead on CUDA)
+-> one forward per pack over [clean | noisy] under the block-diffusion mask (flex_attention on
+CUDA, dense SDPA twin on CPU) -> masked-token CE -> AdamW (warm-up + cosine), gradient
+clipping, bf16 autocast on CUDA. Every `eval_every` steps the live model is evaluated through
+`LLM.generate` (threshold rule) on held-out problems.
+
+Run directory OUT:
+  config.json generation_config.json tokenizer.json tokenizer_config.json model.safetensors
+      an HF model directory of the latest checkpoint: `LLM(OUT)` / `dlmrt generate --model OUT`
+  train_config.json   the run's TrainConfig (per-device defaults filled in)
+  log.jsonl           one line per `log_every` steps (loss, lr, grad norm, ...) and per evaluation
+  checkpoints/step-N  HF files + trainer_state.pt (optimizer, scheduler, step, RNG states, train
+                      time) + trainer_state.json; written to a temporary directory and renamed,
+                      so a kill leaves either the whole checkpoint or none
+
+Resuming loads the newest checkpoint, drops log lines after it and continues at its step; since
+pack j depends only on j, the continued run is identical to an uninterrupted one (bit for bit
+on the CPU). SIGINT/SIGTERM finish the current step, save a checkpoint and return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlmrt import ops
+from dlmrt.models.config import model_config_from_hf
+from dlmrt.train.config import RESUMABLE, TrainConfig
+from dlmrt.train.data import SFTPacks
+from dlmrt.train.evaluate import evaluate, live_llm
+from dlmrt.train.export import (
+    HF_FILES,
+    WEIGHTS,
+    copy_atomic,
+    generation_config,
+    latest_checkpoint,
+    write_json,
+)
+from dlmrt.train.masks import FLEX_TILE, attention_mask
+from dlmrt.train.model import build_model, count_parameters, load_weights, save_weights
+from dlmrt.train.sft_loss import normalizer, sft_loss
+from dlmrt.train.tasks import get_task
+from dlmrt.train.tokenizer import SPECIALS, save_tokenizer, task_corpus, train_tokenizer
+
+log = logging.getLogger("dlmrt")
+STATE = "trainer_state.pt"
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    step: int  # the last step taken (== cfg.steps unless interrupted)
+    losses: dict[int, float] = field(default_factory=dict)  # step -> loss, this process's steps
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr for optimizer step `step` (0-based): linear warm-up, cosine decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(cfg.steps - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device is not None:
+        device = torch.device(cfg.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {cfg.device!r} requested but CUDA is not available")
+        return device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_resume(cfg: TrainConfig, saved: TrainConfig) -> None:
+    changed = [
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in RESUMABLE and getattr(cfg, f.name) != getattr(saved, f.name)
+    ]
+    if changed:
+        raise ValueError(
+            f"resume: {', '.join(changed)} differ from the run's train_config.json; only "
+            f"{', '.join(RESUMABLE)} may change on resume"
+        )
+    if cfg.steps != saved.steps:
+        log.warning("resume: steps %d -> %d reshapes the cosine schedule", saved.steps, cfg.steps)
+
+
+def setup_run_dir(cfg: TrainConfig, out: Path) -> None:
+    """Tokenizer and model config files of a new run (deterministic: safe to redo)."""
+    task = get_task(cfg.task)
+    tok = train_tokenizer(task_corpus(task, cfg.tokenizer_problems), cfg.vocab_size)
+    specials = {name: tok.token_to_id(name) for name in SPECIALS}
+    vocab = -(-tok.get_vocab_size() // 64) * 64
+    save_tokenizer(tok, out, cfg.max_position_embeddings)
+    write_json(out / "config.json", cfg.hf_config(vocab, specials))
+    write_json(out / "generation_config.json", generation_config(specials))
+    write_json(out / "train_config.json", dataclasses.asdict(cfg))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on the layers' matrices; none on norms and the (tied) embedding."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and "embed_tokens" not in name else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Keep the log lines of steps <= `step` (a resumed run rewrites the later ones)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the kill
+            continue
+        if entry.get("step", 0) <= step:
+            kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set the flag (the loop saves and returns); a second SIGINT interrupts."""
+
+    def __init__(self) -> None:
+        self.set = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.set and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.set = True
+        log.warning("signal %d: saving a checkpoint after this step", signum)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+class Checkpointer:
+    def __init__(self, out: Path, keep: int) -> None:
+        self.out, self.keep = out, keep
+        self.root = out / "checkpoints"
+
+    def save(self, step: int, model, optimizer, scheduler, state: dict[str, Any]) -> Path:
+        final = self.root / f"step-{step:07d}"
+        tmp = self.root / f".step-{step:07d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in HF_FILES:
+            shutil.copyfile(self.out / name, tmp / name)
+        save_weights(model, tmp / WEIGHTS)
+        full = {
+            **state,
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+        torch.save(full, tmp / STATE)
+        summary = {k: v for k, v in state.items() if isinstance(v, int | float | str)}
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **summary}, indent=2))
+        if final.exists():  # the same step saved by an earlier, interrupted process
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        copy_atomic(final / WEIGHTS, self.out / WEIGHTS)
+        steps = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+        for old in steps[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def clean(self) -> None:
+        for tmp in self.root.glob(".step-*.tmp"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolved(cfg: TrainConfig, device: torch.device) -> TrainConfig:
+    """`cfg` with the per-device defaults (batch shape, attention, workers) filled in."""
+    cuda = device.type == "cuda"
+    rows, accum = cfg.batch_shape(device.type)
+    attention = cfg.attention if cfg.attention != "auto" else ("flex" if cuda else "dense")
+    if attention == "flex":
+        if not cuda:
+            raise ValueError("attention: flex needs CUDA (flex_attention has no CPU backward)")
+        rows = -(-rows // FLEX_TILE) * FLEX_TILE
+    workers = cfg.data_workers
+    if workers is None:
+        workers = min(8, max((os.cpu_count() or 1) - 2, 0)) if cuda else 0
+    return dataclasses.replace(
+        cfg, pack_rows=rows, grad_accum=accum, attention=attention, data_workers=workers
+    )
+
+
+def _loader(packs: SFTPacks, start: int, stop: int, workers: int, pin: bool):
+    """Packs start..stop-1 in order; worker processes (spawned: CUDA-safe) build them ahead."""
+    if workers == 0:
+        return (packs[j] for j in range(start, stop))
+    loader = torch.utils.data.DataLoader(
+        packs,
+        sampler=range(start, stop),
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=pin,
+        prefetch_factor=4,
+        multiprocessing_context="spawn",
+        worker_init_fn=_ignore_sigint,
+    )
+    return iter(loader)
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    # Ctrl-C reaches the whole process group: the workers keep going, the trainer saves and stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def train_sft(
+    cfg: TrainConfig,
+    out: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    on_step=None,  # hook: on_step(step) at the end of every step (tests simulate a kill)
+) -> TrainResult:
+    """Train (or, with `resume`, continue) an SFT run in `out`. See the module docstring."""
+    out = Path(out)
+    task = get_task(cfg.task)
+    device = resolve_device(cfg)
+    cfg = resolved(cfg, device)
+    config_path = out / "train_config.json"
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and config_path.is_file():
+        check_resume(cfg, TrainConfig.load(config_path))
+    elif not resume and (config_path.exists() or (out / "checkpoints").exists()):
+        raise ValueError(f"out: {out} already holds a run; pass --resume or another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    ckpts = Checkpointer(out, cfg.keep_checkpoints)
+    ckpts.clean()
+    if ckpt is None:
+        setup_run_dir(cfg, out)
+    else:  # the checkpoint's files are the run's
+        for name in HF_FILES:
+            copy_atomic(ckpt / name, out / name)
+    write_json(config_path, dataclasses.asdict(cfg))
+
+    model_cfg = model_config_from_hf(json.loads((out / "config.json").read_text()), out)
+    model = build_model(model_cfg, device, cfg.seed)
+    cuda = device.type == "cuda"
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        **({"fused": True} if cuda else {}),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    step, train_time = 0, 0.0
+    if ckpt is not None:
+        load_weights(model, ckpt / WEIGHTS)
+        state = torch.load(ckpt / STATE, map_location="cpu", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        step, train_time = state["step"], state["train_time_s"]
+        log.info("resuming %s at step %d", out, step)
+    truncate_log(out / "log.jsonl", step)
+
+    accum, block = cfg.grad_accum, model_cfg.block_size
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    packs = SFTPacks(cfg.task, out, block, cfg.pack_rows, cfg.chat_fraction, cfg.seed)
+    result = TrainResult(out, step)
+    log.info(
+        "model %.2fM parameters; %d packs of %d rows per step, attention %s, %s, %d data "
+        "workers, on %s",
+        count_parameters(model) / 1e6,
+        accum,
+        cfg.pack_rows,
+        cfg.attention,
+        "bf16 autocast" if bf16 else "fp32",
+        cfg.data_workers,
+        device,
+    )
+    with open(out / "log.jsonl", "a") as log_file, _StopFlag() as stop:
+        if ckpt is not None:
+            log_file.write(json.dumps({"step": step, "event": "resume"}) + "\n")
+
+        def write(entry: dict[str, Any]) -> None:
+            log_file.write(json.dumps(entry) + "\n")
+            log_file.flush()
+
+        batches_in = _loader(packs, step * accum, cfg.steps * accum, cfg.data_workers, cuda)
+        ops.use("torch")  # Triton kernels have no autograd: training runs the torch twins
+        try:
+            bar = _progress(cfg.steps, step, progress)
+            pending: list[torch.Tensor] = []
+            t_last, examples, masked = time.perf_counter(), 0, 0
+            while step < cfg.steps:
+                t0 = time.perf_counter()
+                batches = [next(batches_in) for _ in range(accum)]
+                denominator = normalizer(batches, cfg.loss_weighting)
+                loss = torch.zeros((), device=device)
+                for batch in batches:
+                    batch = batch.to(device)
+                    attn = attention_mask(batch.meta, cfg.attention)
+                    with autocast:
+                        part = sft_loss(model, batch, attn, block, cfg.loss_weighting, denominator)
+                    part.backward()
+                    loss += part.detach()
+                max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                lr = scheduler.get_last_lr()[0]  # this step's learning rate
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                pending.append(torch.stack([loss.float(), grad_norm.float()]))
+                examples += sum(b.num_examples for b in batches)
+                masked += sum(b.num_masked for b in batches)
+                train_time += time.perf_counter() - t0
+                stopping = stop.set  # read once: a signal during eval/save waits a step
+                save = step % cfg.save_every == 0 or step == cfg.steps or stopping
+                if save or step % cfg.log_every == 0:  # the log is complete up to a checkpoint
+                    values = torch.stack(pending).cpu()  # one sync per log line
+                    for i, v in enumerate(values[:, 0].tolist()):
+                        result.losses[step - len(pending) + 1 + i] = v
+                    now = time.perf_counter()
+                    entry = {
+                        "step": step,
+                        "loss": values[:, 0].mean().item(),
+                        "grad_norm": values[:, 1].mean().item(),
+                        "lr": lr,
+                        "examples": examples,
+                        "masked_tokens": masked,
+                        "steps_per_s": len(pending) / max(now - t_last, 1e-9),
+                        "train_time_s": round(train_time, 3),
+                    }
+                    write(entry)
+                    bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
+                    pending, t_last, examples, masked = [], now, 0, 0
+                bar.update()
+                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                    res = evaluate(
+                        live_llm(model, out, device),
+                        task,
+                        cfg.eval_problems,
+                        cfg.chat_fraction,
+                        rule="threshold",
+                        threshold=cfg.eval_threshold,
+                        max_new_tokens=cfg.eval_max_new_tokens,
+                    )
+                    write({"step": step, "eval": res})
+                    result.evals.append({"step": step, **res})
+                    bar.set_postfix(
+                        acc=f"{res['accuracy']:.3f}", tpf=f"{res['tokens_per_forward']:.2f}"
+                    )
+                    t_last = time.perf_counter()
+                if save:
+                    ckpts.save(step, model, optimizer, scheduler, {"train_time_s": train_time})
+                    t_last = time.perf_counter()
+                if stopping:
+                    result.interrupted = True
+                    break
+                if on_step is not None:
+                    on_step(step)
+            bar.close()
+        finally:
+            ops.use(None)
+            del batches_in  # stops the data workers
+    result.step = step
+    return result
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc="sft",
+        unit="step",
+        disable=not enabled,
+        dynamic_ncols=True,
+    )
