@@ -28,7 +28,11 @@ ARENA_QUANTUM = 1024  # the arena grows in steps of this many rows (each growth 
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """What a round consumed and produced (for the trainer): device tensors, cloned."""
+    """What a round consumed and produced (for the trainer): device tensors, cloned.
+
+    They are created under `torch.inference_mode()`: clone them outside it (or use them as
+    constants, e.g. the stop-gradient z of replay) before they enter an autograd graph.
+    """
 
     block: int
     round: int
