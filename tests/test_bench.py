@@ -279,22 +279,19 @@ def test_humaneval_infinite_loop_killed():
 
 
 def test_process_group_killed(tmp_path):
-    """A child the program started (a sleeper holding no pipe) dies with the process group."""
-    pid_file = tmp_path / "child.pid"
+    """A child the program started dies with it: it never gets to write its marker."""
+    marker = tmp_path / "child-survived"
     program = textwrap.dedent(f"""
         import subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        open({str(pid_file)!r}, "w").write(str(child.pid))
+        subprocess.Popen([sys.executable, "-c",
+                          "import time; time.sleep(2); open({str(marker)!r}, 'w').write('x')"])
         while True:
             time.sleep(0.05)
     """)
-    res = run_program(program, timeout_s=3)
+    res = run_program(program, timeout_s=1.5)
     assert res.status == "timeout"
-    pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
+    time.sleep(3)
+    assert not marker.exists()
 
 
 def _alive(pid: int) -> bool:
@@ -312,6 +309,69 @@ def test_resource_limits_and_network(monkeypatch):
     assert res.status == "timeout" and time.monotonic() - t0 < 10  # SIGXCPU, not the wall timeout
     assert run_program("x = bytearray(8 * 1024**3)\n", memory_mb=512).status == "failed"
     net = run_program("import socket\nsocket.create_connection(('127.0.0.1', 9))\n")
-    assert net.status == "failed" and "network access is disabled" in net.stderr_tail
+    # patched socket module, or (in a network namespace) no route even to loopback
+    assert net.status == "failed"
+    assert "network access is disabled" in net.stderr_tail or "unreachable" in net.stderr_tail
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     assert run_program("import os\nassert 'HTTPS_PROXY' not in os.environ\n").passed
+
+
+ADD_PROMPT = 'def add(a, b):\n    """Add."""\n'
+ADD_TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+
+
+@pytest.mark.parametrize(
+    "completion",
+    ["    import sys; sys.exit(0)\n", "    return 0\nimport os; os._exit(0)\n"],
+)
+def test_humaneval_early_exit_is_not_a_pass(completion):
+    """Exiting 0 before check() has run (sys.exit, os._exit) does not count as passing."""
+    from dlmrt.bench.humaneval_runner import check_completion
+
+    result = check_completion(ADD_PROMPT, completion, ADD_TEST, "add", timeout_s=10)
+    assert result.status == "failed"
+
+
+def test_humaneval_correct_solution_still_passes():
+    from dlmrt.bench.humaneval_runner import check_completion
+
+    assert check_completion(ADD_PROMPT, "    return a + b\n", ADD_TEST, "add").passed
+
+
+def test_humaneval_setsid_child_dies_with_the_program(tmp_path):
+    """With namespaces available, a child that calls setsid() cannot outlive the program."""
+    from dlmrt.bench.humaneval_runner import _isolation, check_completion
+
+    if not _isolation():
+        pytest.skip("unshare is not available here")
+    marker = tmp_path / "escaped"
+    completion = (
+        "    return a + b\n"
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid(); time.sleep(2)\n"
+        f"    open({str(marker)!r}, 'w').write('x'); os._exit(0)\n"
+    )
+    assert check_completion(ADD_PROMPT, completion, ADD_TEST, "add", timeout_s=10).passed
+    time.sleep(3)
+    assert not marker.exists()
+
+
+def test_humaneval_has_no_network_when_isolated():
+    """In its own network namespace even the raw _socket module cannot connect."""
+    from dlmrt.bench.humaneval_runner import _isolation, check_completion
+
+    if not _isolation():
+        pytest.skip("unshare is not available here")
+    completion = (
+        "    import _socket\n"
+        "    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+        "    try:\n"
+        "        s.connect(('127.0.0.1', 9))\n"
+        "    except ConnectionRefusedError:\n"
+        "        return a + b  # reached a network stack with a listener table: not isolated\n"
+        "    except OSError:\n"
+        "        return -1\n"
+        "    return -1\n"
+    )
+    assert check_completion(ADD_PROMPT, completion, ADD_TEST, "add").status == "failed"
