@@ -268,9 +268,51 @@ def train_sft(
 ) -> TrainResult:
     """Train (or, with `resume`, continue) an SFT run in `out`. See the module docstring."""
     out = Path(out)
-    task = get_task(cfg.task)
     device = resolve_device(cfg)
     cfg = resolved(cfg, device)
+    ckpt, ckpts = _open_run(cfg, out, resume)
+    model_cfg = model_config_from_hf(json.loads((out / "config.json").read_text()), out)
+    model = build_model(model_cfg, device, cfg.seed)
+    cuda = device.type == "cuda"
+    optimizer = torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        **({"fused": True} if cuda else {}),
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    step, train_time = _restore(ckpt, model, optimizer, scheduler, out)
+    truncate_log(out / "log.jsonl", step)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
+    run = _Run(cfg, out, model, optimizer, scheduler, device, model_cfg.block_size, bf16)
+    result = TrainResult(out, step)
+    log.info(
+        "model %.2fM parameters; %d packs of %d rows per step, attention %s, %s, %d data "
+        "workers, on %s",
+        count_parameters(model) / 1e6, cfg.grad_accum, cfg.pack_rows, cfg.attention,
+        "bf16 autocast" if bf16 else "fp32", cfg.data_workers, device,
+    )  # fmt: skip
+    with open(out / "log.jsonl", "a") as log_file, _StopFlag() as stop:
+        if ckpt is not None:
+            log_file.write(json.dumps({"step": step, "event": "resume"}) + "\n")
+        packs = SFTPacks(
+            cfg.task, out, model_cfg.block_size, cfg.pack_rows, cfg.chat_fraction, cfg.seed
+        )
+        accum = cfg.grad_accum
+        batches_in = _loader(packs, step * accum, cfg.steps * accum, cfg.data_workers, cuda)
+        ops.use("torch")  # Triton kernels have no autograd: training runs the torch twins
+        try:
+            step = run.loop(step, train_time, batches_in, log_file, stop, ckpts, result,
+                            _progress(cfg.steps, step, progress), on_step)  # fmt: skip
+        finally:
+            ops.use(None)
+            del batches_in  # stops the data workers
+    result.step = step
+    return result
+
+
+def _open_run(cfg: TrainConfig, out: Path, resume: bool):
+    """Check `out` against `resume`, prepare the run directory; return (checkpoint, checkpointer)."""
     config_path = out / "train_config.json"
     ckpt = latest_checkpoint(out) if resume else None
     if resume and config_path.is_file():
@@ -286,132 +328,134 @@ def train_sft(
         for name in HF_FILES:
             copy_atomic(ckpt / name, out / name)
     write_json(config_path, dataclasses.asdict(cfg))
+    return ckpt, ckpts
 
-    model_cfg = model_config_from_hf(json.loads((out / "config.json").read_text()), out)
-    model = build_model(model_cfg, device, cfg.seed)
-    cuda = device.type == "cuda"
-    optimizer = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        **({"fused": True} if cuda else {}),
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    step, train_time = 0, 0.0
-    if ckpt is not None:
-        load_weights(model, ckpt / WEIGHTS)
-        state = torch.load(ckpt / STATE, map_location="cpu", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        step, train_time = state["step"], state["train_time_s"]
-        log.info("resuming %s at step %d", out, step)
-    truncate_log(out / "log.jsonl", step)
 
-    accum, block = cfg.grad_accum, model_cfg.block_size
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
-    packs = SFTPacks(cfg.task, out, block, cfg.pack_rows, cfg.chat_fraction, cfg.seed)
-    result = TrainResult(out, step)
-    log.info(
-        "model %.2fM parameters; %d packs of %d rows per step, attention %s, %s, %d data "
-        "workers, on %s",
-        count_parameters(model) / 1e6,
-        accum,
-        cfg.pack_rows,
-        cfg.attention,
-        "bf16 autocast" if bf16 else "fp32",
-        cfg.data_workers,
-        device,
-    )
-    with open(out / "log.jsonl", "a") as log_file, _StopFlag() as stop:
-        if ckpt is not None:
-            log_file.write(json.dumps({"step": step, "event": "resume"}) + "\n")
+def _restore(ckpt, model, optimizer, scheduler, out: Path) -> tuple[int, float]:
+    """Load weights, optimizer, scheduler and RNG state from a checkpoint; (step, train time)."""
+    if ckpt is None:
+        return 0, 0.0
+    load_weights(model, ckpt / WEIGHTS)
+    state = torch.load(ckpt / STATE, map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    log.info("resuming %s at step %d", out, state["step"])
+    return state["step"], state["train_time_s"]
+
+
+@dataclasses.dataclass
+class _Run:
+    """The training loop's fixed parts; `loop` runs steps until the end or a stop signal."""
+
+    cfg: TrainConfig
+    out: Path
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    device: torch.device
+    block: int
+    bf16: bool
+
+    def step(self, batches) -> tuple[torch.Tensor, float]:
+        """One optimizer step over `batches`; returns ([loss, grad norm] on the device, lr)."""
+        cfg = self.cfg
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
+        )
+        denominator = normalizer(batches, cfg.loss_weighting)
+        loss = torch.zeros((), device=self.device)
+        for batch in batches:
+            batch = batch.to(self.device)
+            attn = attention_mask(batch.meta, cfg.attention)
+            with autocast:
+                part = sft_loss(
+                    self.model, batch, attn, self.block, cfg.loss_weighting, denominator
+                )
+            part.backward()
+            loss += part.detach()
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        lr = self.scheduler.get_last_lr()[0]  # this step's learning rate
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return torch.stack([loss.float(), grad_norm.float()]), lr
+
+    def evaluate(self, step: int, write, result: TrainResult, bar) -> None:
+        cfg = self.cfg
+        res = evaluate(
+            live_llm(self.model, self.out, self.device), get_task(cfg.task), cfg.eval_problems,
+            cfg.chat_fraction, rule="threshold", threshold=cfg.eval_threshold,
+            max_new_tokens=cfg.eval_max_new_tokens,
+        )  # fmt: skip
+        write({"step": step, "eval": res})
+        result.evals.append({"step": step, **res})
+        bar.set_postfix(acc=f"{res['accuracy']:.3f}", tpf=f"{res['tokens_per_forward']:.2f}")
+
+    def loop(
+        self, step, train_time, batches_in, log_file, stop, ckpts, result, bar, on_step
+    ) -> int:
+        cfg = self.cfg
 
         def write(entry: dict[str, Any]) -> None:
             log_file.write(json.dumps(entry) + "\n")
             log_file.flush()
 
-        batches_in = _loader(packs, step * accum, cfg.steps * accum, cfg.data_workers, cuda)
-        ops.use("torch")  # Triton kernels have no autograd: training runs the torch twins
-        try:
-            bar = _progress(cfg.steps, step, progress)
-            pending: list[torch.Tensor] = []
-            t_last, examples, masked = time.perf_counter(), 0, 0
-            while step < cfg.steps:
-                t0 = time.perf_counter()
-                batches = [next(batches_in) for _ in range(accum)]
-                denominator = normalizer(batches, cfg.loss_weighting)
-                loss = torch.zeros((), device=device)
-                for batch in batches:
-                    batch = batch.to(device)
-                    attn = attention_mask(batch.meta, cfg.attention)
-                    with autocast:
-                        part = sft_loss(model, batch, attn, block, cfg.loss_weighting, denominator)
-                    part.backward()
-                    loss += part.detach()
-                max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                lr = scheduler.get_last_lr()[0]  # this step's learning rate
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                pending.append(torch.stack([loss.float(), grad_norm.float()]))
-                examples += sum(b.num_examples for b in batches)
-                masked += sum(b.num_masked for b in batches)
-                train_time += time.perf_counter() - t0
-                stopping = stop.set  # read once: a signal during eval/save waits a step
-                save = step % cfg.save_every == 0 or step == cfg.steps or stopping
-                if save or step % cfg.log_every == 0:  # the log is complete up to a checkpoint
-                    values = torch.stack(pending).cpu()  # one sync per log line
-                    for i, v in enumerate(values[:, 0].tolist()):
-                        result.losses[step - len(pending) + 1 + i] = v
-                    now = time.perf_counter()
-                    entry = {
-                        "step": step,
-                        "loss": values[:, 0].mean().item(),
-                        "grad_norm": values[:, 1].mean().item(),
-                        "lr": lr,
-                        "examples": examples,
-                        "masked_tokens": masked,
-                        "steps_per_s": len(pending) / max(now - t_last, 1e-9),
-                        "train_time_s": round(train_time, 3),
-                    }
-                    write(entry)
-                    bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
-                    pending, t_last, examples, masked = [], now, 0, 0
-                bar.update()
-                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    res = evaluate(
-                        live_llm(model, out, device),
-                        task,
-                        cfg.eval_problems,
-                        cfg.chat_fraction,
-                        rule="threshold",
-                        threshold=cfg.eval_threshold,
-                        max_new_tokens=cfg.eval_max_new_tokens,
-                    )
-                    write({"step": step, "eval": res})
-                    result.evals.append({"step": step, **res})
-                    bar.set_postfix(
-                        acc=f"{res['accuracy']:.3f}", tpf=f"{res['tokens_per_forward']:.2f}"
-                    )
-                    t_last = time.perf_counter()
-                if save:
-                    ckpts.save(step, model, optimizer, scheduler, {"train_time_s": train_time})
-                    t_last = time.perf_counter()
-                if stopping:
-                    result.interrupted = True
-                    break
-                if on_step is not None:
-                    on_step(step)
-            bar.close()
-        finally:
-            ops.use(None)
-            del batches_in  # stops the data workers
-    result.step = step
-    return result
+        pending: list[torch.Tensor] = []
+        t_last, examples, masked = time.perf_counter(), 0, 0
+        while step < cfg.steps:
+            t0 = time.perf_counter()
+            batches = [next(batches_in) for _ in range(cfg.grad_accum)]
+            stats, lr = self.step(batches)
+            step += 1
+            pending.append(stats)
+            examples += sum(b.num_examples for b in batches)
+            masked += sum(b.num_masked for b in batches)
+            train_time += time.perf_counter() - t0
+            stopping = stop.set  # read once: a signal during eval/save waits a step
+            save = step % cfg.save_every == 0 or step == cfg.steps or stopping
+            if save or step % cfg.log_every == 0:  # the log is complete up to a checkpoint
+                now = time.perf_counter()
+                entry = _log_entry(
+                    pending, step, result, lr, examples, masked, now - t_last, train_time
+                )
+                write(entry)
+                bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
+                pending, t_last, examples, masked = [], now, 0, 0
+            bar.update()
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                self.evaluate(step, write, result, bar)
+                t_last = time.perf_counter()
+            if save:
+                ckpts.save(
+                    step, self.model, self.optimizer, self.scheduler, {"train_time_s": train_time}
+                )
+                t_last = time.perf_counter()
+            if stopping:
+                result.interrupted = True
+                break
+            if on_step is not None:
+                on_step(step)
+        bar.close()
+        return step
+
+
+def _log_entry(pending, step, result, lr, examples, masked, seconds, train_time) -> dict[str, Any]:
+    """One log line for the steps in `pending` (one host sync); records their losses in `result`."""
+    values = torch.stack(pending).cpu()
+    for i, v in enumerate(values[:, 0].tolist()):
+        result.losses[step - len(pending) + 1 + i] = v
+    return {
+        "step": step,
+        "loss": values[:, 0].mean().item(),
+        "grad_norm": values[:, 1].mean().item(),
+        "lr": lr,
+        "examples": examples,
+        "masked_tokens": masked,
+        "steps_per_s": len(pending) / max(seconds, 1e-9),
+        "train_time_s": round(train_time, 3),
+    }
 
 
 def _progress(total: int, initial: int, enabled: bool):
