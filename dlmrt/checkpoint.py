@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,51 @@ def tensor_shapes(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
     return shapes
 
 
+def map_names(
+    found: dict[str, tuple[Path, tuple[int, ...]]],
+    map_name: Callable[[str], str | None] | None,
+    root: Path,
+) -> tuple[dict[str, tuple[Path, tuple[int, ...]]], dict[str, str]]:
+    """Apply a family's `checkpoint_name(stored) -> model name | None` hook before the strict check.
+
+    None skips a tensor (e.g. a vision tower in a text-only engine). Stored names that map to the same
+    model name are tied copies: the first in sorted order is loaded, the others are ignored (their
+    shapes must agree). Returns (model name -> (file, shape), model name -> stored name).
+    """
+    if map_name is None:
+        return found, {name: name for name in found}
+    mapped: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    source: dict[str, str] = {}
+    skipped, duplicates = [], []
+    for stored in sorted(found):
+        name = map_name(stored)
+        if name is None:
+            skipped.append(stored)
+        elif name in mapped:
+            if mapped[name][1] != found[stored][1]:
+                raise CheckpointError(
+                    f"{found[stored][0]}: tied copies '{source[name]}' and '{stored}' differ in shape"
+                )
+            duplicates.append(stored)
+        else:
+            mapped[name], source[name] = found[stored], stored
+    if skipped:
+        log.info(
+            "%s: ignoring %d tensor(s) the model does not use, e.g. %s",
+            root,
+            len(skipped),
+            skipped[0],
+        )
+    if duplicates:
+        log.info(
+            "%s: ignoring %d tied duplicate tensor(s), e.g. %s",
+            root,
+            len(duplicates),
+            duplicates[0],
+        )
+    return mapped, source
+
+
 def check_tensors(
     expected: dict[str, tuple[int, ...]],
     found: dict[str, tuple[Path, tuple[int, ...]]],
@@ -140,7 +186,9 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
     with torch.device("meta"):
         model = model_cls(config).to(dtype)  # free on meta: the one allocation below is in `dtype`
     expected = {n: tuple(p.shape) for n, p in model.state_dict().items()}
-    found = tensor_shapes(weight_files(root))
+    found, source = map_names(
+        tensor_shapes(weight_files(root)), getattr(model_cls, "checkpoint_name", None), root
+    )
     tied = check_tensors(expected, found, config.tie_word_embeddings, root)
 
     model = model.to_empty(device=device)
@@ -155,7 +203,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
             with safe_open(str(f), framework="pt", device="cpu") as st:
                 for name in names:
                     with torch.no_grad():
-                        params[name].copy_(st.get_tensor(name))
+                        params[name].copy_(st.get_tensor(source[name]))
                     bar.update()
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):

@@ -16,6 +16,7 @@ from dlmrt.decoding import make_rule
 from dlmrt.engine.engine import BlockCallback, Engine, Recorder
 from dlmrt.engine.modes import select_mode
 from dlmrt.errors import CheckpointError
+from dlmrt.models.config import ModelConfig
 from dlmrt.outputs import GenerationOutput
 from dlmrt.params import DecodeParams
 from dlmrt.tokenizer import Tokenizer
@@ -62,6 +63,11 @@ class LLM:
         self.device, self.dtype = self.config.torch_device(), self.config.torch_dtype()
         ckpt = load_checkpoint(path, self.dtype, self.device)
         self.path, self.model, self.model_config = ckpt.path, ckpt.model, ckpt.config
+        if not isinstance(self.model_config, ModelConfig):  # e.g. DiffusionGemma: model only so far
+            raise CheckpointError(
+                f"{path / 'config.json'}: {type(self.model).__name__} checkpoints load "
+                "(dlmrt.checkpoint.load_checkpoint), but their decoding loop is not implemented yet"
+            )
         self.tokenizer = Tokenizer(path)
         self.mask_id = self.model_config.mask_token_id
         if self.mask_id is None:

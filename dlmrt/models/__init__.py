@@ -17,6 +17,11 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
         "QwenDLM",
         "dlmrt.models.config:model_config_from_hf",
     ),
+    "DiffusionGemmaForBlockDiffusion": (
+        "dlmrt.models.diffusion_gemma",
+        "DiffusionGemma",
+        "dlmrt.models.diffusion_gemma:diffusion_gemma_config_from_hf",
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""Shared transformer layers: RMSNorm, RoPE, GQA attention with QK-norm, SwiGLU MLP, decoder layer.
+"""Shared transformer layers: RMSNorm, RoPE, GQA attention with QK-norm, SwiGLU/GeGLU MLP, decoder layer.
 
 Single-device and serving-agnostic: per-forward metadata arrives in one `AttnContext`. Numerics
 follow transformers' Qwen3 (norms in fp32, RoPE tables in fp32 cast to the activation dtype).
@@ -47,8 +47,31 @@ def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [rows, head_dim] for full-dimension rotate-half RoPE."""
-    idx = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
+    return proportional_rope_cos_sin(positions, head_dim, theta, 1.0, dtype)
+
+
+def proportional_rope_cos_sin(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    rotary_factor: float,
+    dtype: torch.dtype,
+    factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [rows, head_dim] for "proportional" rotate-half RoPE (Gemma 4 full layers).
+
+    The first int(rotary_factor * head_dim // 2) frequencies are 1 / theta^(2i / head_dim), the
+    exponent over the FULL head dim; the rest are 0 (cos 1, sin 0: those dims are not rotated).
+    All frequencies are divided by `factor`. rotary_factor 1.0 is ordinary RoPE.
+    """
+    angles = int(rotary_factor * head_dim // 2)
+    idx = torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=positions.device).float()
     inv_freq = 1.0 / (theta ** (idx / head_dim))
+    if angles < head_dim // 2:
+        zeros = torch.zeros(head_dim // 2 - angles, device=positions.device)
+        inv_freq = torch.cat((inv_freq, zeros))
+    if factor != 1.0:
+        inv_freq = inv_freq / factor
     freqs = positions.float().unsqueeze(-1) * inv_freq.unsqueeze(0)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -133,6 +156,17 @@ class SwiGLU(nn.Module):
         if self.gate_up_weight is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(ops.silu_mul(F.linear(x, self.gate_up_weight)))
+
+
+class GeGLU(SwiGLU):
+    """down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma's gated MLP, `gelu_pytorch_tanh`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_weight is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
 
 
 class DecoderLayer(nn.Module):

@@ -21,7 +21,7 @@ import torch
 
 from dlmrt import ops
 from dlmrt.errors import CheckpointError
-from dlmrt.models.layers import RMSNorm, SwiGLU
+from dlmrt.models.layers import GeGLU, RMSNorm, SwiGLU
 from dlmrt.ops.reference import rms_normalize
 
 POST_NORM_EPS = 1e-6
@@ -98,6 +98,27 @@ class ResidualAdapter(SwiGLU):
         if self.cfg.post_norm_scale is not None:
             h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
         return h
+
+
+class SelfConditioning(GeGLU):
+    """DiffusionGemma's native self-conditioning (model-specs §4.2), on every canvas row:
+
+        u  = RMSNorm_w(soft)                       `pre_norm`, with weight
+        sc = W_d[gelu_tanh(W_g u) * (W_u u)]       bias-free GeGLU
+        h  = RMSNorm_noweight(tok_emb + sc)        `post_norm`, no weight
+
+    with soft = softmax(previous logits) @ E * sqrt(hidden) (the scaled soft embedding, see
+    `soft_embedding`). soft = None (a canvas's first step) means soft = 0, so sc = 0 exactly.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float) -> None:
+        super().__init__(hidden_size, intermediate_size)
+        self.pre_norm = RMSNorm(hidden_size, eps)
+        self.eps = eps
+
+    def inject(self, tok_emb: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
+        h = tok_emb if soft is None else tok_emb + self.forward(self.pre_norm(soft))
+        return rms_normalize(h, self.eps)
 
 
 def soft_embedding(

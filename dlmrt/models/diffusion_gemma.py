@@ -1,0 +1,358 @@
+"""DiffusionGemma (`DiffusionGemmaForBlockDiffusion`): one Gemma-4 MoE text tower in two modes.
+
+A forward takes [context rows | canvas rows] (the last `canvas` rows are the canvas) and builds the
+visibility transformers uses (no KV arena yet: the no-cache path with explicit masks):
+
+- context rows (encoder mode): key k visible to query q iff k is a context row and pos_k <= pos_q;
+  sliding layers also need pos_q - pos_k < sliding_window.
+- canvas rows (decoder mode): every canvas row, plus context rows: full layers all of them; sliding
+  layers those with c0 - pos_k < sliding_window, c0 = position of the first canvas row (the last
+  sliding_window - 1 context positions: what transformers' sliding cache holds). Canvas rows get the
+  self-conditioning input and the decoder copy of `layer_scalar`; context rows never see the canvas.
+
+Weights: `model.decoder.*` and `model.encoder.language_model.*` map to one set (`checkpoint_name`);
+only `layer_scalar` has separate encoder/decoder copies. The vision tower is skipped (text only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlmrt import ops
+from dlmrt.attention import AttnContext, block_attention
+from dlmrt.errors import CheckpointError
+from dlmrt.models.config import _field, eos_ids
+from dlmrt.models.layers import GeGLU, RMSNorm, proportional_rope_cos_sin
+from dlmrt.models.residual import SelfConditioning, soft_embedding
+from dlmrt.ops.reference import rms_normalize
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+DEFAULT_SOFTCAP = 30.0  # transformers' DiffusionGemmaTextConfig class default (not serialised)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RopeSpec:
+    theta: float
+    rotary_factor: float = 1.0  # "proportional": share of the head dim that rotates
+    factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiffusionGemmaConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int  # dense GeGLU branch
+    self_conditioning_size: int
+    num_attention_heads: int
+    layer_types: tuple[str, ...]
+    head_dims: tuple[int, ...]  # per layer (full layers: the global head dim)
+    kv_heads: tuple[int, ...]  # per layer (full layers: num_global_key_value_heads)
+    rope: dict[str, RopeSpec]  # per layer type
+    sliding_window: int
+    rms_norm_eps: float
+    num_experts: int
+    top_k_experts: int
+    moe_intermediate_size: int
+    final_logit_softcapping: float | None
+    max_position_embeddings: int
+    canvas_length: int
+    tie_word_embeddings: bool | None
+    pad_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def block_size(self) -> int:
+        return self.canvas_length
+
+
+def _get(tc: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
+    if tc.get(name) is None:
+        raise CheckpointError(f"{path}: missing required config field 'text_config.{name}'")
+    return _field(tc, name, path, kind)
+
+
+def _rope(tc: dict[str, Any], path: Path) -> dict[str, RopeSpec]:
+    params = tc.get("rope_parameters")
+    out = {}
+    for kind in sorted(set(tc["layer_types"])):
+        spec = params.get(kind) if isinstance(params, dict) else None
+        if not isinstance(spec, dict) or "rope_theta" not in spec:
+            raise CheckpointError(
+                f"{path}: missing 'text_config.rope_parameters.{kind}.rope_theta'"
+            )
+        rtype, prf = spec.get("rope_type", "default"), float(spec.get("partial_rotary_factor", 1.0))
+        if rtype not in ("default", "proportional") or (rtype == "default" and prf != 1.0):
+            raise CheckpointError(f"{path}: unsupported RoPE for {kind}: {spec}")
+        factor = float(spec.get("factor", 1.0)) if rtype == "proportional" else 1.0
+        out[kind] = RopeSpec(theta=float(spec["rope_theta"]), rotary_factor=prf, factor=factor)
+    return out
+
+
+def _layer_shapes(tc: dict[str, Any], path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per-layer (head_dim, kv_heads): `per_layer_config` as transformers saves it, else the
+    `global_head_dim` / `num_global_key_value_heads` fields on full layers."""
+    head_dim, kv = _get(tc, "head_dim", path), _get(tc, "num_key_value_heads", path)
+    per_layer = tc.get("per_layer_config")
+    dims, heads = [], []
+    for i, kind in enumerate(tc["layer_types"]):
+        if isinstance(per_layer, dict):
+            over = per_layer.get(str(i)) or per_layer.get(i) or {}
+        elif kind == FULL:
+            over = {"head_dim": _get(tc, "global_head_dim", path)}
+            over["num_key_value_heads"] = tc.get("num_global_key_value_heads") or kv
+        else:
+            over = {}
+        dims.append(int(over.get("head_dim", head_dim)))
+        heads.append(int(over.get("num_key_value_heads", kv)))
+    return tuple(dims), tuple(heads)
+
+
+def diffusion_gemma_config_from_hf(cfg: dict[str, Any], path: Path) -> DiffusionGemmaConfig:
+    tc = cfg.get("text_config")
+    if not isinstance(tc, dict):
+        raise CheckpointError(f"{path}: missing required config field 'text_config'")
+    types = tc.get("layer_types")
+    if not isinstance(types, list) or not types or set(types) - {SLIDING, FULL}:
+        raise CheckpointError(f"{path}: 'text_config.layer_types' must list {SLIDING}/{FULL}")
+    if len(types) != _get(tc, "num_hidden_layers", path):
+        raise CheckpointError(f"{path}: 'text_config.layer_types' length != num_hidden_layers")
+    if tc.get("hidden_activation") != "gelu_pytorch_tanh" or tc.get("attention_bias"):
+        raise CheckpointError(f"{path}: only gelu_pytorch_tanh, bias-free models are supported")
+    if tc.get("use_bidirectional_attention") not in (None, "vision"):
+        raise CheckpointError(f"{path}: use_bidirectional_attention='all' is not supported")
+    dims, heads = _layer_shapes(tc, path)
+    tie = cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
+    softcap = tc.get("final_logit_softcapping", DEFAULT_SOFTCAP)
+    inter = _get(tc, "intermediate_size", path)
+    return DiffusionGemmaConfig(
+        architecture=(cfg.get("architectures") or ["?"])[0],
+        vocab_size=_get(tc, "vocab_size", path),
+        hidden_size=_get(tc, "hidden_size", path),
+        intermediate_size=inter,
+        self_conditioning_size=int(tc.get("self_conditioning_size") or inter),
+        num_attention_heads=_get(tc, "num_attention_heads", path),
+        layer_types=tuple(types),
+        head_dims=dims,
+        kv_heads=heads,
+        rope=_rope(tc, path),
+        sliding_window=_get(tc, "sliding_window", path),
+        rms_norm_eps=_get(tc, "rms_norm_eps", path, float),
+        num_experts=_get(tc, "num_experts", path),
+        top_k_experts=_get(tc, "top_k_experts", path),
+        moe_intermediate_size=_get(tc, "moe_intermediate_size", path),
+        final_logit_softcapping=None if softcap is None else float(softcap),
+        max_position_embeddings=_get(tc, "max_position_embeddings", path),
+        canvas_length=_field(cfg, "canvas_length", path),
+        tie_word_embeddings=tie if isinstance(tie, bool) else None,
+        pad_token_id=tc.get("pad_token_id"),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id", tc.get("eos_token_id")), path),
+    )
+
+
+class Attention(nn.Module):
+    """Attention scale 1.0; q/k RMSNorm (weight) before RoPE, v RMSNorm without weight.
+    Full layers have no v_proj: V is the raw k_proj output (K = V)."""
+
+    def __init__(self, cfg: DiffusionGemmaConfig, i: int) -> None:
+        super().__init__()
+        hidden, self.heads = cfg.hidden_size, cfg.num_attention_heads
+        self.head_dim, self.kv_heads, self.eps = cfg.head_dims[i], cfg.kv_heads[i], cfg.rms_norm_eps
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        sliding = cfg.layer_types[i] == SLIDING
+        self.v_proj = (
+            nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False) if sliding else None
+        )
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, self.eps)
+        self.k_norm = RMSNorm(self.head_dim, self.eps)
+
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        q = self.q_proj(x).view(rows, self.heads, self.head_dim)
+        k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
+        v = k if self.v_proj is None else self.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+        q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)
+        k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
+        v = rms_normalize(v, self.eps).transpose(0, 1)
+        out = block_attention(q, k, v, pos, pos, 1, 1.0, mask)
+        return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
+
+
+class Router(nn.Module):
+    """softmax(proj(RMSNorm_noweight(r) * scale / sqrt(hidden))) in fp32, top-k, renormalised,
+    times per_expert_scale."""
+
+    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
+        super().__init__()
+        self.proj = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
+        self.k, self.eps, self.root = cfg.top_k_experts, cfg.rms_norm_eps, cfg.hidden_size**-0.5
+
+    def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = rms_normalize(r, self.eps) * self.scale * self.root
+        probs = F.softmax(self.proj(x), dim=-1, dtype=torch.float32)
+        weights, index = torch.topk(probs, self.k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        return weights * self.per_expert_scale[index], index
+
+
+class Experts(nn.Module):
+    """Per-expert GeGLU; gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]."""
+
+    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e in index.unique().tolist():  # ascending expert id, as transformers accumulates
+            rows, slot = torch.where(index == e)
+            gate, up = F.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
+            y = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
+            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
+        return out
+
+
+class Layer(nn.Module):
+    _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm")
+    _NORMS += ("post_feedforward_layernorm", "post_feedforward_layernorm_1")
+    _NORMS += ("post_feedforward_layernorm_2", "pre_feedforward_layernorm_2")
+
+    def __init__(self, cfg: DiffusionGemmaConfig, i: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, i)
+        self.mlp = GeGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.router, self.experts = Router(cfg), Experts(cfg)
+        for name in self._NORMS:
+            setattr(self, name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+        self.register_buffer("layer_scalar", torch.ones(1))  # decoder copy
+        self.register_buffer("encoder_layer_scalar", torch.ones(1))
+
+    def forward(self, h, rope, mask, pos, is_canvas: torch.Tensor) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(h), rope, mask, pos)
+        r = h + self.post_attention_layernorm(attn)
+        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(r)))
+        moe = self.experts(self.pre_feedforward_layernorm_2(r), *self.router(r))
+        out = r + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
+        return out * torch.where(is_canvas, self.layer_scalar, self.encoder_layer_scalar)
+
+
+def visibility(
+    pos: torch.Tensor, canvas: int, window: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(full mask, sliding mask) bool [rows, rows] and is_canvas [rows, 1]; see the module docstring."""
+    rows = pos.shape[0]
+    is_canvas = (torch.arange(rows, device=pos.device) >= rows - canvas).unsqueeze(1)
+    q, k, key_ctx = pos.unsqueeze(1), pos.unsqueeze(0), ~is_canvas.T
+    causal = key_ctx & (k <= q)
+    full = causal | is_canvas
+    dec_sliding = ~key_ctx | (pos[rows - canvas] - k < window) if canvas else full
+    sliding = torch.where(is_canvas, dec_sliding, causal & (q - k < window))
+    return full, sliding, is_canvas
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        sc = cfg.self_conditioning_size
+        self.self_conditioning = SelfConditioning(cfg.hidden_size, sc, cfg.rms_norm_eps)
+
+
+class DiffusionGemma(nn.Module):
+    """forward(ids, ctx, canvas, sc_logits) -> softcapped fp32 logits [rows, vocab].
+
+    The last `canvas` rows run in decoder mode (0: a pure encoder pass); `sc_logits` [canvas, vocab]
+    are the previous step's logits (already tempered: the soft embedding is softmax(sc_logits /
+    sc_temperature) @ E * sqrt(hidden)); None = zero self-conditioning input (first step).
+    """
+
+    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        """HF tensor name -> ours (None: skipped). Encoder and decoder share every weight but
+        `layer_scalar`; the decoder copy sorts first, so it is the one loaded."""
+        for prefix in ("model.decoder.", "model.encoder.language_model."):
+            if name.startswith(prefix):
+                rest = name[len(prefix) :]
+                if prefix != "model.decoder." and rest.endswith(".layer_scalar"):
+                    rest = rest.replace(".layer_scalar", ".encoder_layer_scalar")
+                return "model." + rest
+        return None if name.startswith("model.encoder.") else name
+
+    def tie_lm_head(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fuse_projections(self) -> None:
+        for module in self.modules():
+            if hasattr(module, "fuse") and module is not self:
+                module.fuse()
+
+    @property
+    def embed_table(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight
+
+    def embed_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(self.cfg.hidden_size**0.5, dtype=torch.float32).to(dtype)
+
+    def _embed(self, ids: torch.Tensor, canvas: int, sc_logits, sc_temperature: float):
+        scale = self.embed_scale(self.embed_table.dtype)
+        h = self.model.embed_tokens(ids) * scale
+        if canvas == 0:
+            return h
+        soft = None
+        if sc_logits is not None:
+            soft = soft_embedding(sc_logits, self.embed_table, sc_temperature) * scale
+        tail = self.model.self_conditioning.inject(h[-canvas:], soft)
+        return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [rows]: context rows, then `canvas` canvas rows
+        ctx: AttnContext,
+        canvas: int = 0,
+        sc_logits: torch.Tensor | None = None,  # [canvas, vocab]
+        sc_temperature: float = 1.0,
+        compute_logits: bool = True,
+    ) -> torch.Tensor | None:
+        if ctx.kv is not None:
+            raise NotImplementedError("DiffusionGemma has no KV-arena path yet (kv must be None)")
+        pos = ctx.positions
+        h = self._embed(input_ids, canvas, sc_logits, sc_temperature)
+        full, sliding, is_canvas = visibility(pos, canvas, self.cfg.sliding_window)
+        ropes = {}
+        for kind, spec in self.cfg.rope.items():
+            dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
+            ropes[kind] = proportional_rope_cos_sin(
+                pos, dim, spec.theta, spec.rotary_factor, h.dtype, spec.factor
+            )
+        for layer, kind in zip(self.model.layers, self.cfg.layer_types, strict=True):
+            mask = sliding if kind == SLIDING else full
+            h = layer(h, ropes[kind], mask, pos, is_canvas)
+        if not compute_logits:
+            return None
+        logits = self.lm_head(self.model.norm(h)).float()
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else cap * torch.tanh(logits / cap)
