@@ -15,24 +15,35 @@ from typing import Any
 from dlmrt import envs
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
-    """One --kebab-case flag per dataclass field; `None` defaults mean "decided by the checkpoint"."""
+def add_dataclass_flags(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    title: str,
+    choices: dict[str, tuple] | None = None,
+    keep_absent: bool = False,
+) -> None:
+    """One --kebab-case flag per dataclass field; `None` defaults mean "decided by the checkpoint".
+
+    choices: allowed values per field name. keep_absent: flags not given stay out of the
+    namespace (argparse.SUPPRESS), so a saved config's values survive (training resume).
+    """
+    from dlmrt.params import RULE_NAMES
+
+    choices = {"rule": RULE_NAMES, **(choices or {})}
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
+        value = argparse.SUPPRESS if keep_absent else f.default
         ann = str(f.type)
         if ann == "bool":
-            group.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            group.add_argument(flag, action="store_true", default=value, help=help_text)
             continue
         kind = int if ann.startswith("int") else float if ann.startswith("float") else str
-        extra: dict[str, Any] = {}
-        if f.name == "rule":
-            from dlmrt.params import RULE_NAMES
-
-            extra["choices"] = RULE_NAMES
         default = "" if f.default is None else f" (default: {f.default})"
-        group.add_argument(flag, type=kind, default=f.default, help=help_text + default, **extra)
+        group.add_argument(
+            flag, type=kind, default=value, choices=choices.get(f.name), help=help_text + default
+        )
 
 
 def values(args: argparse.Namespace, cls: type) -> dict[str, Any]:

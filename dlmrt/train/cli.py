@@ -26,6 +26,7 @@ CHOICES = {
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from dlmrt.cli import add_dataclass_flags
     from dlmrt.train.config import TrainConfig
 
     train = sub.add_parser("train", help="train a block-diffusion model (SFT on a task)")
@@ -44,18 +45,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     sft.add_argument("--no-progress", action="store_true", help="no progress bar")
     sft.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    group = sft.add_argument_group("training (TrainConfig)")
-    for f in dataclasses.fields(TrainConfig):
-        kind = str(f.type)
-        typ = int if kind.startswith("int") else float if kind.startswith("float") else str
-        default = "" if f.default is None else f" (default: {f.default})"
-        group.add_argument(
-            "--" + f.name.replace("_", "-"),
-            type=typ,
-            default=argparse.SUPPRESS,  # absent flags keep the config's (or the run's) value
-            choices=CHOICES.get(f.name),
-            help=f.metadata.get("help", "") + default,
-        )
+    # absent flags keep the config's (or, on --resume, the run's) value
+    add_dataclass_flags(sft, TrainConfig, "training (TrainConfig)", CHOICES, keep_absent=True)
 
     ev = tsub.add_parser(
         "eval",
