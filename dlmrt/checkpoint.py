@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from dlmrt import models
+from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 
 log = logging.getLogger("dlmrt")
@@ -226,12 +226,7 @@ def resolve_model_path(model: str) -> Path:
     if path.is_dir():
         return path
     if model.count("/") == 1 and not path.exists():
-        import os
-
-        hub = Path(
-            os.environ.get("HF_HUB_CACHE")
-            or Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub"
-        )
+        hub = envs.hf_hub_cache()
         repo = hub / ("models--" + model.replace("/", "--"))
         ref = repo / "refs" / "main"
         if ref.is_file():

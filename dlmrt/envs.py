@@ -22,3 +22,10 @@ def log_level() -> str:
 def ops_impl() -> str:
     """DLMRT_OPS: "auto" (default: Triton kernels on CUDA) or "torch" (force the plain-PyTorch twins)."""
     return os.environ.get("DLMRT_OPS", "auto").lower()
+
+
+def hf_hub_cache() -> Path:
+    """HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub: where cached hub ids are looked up."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub"

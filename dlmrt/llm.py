@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from dlmrt.blocks import layout
 from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
@@ -69,15 +70,15 @@ class LLM:
                 "(dlmrt.checkpoint.load_checkpoint), but their decoding loop is not implemented yet"
             )
         self.tokenizer = Tokenizer(path)
-        self.mask_id = self.model_config.mask_token_id
-        if self.mask_id is None:
-            self.mask_id = self.tokenizer.mask_token_id
+        # The tokenizer resolves both from config.json first (already validated by the loader),
+        # then from the tokenizer files.
+        self.mask_id = self.tokenizer.mask_token_id
         if self.mask_id is None:
             raise CheckpointError(
                 f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
                 "mask token such as <|MASK|> in the tokenizer)"
             )
-        self.stop_ids = self.tokenizer.stop_ids or set(self.model_config.eos_token_ids)
+        self.stop_ids = self.tokenizer.stop_ids
         has_adapter = self.model_config.residual is not None
         orl = self.config.role == "orl" or (self.config.role is None and has_adapter)
         self.default_rule = "entropy_budget" if orl else "threshold"
@@ -108,7 +109,7 @@ class LLM:
         ids = self._prompt_ids(prompt, chat)
         block = params.block_length or self.model_config.block_size
         limit = self.model_config.max_position_embeddings
-        total = -(-(len(ids) + params.max_new_tokens) // block) * block
+        total = layout(len(ids), params.max_new_tokens, block).max_len
         if total > limit:
             raise ValueError(
                 f"prompt: {len(ids)} prompt tokens + max_new_tokens {params.max_new_tokens} "

@@ -7,8 +7,9 @@ from dlmrt.decoding.entropy_budget import EntropyBudgetRule
 from dlmrt.decoding.fixed_steps import FixedStepsRule
 from dlmrt.decoding.proposal import propose
 from dlmrt.decoding.threshold import ThresholdRule
+from dlmrt.params import RULE_NAMES
 
-RULES = ("threshold", "entropy_budget", "fixed_steps")
+RULES = RULE_NAMES  # the names live with DecodeParams, which validates them without torch
 
 
 def make_rule(
