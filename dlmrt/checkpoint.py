@@ -129,6 +129,23 @@ def map_names(
     return mapped, source
 
 
+def expand_slices(
+    expected: dict[str, tuple[int, ...]], slices: dict[str, tuple[str, int]]
+) -> dict[str, tuple[int, ...]]:
+    """Replace each stacked parameter [N, ...] by the N stored tensors that fill its slices.
+
+    A family's `checkpoint_slices()` maps stored name -> (stacked parameter, index), e.g. LLaDA2's
+    per-expert `mlp.experts.E.gate_proj.weight` -> (`mlp.experts.gate_proj`, E). The strict check
+    then names the stored tensors (a missing expert is reported by its checkpoint name).
+    """
+    if not slices:
+        return expected
+    out = {n: s for n, s in expected.items() if n not in {p for p, _ in slices.values()}}
+    for name, (param, _) in slices.items():
+        out[name] = expected[param][1:]
+    return out
+
+
 def check_tensors(
     expected: dict[str, tuple[int, ...]],
     found: dict[str, tuple[Path, tuple[int, ...]]],
@@ -186,6 +203,8 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
     with torch.device("meta"):
         model = model_cls(config).to(dtype)  # free on meta: the one allocation below is in `dtype`
     expected = {n: tuple(p.shape) for n, p in model.state_dict().items()}
+    slices = model.checkpoint_slices() if hasattr(model, "checkpoint_slices") else {}
+    expected = expand_slices(expected, slices)
     found, source = map_names(
         tensor_shapes(weight_files(root)), getattr(model_cls, "checkpoint_name", None), root
     )
@@ -202,8 +221,11 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
         for f, names in by_file.items():
             with safe_open(str(f), framework="pt", device="cpu") as st:
                 for name in names:
+                    target = params[name] if name not in slices else params[slices[name][0]]
+                    if name in slices:
+                        target = target[slices[name][1]]
                     with torch.no_grad():
-                        params[name].copy_(st.get_tensor(source[name]))
+                        target.copy_(st.get_tensor(source[name]))
                     bar.update()
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):

@@ -113,3 +113,119 @@ def _isolated_cache(
 ) -> None:
     # The embedded demo model is built into DLMRT_CACHE; keep tests away from the user's cache.
     monkeypatch.setenv("DLMRT_CACHE", str(tmp_path_factory.getbasetemp() / "dlmrt-cache"))
+
+
+LLADA_CHAT_TEMPLATE = (
+    "{% for m in messages %}<role>{{ {'user': 'HUMAN', 'assistant': 'ASSISTANT', 'system': "
+    "'SYSTEM'}[m['role']] }}</role>{{ m['content'] }}<|role_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}"
+)
+
+
+def llada2_config(**overrides: Any) -> dict[str, Any]:
+    """A tiny `llada2_moe` config.json: layer 0 dense, then MoE with 8 experts in 4 groups."""
+    cfg = {
+        "architectures": ["LLaDA2MoeModelLM"],
+        "model_type": "llada2_moe",
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "partial_rotary_factor": 0.5,
+        "rotary_dim": 8,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 600000.0,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "use_qkv_bias": False,
+        "use_bias": False,
+        "use_qk_norm": True,
+        "hidden_act": "silu",
+        "num_experts": 8,
+        "num_shared_experts": 1,
+        "num_experts_per_tok": 3,
+        "n_group": 4,
+        "topk_group": 2,
+        "moe_intermediate_size": 24,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+        "norm_topk_prob": True,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": EOS_ID,
+        "mask_token_id": MASK_ID,
+        "block_size": 8,
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def llada2_weights(cfg: dict[str, Any], seed: int, std: float = 0.3) -> dict[str, torch.Tensor]:
+    """Random weights under the HF names (per-expert tensors, fused query_key_value)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape: int, scale: float = std) -> torch.Tensor:
+        return scale * torch.randn(*shape, generator=gen)
+
+    h, heads, kv, d = (
+        cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    )
+    w = {"model.word_embeddings.weight": rnd(cfg["vocab_size"], h, scale=1.0)}
+    w["model.norm.weight"] = 1.0 + 0.1 * rnd(h, scale=1.0)
+    w["lm_head.weight"] = rnd(cfg["vocab_size"], h)
+    for n in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        w[p + "input_layernorm.weight"] = 1.0 + 0.1 * rnd(h, scale=1.0)
+        w[p + "post_attention_layernorm.weight"] = 1.0 + 0.1 * rnd(h, scale=1.0)
+        w[p + "attention.query_key_value.weight"] = rnd((heads + 2 * kv) * d, h)
+        w[p + "attention.query_layernorm.weight"] = 1.0 + 0.1 * rnd(d, scale=1.0)
+        w[p + "attention.key_layernorm.weight"] = 1.0 + 0.1 * rnd(d, scale=1.0)
+        w[p + "attention.dense.weight"] = rnd(h, heads * d)
+        mlps = []
+        if n < cfg["first_k_dense_replace"]:
+            mlps.append((p + "mlp.", cfg["intermediate_size"]))
+        else:
+            e, inter = cfg["num_experts"], cfg["moe_intermediate_size"]
+            w[p + "mlp.gate.weight"] = rnd(e, h)
+            w[p + "mlp.gate.expert_bias"] = 0.1 * rnd(e, scale=1.0)
+            mlps += [(f"{p}mlp.experts.{i}.", inter) for i in range(e)]
+            if cfg["num_shared_experts"]:
+                mlps.append((p + "mlp.shared_experts.", inter * cfg["num_shared_experts"]))
+        for prefix, inter in mlps:
+            w[prefix + "gate_proj.weight"] = rnd(inter, h)
+            w[prefix + "up_proj.weight"] = rnd(inter, h)
+            w[prefix + "down_proj.weight"] = rnd(h, inter)
+    return w
+
+
+def write_llada2_checkpoint(
+    out: Path,
+    *,
+    seed: int = 0,
+    residual: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """A tiny random LLaDA2 checkpoint in the HF layout (+ the ORL adapter when `residual`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = llada2_config(**config_overrides)
+    w = llada2_weights(cfg, seed) if weights is None else weights
+    if residual is not None:
+        cfg["orl_residual"] = residual
+        gen = torch.Generator().manual_seed(seed + 1)
+        hidden, inter = cfg["hidden_size"], residual["intermediate_size"]
+        prefix = "model.residual_adapter."
+        w[prefix + "norm.weight"] = 1.0 + 0.1 * torch.randn(hidden, generator=gen)
+        w[prefix + "gate_proj.weight"] = 0.3 * torch.randn(inter, hidden, generator=gen)
+        w[prefix + "up_proj.weight"] = 0.3 * torch.randn(inter, hidden, generator=gen)
+        w[prefix + "down_proj.weight"] = 0.3 * torch.randn(hidden, inter, generator=gen)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    _byte_tokenizer().save(str(out / "tokenizer.json"))
+    (out / "chat_template.jinja").write_text(LLADA_CHAT_TEMPLATE)
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return out

@@ -17,6 +17,11 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
         "QwenDLM",
         "dlmrt.models.config:model_config_from_hf",
     ),
+    "LLaDA2MoeModelLM": (
+        "dlmrt.models.llada2",
+        "LLaDA2",
+        "dlmrt.models.llada2_config:llada2_config_from_hf",
+    ),
     "DiffusionGemmaForBlockDiffusion": (
         "dlmrt.models.diffusion_gemma",
         "DiffusionGemma",

@@ -113,6 +113,19 @@ def softmax_probs(
     return fn(logits, log_z, temperature, dtype)
 
 
+def moe_swiglu(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    index: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """Routed SwiGLU experts (stacked [E, ...] weights), weighted sum per row. Only the torch twin
+    exists so far (a loop over active experts); a grouped-GEMM kernel replaces it here later."""
+    return reference.moe_swiglu(x, weights, index, gate, up, down)
+
+
 def _impl(name: str) -> str:
     _resolve(name)
     return _IMPL[name]

@@ -92,3 +92,25 @@ def softmax_probs(
 ) -> torch.Tensor:
     """exp(logits / T - log_z) in `dtype` (the probabilities behind the residual z = p @ E)."""
     return torch.exp(logits.float() / temperature - log_z.unsqueeze(-1)).to(dtype)
+
+
+def moe_swiglu(
+    x: torch.Tensor,  # [rows, hidden]
+    weights: torch.Tensor,  # [rows, k] fp32 routing weights
+    index: torch.Tensor,  # [rows, k] expert ids
+    gate: torch.Tensor,  # [experts, inter, hidden]
+    up: torch.Tensor,  # [experts, inter, hidden]
+    down: torch.Tensor,  # [experts, hidden, inter]
+) -> torch.Tensor:
+    """sum_j weights[r, j] * down_e(SiLU(gate_e x_r) * up_e x_r), e = index[r, j]; [rows, hidden].
+
+    A loop over the active experts (ascending id) with gather / index_add. The weighted sum is
+    accumulated in fp32 (the routing weights' dtype, as the HF reference) and cast back to x's dtype.
+    """
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in index.unique().tolist():  # host sync: eager reference only
+        rows, slot = torch.where(index == e)
+        xe = x[rows]
+        y = F.linear(F.silu(F.linear(xe, gate[e])) * F.linear(xe, up[e]), down[e])
+        out.index_add_(0, rows, y.float() * weights[rows, slot, None].float())
+    return out.to(x.dtype)

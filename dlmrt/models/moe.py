@@ -1,0 +1,119 @@
+"""Sigmoid-routed, group-limited MoE with shared experts (LLaDA2 / DeepSeek-V3 style routing).
+
+    scores  = sigmoid(W_r x)                                   fp32
+    biased  = scores + expert_bias                             selection only
+    group g score = sum of the top-2 biased scores in g; keep the `topk_group` best groups
+    index   = top-k of `biased` over the kept groups' experts
+    weights = scores[index] / sum(scores[index]) * routed_scaling_factor   (unbiased scores)
+    y       = sum_j weights_j * expert_{index_j}(x) + shared(x)
+
+The expert compute goes through `ops.moe_swiglu` (a plain-PyTorch loop today), so a grouped-GEMM
+kernel can replace it without touching the model. Checkpoints store one tensor per expert
+(`experts.E.{gate,up,down}_proj.weight`); `Experts` keeps them stacked [E, ...] and
+`stacked_slices` tells the loader which stored name fills which slice.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlmrt import ops
+from dlmrt.models.layers import SwiGLU
+
+EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def route(
+    logits: torch.Tensor,  # [rows, experts] fp32 router logits
+    expert_bias: torch.Tensor | None,  # [experts]
+    n_group: int,
+    topk_group: int,
+    top_k: int,
+    norm_topk_prob: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [rows, k] fp32, index [rows, k]) from router logits; see the module docstring.
+
+    As the HF reference: weights are renormalised only when top_k > 1 (a single expert keeps its
+    raw sigmoid score), with +1e-20 in the denominator.
+    """
+    scores = torch.sigmoid(logits.float())
+    biased = scores if expert_bias is None else scores + expert_bias.float()
+    rows, experts = biased.shape
+    grouped = biased.view(rows, n_group, experts // n_group)
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # [rows, n_group]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+    allowed = keep.unsqueeze(-1).expand_as(grouped).reshape(rows, experts)
+    index = biased.masked_fill(~allowed, float("-inf")).topk(top_k, dim=-1).indices
+    weights = scores.gather(1, index)
+    if norm_topk_prob and top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, index
+
+
+class Router(nn.Module):
+    """`mlp.gate`: the router weight [E, hidden] and the selection-only `expert_bias` buffer."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
+        if cfg.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
+        else:
+            self.expert_bias = None
+        self.n_group, self.topk_group, self.top_k = cfg.n_group, cfg.topk_group, cfg.top_k
+        self.norm, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.float(), self.weight.float())  # the router runs in fp32
+        return route(
+            logits,
+            self.expert_bias,
+            self.n_group,
+            self.topk_group,
+            self.top_k,
+            self.norm,
+            self.scaling,
+        )
+
+
+class Experts(nn.Module):
+    """Routed SwiGLU experts, stacked: gate_proj/up_proj [E, I, H], down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
+        self.up_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return ops.moe_swiglu(x, weights, index, self.gate_proj, self.up_proj, self.down_proj)
+
+
+class SparseMoE(nn.Module):
+    """`mlp` of a MoE layer: router (`gate`), routed `experts`, optional `shared_experts`."""
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        shared = cfg.moe_intermediate_size * cfg.num_shared_experts
+        self.shared_experts = SwiGLU(cfg.hidden_size, shared) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.experts(x, *self.gate(x))
+        return y if self.shared_experts is None else y + self.shared_experts(x)
+
+
+def stacked_slices(model: nn.Module) -> dict[str, tuple[str, int]]:
+    """Stored per-expert tensor name -> (stacked parameter name, expert index), for the loader."""
+    out: dict[str, tuple[str, int]] = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, Experts):
+            for proj in EXPERT_PROJS:
+                for e in range(getattr(module, proj).shape[0]):
+                    out[f"{prefix}.{e}.{proj}.weight"] = (f"{prefix}.{proj}", e)
+    return out
