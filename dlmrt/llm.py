@@ -18,6 +18,7 @@ from dlmrt.engine.engine import BlockCallback, Engine, Recorder
 from dlmrt.engine.modes import select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.models.config import ModelConfig
+from dlmrt.models.llada2_config import LLaDA2Config
 from dlmrt.outputs import GenerationOutput
 from dlmrt.params import DecodeParams
 from dlmrt.tokenizer import Tokenizer
@@ -64,7 +65,10 @@ class LLM:
         self.device, self.dtype = self.config.torch_device(), self.config.torch_dtype()
         ckpt = load_checkpoint(path, self.dtype, self.device)
         self.path, self.model, self.model_config = ckpt.path, ckpt.model, ckpt.config
-        if not isinstance(self.model_config, ModelConfig):  # e.g. DiffusionGemma: model only so far
+        is_llada = isinstance(self.model_config, LLaDA2Config)
+        if not isinstance(
+            self.model_config, ModelConfig | LLaDA2Config
+        ):  # DiffusionGemma: model only
             raise CheckpointError(
                 f"{path / 'config.json'}: {type(self.model).__name__} checkpoints load "
                 "(dlmrt.checkpoint.load_checkpoint), but their decoding loop is not implemented yet"
@@ -82,7 +86,9 @@ class LLM:
         has_adapter = self.model_config.residual is not None
         orl = self.config.role == "orl" or (self.config.role is None and has_adapter)
         self.default_rule = "entropy_budget" if orl else "threshold"
-        self.mode, self.mode_reason = select_mode(self.config.mode, self.device)
+        if is_llada:
+            self.default_rule = _llada_rule(path, self.config.role, has_adapter)
+        self.mode, self.mode_reason = _select_mode(self.config.mode, self.device, is_llada)
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         self.engine = Engine(self.model, self.device, self.dtype, self.mode)
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
@@ -119,10 +125,12 @@ class LLM:
         res = self.engine.generate(
             ids,
             rule=make_rule(
-                params.rule or self.default_rule,
+                params.rule or ("llada_editing" if params.editing else self.default_rule),
                 threshold=params.threshold,
                 entropy_budget=params.entropy_budget,
                 denoising_steps=params.denoising_steps or block,
+                editing=params.editing or "quality",
+                max_post_steps=params.max_post_steps,
             ),
             block_size=block,
             max_new_tokens=params.max_new_tokens,
@@ -165,3 +173,26 @@ class LLM:
         if bad:
             raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
         return list(prompt)
+
+
+def _llada_rule(path: Path, role: str | None, has_adapter: bool) -> str:
+    """LLaDA2 Base and ORL both decode with `llada_editing`; role='orl' needs the ORL adapter."""
+    if role == "orl" and not has_adapter:
+        raise CheckpointError(
+            f"{path / 'config.json'}: role='orl' needs an ORL checkpoint ('orl_residual' in "
+            "config.json and model.residual_adapter.* weights); this is a Base LLaDA2 checkpoint"
+        )
+    return "llada_editing"
+
+
+def _select_mode(requested: str, device: torch.device, is_llada: bool) -> tuple[str, str]:
+    """LLaDA2 runs eagerly: its MoE reference op syncs with the host (no graph capture yet)."""
+    if not is_llada:
+        return select_mode(requested, device)
+    if requested not in ("auto", "eager"):
+        select_mode(requested, device)  # the usual errors for unknown modes / no CUDA first
+        raise ValueError(
+            f"mode: {requested} is not supported for LLaDA2 checkpoints yet (eager only: the MoE "
+            "reference op cannot be captured in a CUDA graph)"
+        )
+    return "eager", "LLaDA2: eager only (the MoE reference op is not graph-capturable yet)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps")
+RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps", "llada_editing")
+EDITING_PRESETS = ("quality", "speed")  # thresholds: dlmrt.decoding.llada_editing.PRESETS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +31,17 @@ class DecodeParams:
         default=None,
         metadata={"help": "`fixed_steps` rule: rounds per block; None: the block length"},
     )
+    editing: str | None = field(
+        default=None,
+        metadata={
+            "help": "`llada_editing` preset: quality (tau_mask 0.7, tau_edit 0.5) | speed (0.5, "
+            "0.0); implies that rule; None: quality when the rule is llada_editing"
+        },
+    )
+    max_post_steps: int = field(
+        default=16,
+        metadata={"help": "`llada_editing`: editing rounds at most once a block has no masks"},
+    )
     temperature: float = field(
         default=0.0, metadata={"help": "0: greedy; > 0: sample from softmax(logits / T)"}
     )
@@ -49,6 +61,16 @@ class DecodeParams:
             raise ValueError(
                 f"rule: unknown rule {self.rule!r} (choose from {', '.join(RULE_NAMES)})"
             )
+        if self.editing is not None:
+            if self.editing not in EDITING_PRESETS:
+                raise ValueError(
+                    f"editing: expected one of {', '.join(EDITING_PRESETS)}, got {self.editing!r}"
+                )
+            if self.rule not in (None, "llada_editing"):
+                raise ValueError(
+                    f"editing: applies to rule 'llada_editing' only, not {self.rule!r}"
+                )
+        _check_int("max_post_steps", self.max_post_steps, 0)
         _check_float("threshold", self.threshold, 0.0, 1.0)
         _check_float("entropy_budget", self.entropy_budget, 0.0, float("inf"))
         _check_float("temperature", self.temperature, 0.0, 1e4)

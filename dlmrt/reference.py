@@ -4,6 +4,8 @@ Every round recomputes the whole sequence (prompt + finished blocks + the active
 dense block-causal mask, and computes the residual z and its rows m inline from DESIGN §3.1. It
 shares with the engine the model, the block layout, the proposal and the rules (each tested on its
 own); the engine must produce the same tokens (CPU, fp32). Slow by design: it is the spec.
+With an editing rule (`llada_editing`) a block's tokens may change after they were filled; the
+next block always sees the block's final tokens (the whole prefix is recomputed each round).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ def generate(
         # z = 0 on a block's first round: g(0) = 0, but the post-norm still applies (DESIGN §3.1).
         z = None if adapter is None else torch.zeros_like(model.embed_table[:block_size])
         positions = torch.arange((b + 1) * block_size, device=device)
-        for step in range(block_size):  # every round accepts >= 1 row: at most B rounds
-            if not unresolved.any():
-                break
+        # Editing rules may rewrite the rows this request generates (never the prompt tail).
+        editable, post_steps = unresolved.clone(), torch.zeros((), dtype=torch.long, device=device)
+        done = False
+        for step in range(rule.max_rounds(block_size)):
             ids = torch.cat((context, canvas))
             if adapter is None:
                 logits = model(ids, AttnContext(positions, block_size))
@@ -70,11 +73,17 @@ def generate(
                     torch.tensor(step, device=device),
                     block_size,
                 )
-            out = rule(propose(logits, temperature, noise), canvas, unresolved, torch.tensor(step))
+            prop = propose(logits, temperature, noise)
+            out = rule(prop, canvas, unresolved, torch.tensor(step), editable, post_steps)
             canvas, unresolved = out.canvas, out.unresolved
+            if out.post_steps is not None:
+                post_steps = out.post_steps
             z = _residual(model, logits) if adapter is not None else None
-        if unresolved.any():
-            raise RuntimeError(f"oracle: block {b} did not finish in {block_size} rounds")
+            if bool(out.done):
+                done = True
+                break
+        if not done:
+            raise RuntimeError(f"oracle: block {b} did not finish in {step + 1} rounds")
         context = torch.cat((context, canvas))
         block = canvas.tolist()
         generated += block[lay.tail :] if b == lay.first_block else block

@@ -11,7 +11,9 @@ Vocabulary, for the active block of B rows:
 A rule is a pure function of these tensors: no host sync (.item(), .tolist(), bool(tensor)), no
 model call, no KV write, no data-dependent shapes. That is what lets a whole block run inside one
 CUDA graph, and what lets every rule be tested on the CPU with crafted logits. Absorbing rules
-accept at least one unresolved row per round, so a block always terminates.
+accept at least one unresolved row per round, so a block always terminates. Editing rules
+(`llada_editing`) may also rewrite resolved rows of the block (`editable`, never the prompt tail);
+they carry their own round counter (`post_steps`) and bound the rounds with `max_rounds`.
 """
 
 from __future__ import annotations
@@ -34,12 +36,18 @@ class RuleOutput(NamedTuple):
     unresolved: torch.Tensor  # [B] bool
     accepted: torch.Tensor  # [B] bool
     done: torch.Tensor  # [] bool
+    edited: torch.Tensor | None = None  # [B] bool: resolved rows rewritten (editing rules only)
+    post_steps: torch.Tensor | None = None  # [] long: editing rules' post-fill round counter
 
 
 class DecodeRule(ABC):
     """An acceptance rule: decides which unresolved rows take their proposal this round."""
 
     name: str
+
+    def max_rounds(self, block: int) -> int:
+        """Upper bound on the rounds of a block (absorbing rules accept >= 1 row per round)."""
+        return block
 
     @abstractmethod
     def accept(
@@ -48,8 +56,15 @@ class DecodeRule(ABC):
         """Return the bool [B] rows to accept; must be a subset of `unresolved` (non-empty if it is)."""
 
     def __call__(
-        self, proposal: Proposal, canvas: torch.Tensor, unresolved: torch.Tensor, step: torch.Tensor
+        self,
+        proposal: Proposal,
+        canvas: torch.Tensor,
+        unresolved: torch.Tensor,
+        step: torch.Tensor,
+        editable: torch.Tensor | None = None,
+        post_steps: torch.Tensor | None = None,
     ) -> RuleOutput:
+        """`editable` (rows the request generates) and `post_steps` are read by editing rules only."""
         accepted = self.accept(proposal, unresolved, step) & unresolved
         canvas = torch.where(accepted, proposal.tokens, canvas)
         unresolved = unresolved & ~accepted

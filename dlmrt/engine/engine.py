@@ -41,6 +41,7 @@ class RoundRecord:
     z: torch.Tensor | None  # [B, hidden] pre-adapter residual the round consumed
     entropy: torch.Tensor  # [B] per-row entropy of this round's prediction
     accepted: torch.Tensor  # [B] rows accepted this round
+    edited: torch.Tensor | None = None  # [B] resolved rows rewritten this round (editing rules)
 
 
 @dataclass
@@ -93,7 +94,8 @@ class Engine:
         if key not in self._runners:
             buf = BlockBuffers(spec, self.device)
             if self.mode == "block_graph":
-                runner = BlockGraphRunner(spec, buf, self.kv, self._pool, spec.block_size)
+                rounds = spec.rule.max_rounds(spec.block_size)
+                runner = BlockGraphRunner(spec, buf, self.kv, self._pool, rounds)
             elif self.mode == "round_graph":
                 runner = RoundGraphRunner(spec, buf, self.kv, self._pool)
             else:
@@ -140,7 +142,7 @@ class Engine:
                 canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, self.device)
                 buf.load(canvas, unresolved, b * block_size, seed)
                 kv_len = self._kv_len(b, block_size)
-                rounds = runner.run_block(buf, kv, kv_len, block_size)
+                rounds = runner.run_block(buf, kv, kv_len, rule.max_rounds(block_size))
                 if not bool(buf.done):
                     raise RuntimeError(f"block {b} did not finish in {rounds} rounds ({rule.name})")
                 res.denoising_forwards += rounds
@@ -166,8 +168,14 @@ class Engine:
     def _record_hook(recorder: Recorder, block_index: list[int]):
         def hook(r: int, seen: tuple, buf: BlockBuffers) -> None:
             canvas, unresolved, z = seen
-            entropy, accepted = buf.entropy.clone(), buf.accepted.clone()
-            recorder(RoundRecord(block_index[0], r, canvas, unresolved, z, entropy, accepted))
+            entropy, accepted, edited = (
+                buf.entropy.clone(),
+                buf.accepted.clone(),
+                buf.edited.clone(),
+            )
+            recorder(
+                RoundRecord(block_index[0], r, canvas, unresolved, z, entropy, accepted, edited)
+            )
 
         return hook
 

@@ -52,13 +52,15 @@ class RoundSpec:
         step: torch.Tensor,  # [] int64 rounds already run in this block
         seed: torch.Tensor,  # [] int64
         block_start: torch.Tensor,  # [] int64
+        editable: torch.Tensor | None = None,  # [B] bool rows the request generates (editing rules)
+        post_steps: torch.Tensor | None = None,  # [] int64 post-fill rounds so far (editing rules)
     ) -> Decision:
         """Proposal + rule + next residual; sampling noise is counter-based (seed, block, round, row)."""
         noise = None
         if self.temperature > 0:
             noise = counter_uniform(seed, block_start, step, logits.shape[0])
         prop = propose(logits, self.temperature, noise)
-        out = self.rule(prop, canvas, unresolved, step)
+        out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
         z = None
         if self.has_residual:
             t_res = self.model.adapter.cfg.temperature
@@ -87,6 +89,11 @@ class BlockBuffers:
         self.offsets = torch.arange(rows, device=device)
         self.entropy = torch.zeros(rows, dtype=torch.float32, device=device)  # last round's
         self.accepted = torch.zeros(rows, dtype=torch.bool, device=device)  # last round's
+        # Editing rules: the rows this request generates (the initial unresolved rows: never the
+        # prompt tail), the rows the last round edited, and the post-fill round counter.
+        self.editable = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.edited = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.post_steps = torch.zeros((), dtype=torch.long, device=device)
 
     def load(
         self, canvas: torch.Tensor, unresolved: torch.Tensor, block_start: int, seed: int
@@ -94,6 +101,9 @@ class BlockBuffers:
         """Start a block: stream-ordered copies into the static tensors, z = 0, round 0."""
         self.canvas.copy_(canvas)
         self.unresolved.copy_(unresolved)
+        self.editable.copy_(unresolved)
+        self.edited.zero_()
+        self.post_steps.zero_()
         if self.z is not None:
             self.z.zero_()
         self.step.zero_()
@@ -117,9 +127,21 @@ def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = N
     ctx = _context(spec, buf, kv, kv_len)
     receives = spec.receives(buf.unresolved) if buf.z is not None else None
     logits = spec.model(buf.canvas, ctx, z=buf.z, receives=receives)
-    d = spec.decide(logits, buf.canvas, buf.unresolved, buf.step, buf.seed, buf.block_start)
+    d = spec.decide(
+        logits,
+        buf.canvas,
+        buf.unresolved,
+        buf.step,
+        buf.seed,
+        buf.block_start,
+        buf.editable,
+        buf.post_steps,
+    )
     if d.z is not None:
         buf.z.copy_(d.z)
+    if d.out.edited is not None:  # the same branch every round: static under graph capture
+        buf.edited.copy_(d.out.edited)
+        buf.post_steps.copy_(d.out.post_steps)
     buf.canvas.copy_(d.out.canvas)
     buf.unresolved.copy_(d.out.unresolved)
     buf.accepted.copy_(d.out.accepted)

@@ -107,10 +107,11 @@ def moe_swiglu(
     A loop over the active experts (ascending id) with gather / index_add. The weighted sum is
     accumulated in fp32 (the routing weights' dtype, as the HF reference) and cast back to x's dtype.
     """
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 model
+    out = torch.zeros(x.shape, dtype=acc, device=x.device)
     for e in index.unique().tolist():  # host sync: eager reference only
         rows, slot = torch.where(index == e)
         xe = x[rows]
         y = F.linear(F.silu(F.linear(xe, gate[e])) * F.linear(xe, up[e]), down[e])
-        out.index_add_(0, rows, y.float() * weights[rows, slot, None].float())
+        out.index_add_(0, rows, y.to(acc) * weights[rows, slot, None].to(acc))
     return out.to(x.dtype)
