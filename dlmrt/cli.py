@@ -27,9 +27,9 @@ def add_dataclass_flags(
     choices: allowed values per field name. keep_absent: flags not given stay out of the
     namespace (argparse.SUPPRESS), so a saved config's values survive (training resume).
     """
-    from dlmrt.params import RULE_NAMES
+    from dlmrt.params import EDITING_PRESETS, RULE_NAMES
 
-    choices = {"rule": RULE_NAMES, **(choices or {})}
+    choices = {"rule": RULE_NAMES, "editing": EDITING_PRESETS, **(choices or {})}
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")

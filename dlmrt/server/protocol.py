@@ -25,6 +25,8 @@ DECODE_FIELDS = (
     "threshold",
     "entropy_budget",
     "denoising_steps",
+    "editing",
+    "max_post_steps",
     "block_length",
     "ignore_eos",
 )
@@ -97,6 +99,8 @@ class _Request(BaseModel):
     threshold: float | None = None
     entropy_budget: float | None = None
     denoising_steps: int | None = None
+    editing: str | None = None
+    max_post_steps: int | None = None
     block_length: int | None = None
     ignore_eos: bool | None = None
 
