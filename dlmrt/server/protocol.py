@@ -1,8 +1,8 @@
 """OpenAI request schemas and their validation into a `RequestSpec` (responses: responses.py).
 
 Bad input raises `APIError` (an HTTP status plus an OpenAI-style error body); nothing here runs the
-engine. Extra body fields `rule`, `threshold`, `entropy_budget`, `denoising_steps`, `block_length`
-and `ignore_eos` map to the `DecodeParams` fields of the same name.
+engine. Extra body fields `rule`, `threshold`, `entropy_budget`, `denoising_steps`, `editing`,
+`max_post_steps`, `block_length` and `ignore_eos` map to the `DecodeParams` fields of the same name.
 """
 
 from __future__ import annotations
