@@ -133,6 +133,13 @@ def test_termination_by_max_post_steps(max_post):
     assert canvas[0] == 7
 
 
+def test_outputs_are_device_tensors():
+    out = _run(LLaDAEditingRule.preset("speed"), CANVAS, UNRES, EDITABLE, TOKENS, CONF)
+    for t in out:
+        assert isinstance(t, torch.Tensor) and t.device == out.canvas.device
+    assert out.done.dim() == 0 and out.done.dtype == torch.bool and out.post_steps.dim() == 0
+
+
 def test_presets_and_params():
     assert PRESETS == {"quality": (0.7, 0.5), "speed": (0.5, 0.0)}
     rule = make_rule("llada_editing", editing="speed", max_post_steps=4)
