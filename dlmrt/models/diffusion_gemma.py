@@ -178,7 +178,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, self.eps)
         self.k_norm = RMSNorm(self.head_dim, self.eps)
 
-    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor, past=None):
+        """-> (output [rows, hidden], this pass's (K, V) [kv_heads, rows, head_dim]); `past` is
+        the cached context's (K, V), prepended to the keys (mask columns: past keys first)."""
         rows = x.shape[0]
         q = self.q_proj(x).view(rows, self.heads, self.head_dim)
         k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
@@ -186,8 +188,11 @@ class Attention(nn.Module):
         q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)
         k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
         v = rms_normalize(v, self.eps).transpose(0, 1)
-        out = block_attention(q, k, v, pos, pos, 1, 1.0, mask)
-        return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        keys, values = k, v
+        if past is not None:
+            keys, values = torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1)
+        out = block_attention(q, keys, values, pos, pos, 1, 1.0, mask)  # mask given: pos unused
+        return self.o_proj(out.transpose(0, 1).reshape(rows, -1)), (k, v)
 
 
 class Router(nn.Module):
@@ -243,27 +248,51 @@ class Layer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))  # decoder copy
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
-    def forward(self, h, rope, mask, pos, is_canvas: torch.Tensor) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), rope, mask, pos)
+    def forward(self, h, rope, mask, pos, is_canvas: torch.Tensor, past=None):
+        attn, kv = self.self_attn(self.input_layernorm(h), rope, mask, pos, past)
         r = h + self.post_attention_layernorm(attn)
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(r)))
         moe = self.experts(self.pre_feedforward_layernorm_2(r), *self.router(r))
         out = r + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
-        return out * torch.where(is_canvas, self.layer_scalar, self.encoder_layer_scalar)
+        return out * torch.where(is_canvas, self.layer_scalar, self.encoder_layer_scalar), kv
 
 
 def visibility(
-    pos: torch.Tensor, canvas: int, window: int
+    q_pos: torch.Tensor, k_pos: torch.Tensor, canvas: int, cached: int, window: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(full mask, sliding mask) bool [rows, rows] and is_canvas [rows, 1]; see the module docstring."""
-    rows = pos.shape[0]
-    is_canvas = (torch.arange(rows, device=pos.device) >= rows - canvas).unsqueeze(1)
-    q, k, key_ctx = pos.unsqueeze(1), pos.unsqueeze(0), ~is_canvas.T
+    """(full mask, sliding mask) bool [rows, keys] and is_canvas [rows, 1].
+
+    Keys are `cached` context rows from the cache, then this pass's rows; the last `canvas` rows
+    of this pass are the canvas. See the module docstring for the rule."""
+    rows = q_pos.shape[0]
+    new = torch.arange(rows, device=q_pos.device)
+    is_canvas = (new >= rows - canvas).unsqueeze(1)
+    key_ctx = torch.cat(
+        (torch.ones(cached, dtype=torch.bool, device=q_pos.device), new < rows - canvas)
+    )
+    q, k, key_ctx = q_pos.unsqueeze(1), k_pos.unsqueeze(0), key_ctx.unsqueeze(0)
     causal = key_ctx & (k <= q)
     full = causal | is_canvas
-    dec_sliding = ~key_ctx | (pos[rows - canvas] - k < window) if canvas else full
+    dec_sliding = ~key_ctx | (q_pos[rows - canvas] - k < window) if canvas else full
     sliding = torch.where(is_canvas, dec_sliding, causal & (q - k < window))
     return full, sliding, is_canvas
+
+
+class ContextCache:
+    """K/V of every encoded context row (the prompt, then each committed canvas), per layer.
+
+    Encoder passes (`canvas=0`) append to it; decoder passes read it. Eager: grows by concatenation."""
+
+    def __init__(self, layers: int, device: torch.device) -> None:
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
+        self.positions = torch.empty(0, dtype=torch.long, device=device)
+
+    def __len__(self) -> int:
+        return self.positions.numel()
+
+    def append(self, layer: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        old = self.kv[layer]
+        self.kv[layer] = kv if old is None else tuple(torch.cat(p, dim=1) for p in zip(old, kv))
 
 
 class Backbone(nn.Module):
@@ -328,6 +357,9 @@ class DiffusionGemma(nn.Module):
         tail = self.model.self_conditioning.inject(h[-canvas:], soft)
         return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
 
+    def new_cache(self, device: torch.device) -> ContextCache:
+        return ContextCache(self.cfg.num_hidden_layers, device)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [rows]: context rows, then `canvas` canvas rows
@@ -336,21 +368,35 @@ class DiffusionGemma(nn.Module):
         sc_logits: torch.Tensor | None = None,  # [canvas, vocab]
         sc_temperature: float = 1.0,
         compute_logits: bool = True,
+        cache: ContextCache | None = None,
     ) -> torch.Tensor | None:
+        """With `cache`, the rows are either new context rows (`canvas=0`: encoded, their K/V
+        appended) or the canvas alone (`canvas=rows`: decoded against the cached context)."""
         if ctx.kv is not None:
             raise NotImplementedError("DiffusionGemma has no KV-arena path yet (kv must be None)")
         pos = ctx.positions
+        cached = 0 if cache is None else len(cache)
+        if cache is not None and canvas not in (0, pos.shape[0]):
+            raise ValueError("with a cache, a pass is all context rows or all canvas rows")
+        k_pos = pos if cache is None else torch.cat((cache.positions, pos))
         h = self._embed(input_ids, canvas, sc_logits, sc_temperature)
-        full, sliding, is_canvas = visibility(pos, canvas, self.cfg.sliding_window)
+        full, sliding, is_canvas = visibility(pos, k_pos, canvas, cached, self.cfg.sliding_window)
         ropes = {}
         for kind, spec in self.cfg.rope.items():
             dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
             ropes[kind] = proportional_rope_cos_sin(
                 pos, dim, spec.theta, spec.rotary_factor, h.dtype, spec.factor
             )
-        for layer, kind in zip(self.model.layers, self.cfg.layer_types, strict=True):
+        for i, (layer, kind) in enumerate(
+            zip(self.model.layers, self.cfg.layer_types, strict=True)
+        ):
             mask = sliding if kind == SLIDING else full
-            h = layer(h, ropes[kind], mask, pos, is_canvas)
+            past = None if cache is None else cache.kv[i]
+            h, kv = layer(h, ropes[kind], mask, pos, is_canvas, past)
+            if cache is not None and canvas == 0:
+                cache.append(i, kv)
+        if cache is not None and canvas == 0:
+            cache.positions = k_pos
         if not compute_logits:
             return None
         logits = self.lm_head(self.model.norm(h)).float()
