@@ -26,7 +26,8 @@ setup(
         "dlmrt._csrc",
     ],
     package_dir={"dlmrt": "dlmrt", "dlmrt._kernels": "kernels", "dlmrt._csrc": "csrc"},
-    package_data={"dlmrt._csrc": ["*.cu"]},
+    # The embedded demo model (dlmrt/assets/demo, ~9.7 MB) ships inside the package.
+    package_data={"dlmrt._csrc": ["*.cu"], "dlmrt": ["assets/demo/*"]},
     install_requires=[
         # Any torch >= 2.4 works; CPU machines should install the CPU wheel first (see README).
         "torch>=2.4",

@@ -6,14 +6,6 @@ import os
 from pathlib import Path
 
 
-def cache_dir() -> Path:
-    """DLMRT_CACHE: where the embedded demo model is built (default $XDG_CACHE_HOME/dlmrt or ~/.cache/dlmrt)."""
-    if os.environ.get("DLMRT_CACHE"):
-        return Path(os.environ["DLMRT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dlmrt"
-
-
 def log_level() -> str:
     """DLMRT_LOG_LEVEL: logging level of the `dlmrt` logger (default WARNING; the CLI's -v sets INFO)."""
     return os.environ.get("DLMRT_LOG_LEVEL", "WARNING").upper()

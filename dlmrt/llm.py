@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from dlmrt.blocks import layout
 from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
-from dlmrt.engine.engine import BlockCallback, Engine, Recorder
+from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+from dlmrt.engine.canvas import CanvasEngine
+from dlmrt.engine.engine import BlockCallback, Engine, EngineResult, Recorder
 from dlmrt.engine.modes import select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.models.config import ModelConfig
@@ -56,8 +59,8 @@ class LLM:
 
             path = demo_model_path()
             log.warning(
-                "no model given: using the embedded demo model at %s (random weights: its text "
-                "is gibberish)",
+                "no model given: using the embedded demo model at %s (a 4.85M-parameter model "
+                "that only solves short arithmetic word problems)",
                 path,
             )
         else:
@@ -66,14 +69,11 @@ class LLM:
         ckpt = load_checkpoint(path, self.dtype, self.device)
         self.path, self.model, self.model_config = ckpt.path, ckpt.model, ckpt.config
         is_llada = isinstance(self.model_config, LLaDA2Config)
-        if not isinstance(
-            self.model_config, ModelConfig | LLaDA2Config
-        ):  # DiffusionGemma: model only
-            raise CheckpointError(
-                f"{path / 'config.json'}: {type(self.model).__name__} checkpoints load "
-                "(dlmrt.checkpoint.load_checkpoint), but their decoding loop is not implemented yet"
-            )
         self.tokenizer = Tokenizer(path)
+        self.stop_ids = self.tokenizer.stop_ids
+        if not isinstance(self.model_config, ModelConfig | LLaDA2Config):  # DiffusionGemma
+            self._init_canvas(path)
+            return
         # The tokenizer resolves both from config.json first (already validated by the loader),
         # then from the tokenizer files.
         self.mask_id = self.tokenizer.mask_token_id
@@ -82,7 +82,6 @@ class LLM:
                 f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
                 "mask token such as <|MASK|> in the tokenizer)"
             )
-        self.stop_ids = self.tokenizer.stop_ids
         has_adapter = self.model_config.residual is not None
         orl = self.config.role == "orl" or (self.config.role is None and has_adapter)
         self.default_rule = "entropy_budget" if orl else "threshold"
@@ -91,6 +90,7 @@ class LLM:
         self.mode, self.mode_reason = _select_mode(self.config.mode, self.device, is_llada)
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         self.engine = Engine(self.model, self.device, self.dtype, self.mode)
+        self.canvas = None
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 
     def generate(
@@ -113,6 +113,12 @@ class LLM:
         params = DecodeParams.from_kwargs(**kwargs)
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt, chat)
+        if self.canvas is not None:
+            if recorder is not None:
+                raise ValueError("recorder: not supported for canvas (DiffusionGemma) decoding")
+            res = self._generate_canvas(ids, params, on_block, should_stop)
+            return self._output(ids, res, t0)
+        self._check_block_params(params)
         block = params.block_length or self.model_config.block_size
         limit = self.model_config.max_position_embeddings
         total = layout(len(ids), params.max_new_tokens, block).max_len
@@ -143,9 +149,11 @@ class LLM:
             on_block=on_block,
             should_stop=should_stop,
         )
-        text = self.tokenizer.decode(res.token_ids)
+        return self._output(ids, res, t0)
+
+    def _output(self, ids: list[int], res: EngineResult, t0: float) -> GenerationOutput:
         return GenerationOutput(
-            text=text,
+            text=self.tokenizer.decode(res.token_ids),
             token_ids=res.token_ids,
             finish_reason=res.finish_reason,
             prompt_tokens=len(ids),
@@ -155,6 +163,64 @@ class LLM:
             request_time_s=time.perf_counter() - t0,
             rounds_per_block=res.rounds_per_block,
             mode=res.mode,
+        )
+
+    def _check_block_params(self, params: DecodeParams) -> None:
+        set_ = [k for k, v in params.canvas_overrides().items() if v is not None]
+        if params.rule == "entropy_bound_canvas" or set_ or params.rng is not None:
+            what = "rule entropy_bound_canvas" if not set_ else ", ".join(set_)
+            raise ValueError(
+                f"{what}: canvas-decoder settings apply to DiffusionGemma checkpoints only, "
+                f"not {self.model_config.architecture}"
+            )
+
+    def _init_canvas(self, path: Path) -> None:
+        """DiffusionGemma: eager canvas decoding with the checkpoint's (or role's) settings."""
+        if self.config.mode not in ("auto", "eager"):
+            raise ValueError(
+                f"mode: {self.config.mode!r} is not available for {self.model_config.architecture} "
+                "yet (its canvas decoder runs eagerly); use mode='auto' or 'eager'"
+            )
+        self.mode, self.mode_reason = "eager", "canvas decoding runs eagerly"
+        self.canvas = CanvasEngine(self.model, self.device)
+        self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
+        self.default_rule, self.mask_id = "entropy_bound_canvas", None
+        log.info("canvas decoding, canvas %d: %s", self.canvas.canvas_length, self.canvas_settings)
+
+    def _generate_canvas(self, ids, params: DecodeParams, on_block, should_stop) -> EngineResult:
+        if params.editing is not None:
+            raise ValueError(
+                "editing: applies to rule 'llada_editing' only, not to canvas decoding"
+            )
+        if params.rule not in (None, "entropy_bound_canvas"):
+            raise ValueError(
+                f"rule: {params.rule!r} does not apply to {self.model_config.architecture} "
+                "(its decoder is entropy_bound_canvas)"
+            )
+        if params.temperature or params.block_length not in (None, self.canvas.canvas_length):
+            raise ValueError(
+                "temperature, block_length: fixed by DiffusionGemma's decoder (use t_min/t_max; "
+                f"the canvas length is {self.canvas.canvas_length})"
+            )
+        length = self.canvas.canvas_length
+        total = len(ids) + -(-params.max_new_tokens // length) * length
+        if total > self.model_config.max_position_embeddings:
+            raise ValueError(
+                f"prompt: {len(ids)} prompt tokens + max_new_tokens {params.max_new_tokens} "
+                f"(rounded up to {total}, whole canvases of {length}) exceed the model's "
+                f"max_position_embeddings {self.model_config.max_position_embeddings}"
+            )
+        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
+        return self.canvas.generate(
+            ids,
+            replace(self.canvas_settings, **overrides),
+            max_new_tokens=params.max_new_tokens,
+            stop_ids=sorted(self.stop_ids),
+            seed=params.seed or 0,
+            rng=params.rng or "torch",
+            ignore_eos=params.ignore_eos,
+            on_block=on_block,
+            should_stop=should_stop,
         )
 
     def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:

@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps", "llada_editing")
+RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps", "llada_editing", "entropy_bound_canvas")
 EDITING_PRESETS = ("quality", "speed")  # thresholds: dlmrt.decoding.llada_editing.PRESETS
+# DecodeParams fields that override a DiffusionGemma checkpoint's canvas-decoder settings.
+CANVAS_FIELDS = (
+    "max_denoising_steps",
+    "entropy_bound",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +63,32 @@ class DecodeParams:
     ignore_eos: bool = field(
         default=False, metadata={"help": "keep generating past stop tokens (benchmarks)"}
     )
+    # DiffusionGemma's `entropy_bound_canvas` decoder; None: the checkpoint's generation_config.
+    max_denoising_steps: int | None = field(
+        default=None, metadata={"help": "canvas decoder: denoising steps per canvas at most"}
+    )
+    entropy_bound: float | None = field(
+        default=None, metadata={"help": "canvas decoder: entropy bound of the acceptance (nats)"}
+    )
+    t_min: float | None = field(
+        default=None, metadata={"help": "canvas decoder: temperature at the last step"}
+    )
+    t_max: float | None = field(
+        default=None, metadata={"help": "canvas decoder: temperature at the first step"}
+    )
+    stability_threshold: int | None = field(
+        default=None, metadata={"help": "canvas decoder: steps the argmax canvas must be stable"}
+    )
+    confidence_threshold: float | None = field(
+        default=None, metadata={"help": "canvas decoder: mean entropy below which it may stop"}
+    )
+    rng: str | None = field(
+        default=None,
+        metadata={
+            "help": "canvas decoder noise: torch (transformers' draws, default) or counter "
+            "(hashed from seed and step: graph-replayable)"
+        },
+    )
 
     def __post_init__(self) -> None:
         _check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -82,6 +117,21 @@ class DecodeParams:
             _check_int("block_length", self.block_length, 1)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        for name in ("max_denoising_steps", "stability_threshold"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1 if name == "max_denoising_steps" else 0)
+        for name in ("entropy_bound", "t_min", "t_max", "confidence_threshold"):
+            if getattr(self, name) is not None:
+                _check_float(name, getattr(self, name), 0.0, 1e4)
+        for name in ("entropy_bound", "t_min", "t_max"):
+            if getattr(self, name) == 0:
+                raise ValueError(f"{name}: must be > 0, got 0")
+        if self.rng not in (None, "torch", "counter"):
+            raise ValueError(f"rng: expected 'torch' or 'counter', got {self.rng!r}")
+
+    def canvas_overrides(self) -> dict[str, Any]:
+        """The canvas-decoder fields (None where the checkpoint's setting applies)."""
+        return {name: getattr(self, name) for name in CANVAS_FIELDS}
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> DecodeParams:

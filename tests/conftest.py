@@ -10,11 +10,23 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dlmrt.demo import CHAT_TEMPLATE, _byte_tokenizer
+from dlmrt.train.tokenizer import CHAT_TEMPLATE, SPECIALS
 
 VOCAB = 260  # byte-level tokenizer: 256 bytes + <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258, <|MASK|> 259
 MASK_ID = 259
 EOS_ID = 256
+
+
+def _byte_tokenizer():
+    """Byte-level tokenizer of 256 bytes plus the four specials (ids 256..259); no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    return tok
 
 
 def tiny_qwen3_config(**overrides: Any):
@@ -105,14 +117,6 @@ def base_ckpt(tmp_path: Path) -> Path:
 def orl_ckpt(tmp_path: Path) -> Path:
     """An ORL QwenDLM checkpoint: adapter on masked rows, post-norm 0.02, block size 8."""
     return write_checkpoint(tmp_path / "orl", residual=residual_config())
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The embedded demo model is built into DLMRT_CACHE; keep tests away from the user's cache.
-    monkeypatch.setenv("DLMRT_CACHE", str(tmp_path_factory.getbasetemp() / "dlmrt-cache"))
 
 
 LLADA_CHAT_TEMPLATE = (

@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     # One OpenMP thread: spin-waiting thread pools crawl on a busy 2-core CI box.
-    return dict(os.environ, DLMRT_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    return dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def _run(args: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess:
@@ -50,13 +50,23 @@ def test_console_script_installed():
     assert DLMRT is not None
 
 
-def test_generate_demo_default(env, tmp_path):
-    """`dlmrt generate PROMPT` without --model builds the demo in DLMRT_CACHE and prints text."""
+def test_generate_demo_default(env):
+    """`dlmrt generate PROMPT` without --model answers with the embedded (trained) demo model."""
     res = _run(["generate", "What is 12+30?"], env)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip()
-    assert "random weights" in res.stderr  # the demo warning
-    assert (tmp_path / "cache" / "demo-qwen-dlm-orl-v1" / "config.json").is_file()
+    assert res.stdout.strip().endswith("The answer is 42.")
+    assert "embedded demo model" in res.stderr  # says which model answered
+
+
+def test_demo_answers_held_out_problems_through_the_cli(env):
+    """The shipped demo model solves the first five held-out problems through `dlmrt generate`."""
+    from dlmrt.train.tasks import get_task
+
+    task = get_task("arithmetic")
+    for problem in task.problems("test", 5):
+        res = _run(["generate", problem.question], env)
+        assert res.returncode == 0, res.stderr
+        assert task.verify(res.stdout, problem.answer), (problem.question, res.stdout)
 
 
 def test_generate_stats_and_progress(model_dir, env):
@@ -73,13 +83,13 @@ def test_generate_stats_and_progress(model_dir, env):
 
 
 def test_generate_help_lists_every_field(env):
-    """--help shows a flag for every DecodeParams and EngineConfig field and says the demo is random."""
+    """--help shows a flag for every DecodeParams and EngineConfig field and describes the demo."""
     res = _run(["generate", "--help"], env)
     assert res.returncode == 0
     for cls in (DecodeParams, EngineConfig):
         for f in dataclasses.fields(cls):
             assert _flag(f.name) in res.stdout, f.name
-    assert "random" in res.stdout and "DLMRT_CACHE" in res.stdout
+    assert "embedded demo" in res.stdout and "arithmetic" in res.stdout
 
 
 def test_bad_value_exits_cleanly(env):

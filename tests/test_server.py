@@ -385,7 +385,7 @@ def _free_port() -> int:
 def test_cli_serve_graceful_shutdown(ckpt, tmp_path):
     """`dlmrt serve`: SIGTERM mid-stream ends the stream with an error event and exits 0."""
     port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", DLMRT_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = ["dlmrt", "serve", "--model", str(ckpt), "--port", str(port)]
     proc = subprocess.Popen(
         [*cmd, "--served-model-name", "cli-model", "--max-queue", "2"],

@@ -25,7 +25,7 @@ _REGISTRY: dict[str, tuple[str, str, str]] = {
     "DiffusionGemmaForBlockDiffusion": (
         "dlmrt.models.diffusion_gemma",
         "DiffusionGemma",
-        "dlmrt.models.diffusion_gemma:diffusion_gemma_config_from_hf",
+        "dlmrt.models.diffusion_gemma_config:diffusion_gemma_config_from_hf",
     ),
 }
 

@@ -1,7 +1,8 @@
 """DiffusionGemma (`DiffusionGemmaForBlockDiffusion`): one Gemma-4 MoE text tower in two modes.
 
-A forward takes [context rows | canvas rows] (the last `canvas` rows are the canvas) and builds the
-visibility transformers uses (no KV arena yet: the no-cache path with explicit masks):
+A forward takes [context rows | canvas rows] (the last `canvas` rows are the canvas), or, with a
+`ContextCache`, new context rows alone (encoder pass: their K/V are appended) or the canvas alone
+(decoder pass against the cached K/V); explicit masks give the visibility transformers uses:
 
 - context rows (encoder mode): key k visible to query q iff k is a context row and pos_k <= pos_q;
   sliding layers also need pos_q - pos_k < sliding_window.
@@ -16,148 +17,16 @@ only `layer_scalar` has separate encoder/decoder copies. The vision tower is ski
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
-from dlmrt.errors import CheckpointError
-from dlmrt.models.config import _field, eos_ids
+from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.layers import GeGLU, RMSNorm, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning, soft_embedding
 from dlmrt.ops.reference import rms_normalize
-
-SLIDING, FULL = "sliding_attention", "full_attention"
-DEFAULT_SOFTCAP = 30.0  # transformers' DiffusionGemmaTextConfig class default (not serialised)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RopeSpec:
-    theta: float
-    rotary_factor: float = 1.0  # "proportional": share of the head dim that rotates
-    factor: float = 1.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiffusionGemmaConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int  # dense GeGLU branch
-    self_conditioning_size: int
-    num_attention_heads: int
-    layer_types: tuple[str, ...]
-    head_dims: tuple[int, ...]  # per layer (full layers: the global head dim)
-    kv_heads: tuple[int, ...]  # per layer (full layers: num_global_key_value_heads)
-    rope: dict[str, RopeSpec]  # per layer type
-    sliding_window: int
-    rms_norm_eps: float
-    num_experts: int
-    top_k_experts: int
-    moe_intermediate_size: int
-    final_logit_softcapping: float | None
-    max_position_embeddings: int
-    canvas_length: int
-    tie_word_embeddings: bool | None
-    pad_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-
-    @property
-    def num_hidden_layers(self) -> int:
-        return len(self.layer_types)
-
-    @property
-    def block_size(self) -> int:
-        return self.canvas_length
-
-
-def _get(tc: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
-    if tc.get(name) is None:
-        raise CheckpointError(f"{path}: missing required config field 'text_config.{name}'")
-    return _field(tc, name, path, kind)
-
-
-def _rope(tc: dict[str, Any], path: Path) -> dict[str, RopeSpec]:
-    params = tc.get("rope_parameters")
-    out = {}
-    for kind in sorted(set(tc["layer_types"])):
-        spec = params.get(kind) if isinstance(params, dict) else None
-        if not isinstance(spec, dict) or "rope_theta" not in spec:
-            raise CheckpointError(
-                f"{path}: missing 'text_config.rope_parameters.{kind}.rope_theta'"
-            )
-        rtype, prf = spec.get("rope_type", "default"), float(spec.get("partial_rotary_factor", 1.0))
-        if rtype not in ("default", "proportional") or (rtype == "default" and prf != 1.0):
-            raise CheckpointError(f"{path}: unsupported RoPE for {kind}: {spec}")
-        factor = float(spec.get("factor", 1.0)) if rtype == "proportional" else 1.0
-        out[kind] = RopeSpec(theta=float(spec["rope_theta"]), rotary_factor=prf, factor=factor)
-    return out
-
-
-def _layer_shapes(tc: dict[str, Any], path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Per-layer (head_dim, kv_heads): `per_layer_config` as transformers saves it, else the
-    `global_head_dim` / `num_global_key_value_heads` fields on full layers."""
-    head_dim, kv = _get(tc, "head_dim", path), _get(tc, "num_key_value_heads", path)
-    per_layer = tc.get("per_layer_config")
-    dims, heads = [], []
-    for i, kind in enumerate(tc["layer_types"]):
-        if isinstance(per_layer, dict):
-            over = per_layer.get(str(i)) or per_layer.get(i) or {}
-        elif kind == FULL:
-            over = {"head_dim": _get(tc, "global_head_dim", path)}
-            over["num_key_value_heads"] = tc.get("num_global_key_value_heads") or kv
-        else:
-            over = {}
-        dims.append(int(over.get("head_dim", head_dim)))
-        heads.append(int(over.get("num_key_value_heads", kv)))
-    return tuple(dims), tuple(heads)
-
-
-def diffusion_gemma_config_from_hf(cfg: dict[str, Any], path: Path) -> DiffusionGemmaConfig:
-    tc = cfg.get("text_config")
-    if not isinstance(tc, dict):
-        raise CheckpointError(f"{path}: missing required config field 'text_config'")
-    types = tc.get("layer_types")
-    if not isinstance(types, list) or not types or set(types) - {SLIDING, FULL}:
-        raise CheckpointError(f"{path}: 'text_config.layer_types' must list {SLIDING}/{FULL}")
-    if len(types) != _get(tc, "num_hidden_layers", path):
-        raise CheckpointError(f"{path}: 'text_config.layer_types' length != num_hidden_layers")
-    if tc.get("hidden_activation") != "gelu_pytorch_tanh" or tc.get("attention_bias"):
-        raise CheckpointError(f"{path}: only gelu_pytorch_tanh, bias-free models are supported")
-    if tc.get("use_bidirectional_attention") not in (None, "vision"):
-        raise CheckpointError(f"{path}: use_bidirectional_attention='all' is not supported")
-    dims, heads = _layer_shapes(tc, path)
-    tie = cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
-    softcap = tc.get("final_logit_softcapping", DEFAULT_SOFTCAP)
-    inter = _get(tc, "intermediate_size", path)
-    return DiffusionGemmaConfig(
-        architecture=(cfg.get("architectures") or ["?"])[0],
-        vocab_size=_get(tc, "vocab_size", path),
-        hidden_size=_get(tc, "hidden_size", path),
-        intermediate_size=inter,
-        self_conditioning_size=int(tc.get("self_conditioning_size") or inter),
-        num_attention_heads=_get(tc, "num_attention_heads", path),
-        layer_types=tuple(types),
-        head_dims=dims,
-        kv_heads=heads,
-        rope=_rope(tc, path),
-        sliding_window=_get(tc, "sliding_window", path),
-        rms_norm_eps=_get(tc, "rms_norm_eps", path, float),
-        num_experts=_get(tc, "num_experts", path),
-        top_k_experts=_get(tc, "top_k_experts", path),
-        moe_intermediate_size=_get(tc, "moe_intermediate_size", path),
-        final_logit_softcapping=None if softcap is None else float(softcap),
-        max_position_embeddings=_get(tc, "max_position_embeddings", path),
-        canvas_length=_field(cfg, "canvas_length", path),
-        tie_word_embeddings=tie if isinstance(tie, bool) else None,
-        pad_token_id=tc.get("pad_token_id"),
-        eos_token_ids=eos_ids(cfg.get("eos_token_id", tc.get("eos_token_id")), path),
-    )
 
 
 class Attention(nn.Module):
@@ -178,7 +47,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, self.eps)
         self.k_norm = RMSNorm(self.head_dim, self.eps)
 
-    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor, past=None):
+        """-> (output [rows, hidden], this pass's (K, V) [kv_heads, rows, head_dim]); `past` is
+        the cached context's (K, V), prepended to the keys (mask columns: past keys first)."""
         rows = x.shape[0]
         q = self.q_proj(x).view(rows, self.heads, self.head_dim)
         k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
@@ -186,8 +57,11 @@ class Attention(nn.Module):
         q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)
         k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
         v = rms_normalize(v, self.eps).transpose(0, 1)
-        out = block_attention(q, k, v, pos, pos, 1, 1.0, mask)
-        return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        keys, values = k, v
+        if past is not None:
+            keys, values = torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1)
+        out = block_attention(q, keys, values, pos, pos, 1, 1.0, mask)  # mask given: pos unused
+        return self.o_proj(out.transpose(0, 1).reshape(rows, -1)), (k, v)
 
 
 class Router(nn.Module):
@@ -243,27 +117,51 @@ class Layer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))  # decoder copy
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
-    def forward(self, h, rope, mask, pos, is_canvas: torch.Tensor) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), rope, mask, pos)
+    def forward(self, h, rope, mask, pos, is_canvas: torch.Tensor, past=None):
+        attn, kv = self.self_attn(self.input_layernorm(h), rope, mask, pos, past)
         r = h + self.post_attention_layernorm(attn)
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(r)))
         moe = self.experts(self.pre_feedforward_layernorm_2(r), *self.router(r))
         out = r + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
-        return out * torch.where(is_canvas, self.layer_scalar, self.encoder_layer_scalar)
+        return out * torch.where(is_canvas, self.layer_scalar, self.encoder_layer_scalar), kv
 
 
 def visibility(
-    pos: torch.Tensor, canvas: int, window: int
+    q_pos: torch.Tensor, k_pos: torch.Tensor, canvas: int, cached: int, window: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(full mask, sliding mask) bool [rows, rows] and is_canvas [rows, 1]; see the module docstring."""
-    rows = pos.shape[0]
-    is_canvas = (torch.arange(rows, device=pos.device) >= rows - canvas).unsqueeze(1)
-    q, k, key_ctx = pos.unsqueeze(1), pos.unsqueeze(0), ~is_canvas.T
+    """(full mask, sliding mask) bool [rows, keys] and is_canvas [rows, 1].
+
+    Keys are `cached` context rows from the cache, then this pass's rows; the last `canvas` rows
+    of this pass are the canvas. See the module docstring for the rule."""
+    rows = q_pos.shape[0]
+    new = torch.arange(rows, device=q_pos.device)
+    is_canvas = (new >= rows - canvas).unsqueeze(1)
+    key_ctx = torch.cat(
+        (torch.ones(cached, dtype=torch.bool, device=q_pos.device), new < rows - canvas)
+    )
+    q, k, key_ctx = q_pos.unsqueeze(1), k_pos.unsqueeze(0), key_ctx.unsqueeze(0)
     causal = key_ctx & (k <= q)
     full = causal | is_canvas
-    dec_sliding = ~key_ctx | (pos[rows - canvas] - k < window) if canvas else full
+    dec_sliding = ~key_ctx | (q_pos[rows - canvas] - k < window) if canvas else full
     sliding = torch.where(is_canvas, dec_sliding, causal & (q - k < window))
     return full, sliding, is_canvas
+
+
+class ContextCache:
+    """K/V of every encoded context row (the prompt, then each committed canvas), per layer.
+
+    Encoder passes (`canvas=0`) append to it; decoder passes read it. Eager: grows by concatenation."""
+
+    def __init__(self, layers: int, device: torch.device) -> None:
+        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
+        self.positions = torch.empty(0, dtype=torch.long, device=device)
+
+    def __len__(self) -> int:
+        return self.positions.numel()
+
+    def append(self, layer: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        old = self.kv[layer]
+        self.kv[layer] = kv if old is None else tuple(torch.cat(p, dim=1) for p in zip(old, kv))
 
 
 class Backbone(nn.Module):
@@ -328,6 +226,9 @@ class DiffusionGemma(nn.Module):
         tail = self.model.self_conditioning.inject(h[-canvas:], soft)
         return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
 
+    def new_cache(self, device: torch.device) -> ContextCache:
+        return ContextCache(self.cfg.num_hidden_layers, device)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [rows]: context rows, then `canvas` canvas rows
@@ -336,21 +237,35 @@ class DiffusionGemma(nn.Module):
         sc_logits: torch.Tensor | None = None,  # [canvas, vocab]
         sc_temperature: float = 1.0,
         compute_logits: bool = True,
+        cache: ContextCache | None = None,
     ) -> torch.Tensor | None:
+        """With `cache`, the rows are either new context rows (`canvas=0`: encoded, their K/V
+        appended) or the canvas alone (`canvas=rows`: decoded against the cached context)."""
         if ctx.kv is not None:
             raise NotImplementedError("DiffusionGemma has no KV-arena path yet (kv must be None)")
         pos = ctx.positions
+        cached = 0 if cache is None else len(cache)
+        if cache is not None and canvas not in (0, pos.shape[0]):
+            raise ValueError("with a cache, a pass is all context rows or all canvas rows")
+        k_pos = pos if cache is None else torch.cat((cache.positions, pos))
         h = self._embed(input_ids, canvas, sc_logits, sc_temperature)
-        full, sliding, is_canvas = visibility(pos, canvas, self.cfg.sliding_window)
+        full, sliding, is_canvas = visibility(pos, k_pos, canvas, cached, self.cfg.sliding_window)
         ropes = {}
         for kind, spec in self.cfg.rope.items():
             dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
             ropes[kind] = proportional_rope_cos_sin(
                 pos, dim, spec.theta, spec.rotary_factor, h.dtype, spec.factor
             )
-        for layer, kind in zip(self.model.layers, self.cfg.layer_types, strict=True):
+        for i, (layer, kind) in enumerate(
+            zip(self.model.layers, self.cfg.layer_types, strict=True)
+        ):
             mask = sliding if kind == SLIDING else full
-            h = layer(h, ropes[kind], mask, pos, is_canvas)
+            past = None if cache is None else cache.kv[i]
+            h, kv = layer(h, ropes[kind], mask, pos, is_canvas, past)
+            if cache is not None and canvas == 0:
+                cache.append(i, kv)
+        if cache is not None and canvas == 0:
+            cache.positions = k_pos
         if not compute_logits:
             return None
         logits = self.lm_head(self.model.norm(h)).float()

@@ -36,7 +36,7 @@ def live_llm(model: torch.nn.Module, run_dir: Path, device: torch.device) -> LLM
     llm.stop_ids = llm.tokenizer.stop_ids or set(model.cfg.eos_token_ids)
     llm.default_rule = "entropy_budget" if model.cfg.residual is not None else "threshold"
     llm.mode, llm.mode_reason = "eager", "live training model"
-    llm.engine = Engine(model, device, llm.dtype, "eager")
+    llm.engine, llm.canvas = Engine(model, device, llm.dtype, "eager"), None
     return llm
 
 

@@ -19,8 +19,12 @@ from types import ModuleType
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from dlmrt.demo import CHAT_TEMPLATE, SPECIALS
-
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
+# ChatML, as Qwen and SDAR checkpoints spell it.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 ENDOFTEXT, IM_START, IM_END, MASK = SPECIALS
 # Qwen2's pre-tokenizer pattern (digits one by one).
 PATTERN = (

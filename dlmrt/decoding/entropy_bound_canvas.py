@@ -1,0 +1,161 @@
+"""`entropy_bound_canvas`: DiffusionGemma's decoder (transformers' `DiffusionGemmaGenerationMixin`).
+
+A canvas of `canvas_length` uniform-random tokens is refined for at most N = `max_denoising_steps`
+steps. Step k (counting N down to 1) divides the softcapped logits by T = t_min + (t_max - t_min)
+* k / N, samples one token per row from softmax(logits / T), and accepts the rows of lowest
+entropy while sum(H) - max(H) <= `entropy_bound` over the accepted set (sorted ascending: the
+exclusive prefix sum of H, computed as transformers does, cumsum - H). Accepted rows take their
+sample, every other row a fresh uniform-random token (nothing is frozen). The canvas is done when
+its argmax equals the argmax of each of the previous `stability_threshold` steps and the mean row
+entropy is below `confidence_threshold`, or after N steps; the committed tokens are the argmax
+canvas. The next step's self-conditioning input is this step's tempered logits.
+
+Everything here is a pure function of device tensors (no host sync). Random draws come from a
+`CanvasNoise`: `TorchNoise` draws from a seeded `torch.Generator` in transformers' order (canvas
+init; per step one multinomial, then one re-noise canvas), token-identical to transformers'
+`generate` after `torch.manual_seed(seed)` on the same device; `CounterNoise` hashes (seed,
+canvas, step, row) like the other rules' sampling noise, so a CUDA graph can replay it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlmrt.decoding.noise import counter_uniform
+
+log = logging.getLogger("dlmrt")
+
+RNG_MODES = ("torch", "counter")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CanvasSettings:
+    """The canvas decoder's knobs; defaults are transformers' global defaults."""
+
+    max_denoising_steps: int = 48
+    entropy_bound: float = 0.1
+    t_min: float = 0.4
+    t_max: float = 0.8
+    stability_threshold: int = 1
+    confidence_threshold: float = 0.005
+
+    def __post_init__(self) -> None:
+        if self.max_denoising_steps < 1:
+            raise ValueError(f"max_denoising_steps: must be >= 1, got {self.max_denoising_steps}")
+        if not self.entropy_bound > 0:
+            raise ValueError(f"entropy_bound: must be > 0, got {self.entropy_bound}")
+        if not (self.t_min > 0 and self.t_max > 0):
+            raise ValueError(f"t_min, t_max: must be > 0, got {self.t_min}, {self.t_max}")
+        if self.stability_threshold < 0:
+            raise ValueError(f"stability_threshold: must be >= 0, got {self.stability_threshold}")
+
+    @classmethod
+    def from_generation_config(cls, path: Path, role: str | None) -> CanvasSettings:
+        """Settings of `path/generation_config.json` over the defaults; role "orl" then applies
+        its "orl" section (the ORL decoder recorded with the checkpoint) when there is one."""
+        gen: dict[str, Any] = {}
+        if (path / "generation_config.json").is_file():
+            gen = json.loads((path / "generation_config.json").read_text())
+        settings = replace(cls(), **_known(gen, path))
+        if role == "orl":
+            if isinstance(gen.get("orl"), dict):
+                settings = replace(settings, **_known(gen["orl"], path))
+            else:
+                log.warning(
+                    "%s: role 'orl' but generation_config.json records no 'orl' decoder settings; "
+                    "using the base decoder's",
+                    path,
+                )
+        return settings
+
+
+def _known(gen: dict[str, Any], path: Path) -> dict[str, Any]:
+    names = {f.name for f in fields(CanvasSettings)}
+    out = {k: v for k, v in gen.items() if k in names and v is not None}
+    sampler = gen.get("sampler_config")
+    if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
+        out["entropy_bound"] = float(sampler["entropy_bound"])
+    for name, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{path / 'generation_config.json'}: {name} must be a number")
+    return out
+
+
+def temperature(settings: CanvasSettings, step: int) -> float:
+    """T at `step` (counting max_denoising_steps down to 1): t_max first, then linearly lower."""
+    s = settings
+    return s.t_min + (s.t_max - s.t_min) * (step / s.max_denoising_steps)
+
+
+def token_entropy(z: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(z) per row, with torch.distributions.Categorical's exact operations."""
+    logp = z - z.logsumexp(dim=-1, keepdim=True)
+    probs = torch.softmax(logp, dim=-1)
+    return -(logp.clamp(min=torch.finfo(logp.dtype).min) * probs).sum(-1)
+
+
+def accept(entropy: torch.Tensor, bound: float) -> torch.Tensor:
+    """Bool [rows]: the lowest-entropy rows whose sum(H) - max(H) stays <= bound (>= 1 row)."""
+    sorted_h, order = torch.sort(entropy, dim=-1, descending=False)
+    keep = torch.cumsum(sorted_h, dim=-1) - sorted_h <= bound
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def is_stable(history: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    """history [S, rows] holds the previous S argmax canvases (-1 before the first steps)."""
+    return (history == argmax.unsqueeze(0)).all()
+
+
+def push(history: torch.Tensor, argmax: torch.Tensor) -> torch.Tensor:
+    return torch.cat((history[1:], argmax.unsqueeze(0))) if history.shape[0] else history
+
+
+class TorchNoise:
+    """transformers' draws from one seeded generator: randint canvases, multinomial samples."""
+
+    def __init__(self, seed: int, vocab: int, device: torch.device) -> None:
+        self.gen = torch.Generator(device).manual_seed(seed)
+        self.vocab = vocab
+
+    def canvas(self, rows: int, index: int, step: int) -> torch.Tensor:
+        return torch.randint(0, self.vocab, (rows,), generator=self.gen, device=self.gen.device)
+
+    def sample(self, probs: torch.Tensor, index: int, step: int) -> torch.Tensor:
+        return torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
+
+
+class CounterNoise:
+    """Uniforms hashed from (seed, canvas index, draw) per row: graph-replayable, device-independent.
+
+    Canvas draws map u to floor(u * vocab); samples invert the CDF of probs (first token whose
+    cumulative probability exceeds u, as the other rules' sampling does)."""
+
+    def __init__(self, seed: int, vocab: int, device: torch.device) -> None:
+        self.seed = torch.tensor(seed, dtype=torch.int64, device=device)
+        self.vocab = vocab
+
+    def _u(self, rows: int, index: int, draw: int) -> torch.Tensor:
+        block = torch.full_like(self.seed, index)
+        return counter_uniform(self.seed, block, torch.full_like(self.seed, draw), rows)
+
+    def canvas(self, rows: int, index: int, step: int) -> torch.Tensor:
+        u = self._u(rows, index, 2 * step + 1)
+        return (u * self.vocab).long().clamp_(max=self.vocab - 1)
+
+    def sample(self, probs: torch.Tensor, index: int, step: int) -> torch.Tensor:
+        cdf = torch.cumsum(probs, dim=-1)
+        target = (self._u(probs.shape[0], index, 2 * step) * cdf[:, -1]).unsqueeze(-1)
+        tokens = torch.searchsorted(cdf, target.contiguous(), right=True).squeeze(-1)
+        return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
+def make_noise(rng: str, seed: int, vocab: int, device: torch.device) -> TorchNoise | CounterNoise:
+    if rng not in RNG_MODES:
+        raise ValueError(f"rng: expected one of {', '.join(RNG_MODES)}, got {rng!r}")
+    return (TorchNoise if rng == "torch" else CounterNoise)(seed, vocab, device)

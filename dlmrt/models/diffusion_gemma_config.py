@@ -1,0 +1,140 @@
+"""DiffusionGemma's text config (`text_config` of a `DiffusionGemmaForBlockDiffusion` config.json).
+
+Every value comes from the file; a missing or malformed field is a CheckpointError naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlmrt.errors import CheckpointError
+from dlmrt.models.config import _field, eos_ids
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+DEFAULT_SOFTCAP = 30.0  # transformers' DiffusionGemmaTextConfig class default (not serialised)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RopeSpec:
+    theta: float
+    rotary_factor: float = 1.0  # "proportional": share of the head dim that rotates
+    factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiffusionGemmaConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int  # dense GeGLU branch
+    self_conditioning_size: int
+    num_attention_heads: int
+    layer_types: tuple[str, ...]
+    head_dims: tuple[int, ...]  # per layer (full layers: the global head dim)
+    kv_heads: tuple[int, ...]  # per layer (full layers: num_global_key_value_heads)
+    rope: dict[str, RopeSpec]  # per layer type
+    sliding_window: int
+    rms_norm_eps: float
+    num_experts: int
+    top_k_experts: int
+    moe_intermediate_size: int
+    final_logit_softcapping: float | None
+    max_position_embeddings: int
+    canvas_length: int
+    tie_word_embeddings: bool | None
+    pad_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def block_size(self) -> int:
+        return self.canvas_length
+
+
+def _get(tc: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
+    if tc.get(name) is None:
+        raise CheckpointError(f"{path}: missing required config field 'text_config.{name}'")
+    return _field(tc, name, path, kind)
+
+
+def _rope(tc: dict[str, Any], path: Path) -> dict[str, RopeSpec]:
+    params = tc.get("rope_parameters")
+    out = {}
+    for kind in sorted(set(tc["layer_types"])):
+        spec = params.get(kind) if isinstance(params, dict) else None
+        if not isinstance(spec, dict) or "rope_theta" not in spec:
+            raise CheckpointError(
+                f"{path}: missing 'text_config.rope_parameters.{kind}.rope_theta'"
+            )
+        rtype, prf = spec.get("rope_type", "default"), float(spec.get("partial_rotary_factor", 1.0))
+        if rtype not in ("default", "proportional") or (rtype == "default" and prf != 1.0):
+            raise CheckpointError(f"{path}: unsupported RoPE for {kind}: {spec}")
+        factor = float(spec.get("factor", 1.0)) if rtype == "proportional" else 1.0
+        out[kind] = RopeSpec(theta=float(spec["rope_theta"]), rotary_factor=prf, factor=factor)
+    return out
+
+
+def _layer_shapes(tc: dict[str, Any], path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per-layer (head_dim, kv_heads): `per_layer_config` as transformers saves it, else the
+    `global_head_dim` / `num_global_key_value_heads` fields on full layers."""
+    head_dim, kv = _get(tc, "head_dim", path), _get(tc, "num_key_value_heads", path)
+    per_layer = tc.get("per_layer_config")
+    dims, heads = [], []
+    for i, kind in enumerate(tc["layer_types"]):
+        if isinstance(per_layer, dict):
+            over = per_layer.get(str(i)) or per_layer.get(i) or {}
+        elif kind == FULL:
+            over = {"head_dim": _get(tc, "global_head_dim", path)}
+            over["num_key_value_heads"] = tc.get("num_global_key_value_heads") or kv
+        else:
+            over = {}
+        dims.append(int(over.get("head_dim", head_dim)))
+        heads.append(int(over.get("num_key_value_heads", kv)))
+    return tuple(dims), tuple(heads)
+
+
+def diffusion_gemma_config_from_hf(cfg: dict[str, Any], path: Path) -> DiffusionGemmaConfig:
+    tc = cfg.get("text_config")
+    if not isinstance(tc, dict):
+        raise CheckpointError(f"{path}: missing required config field 'text_config'")
+    types = tc.get("layer_types")
+    if not isinstance(types, list) or not types or set(types) - {SLIDING, FULL}:
+        raise CheckpointError(f"{path}: 'text_config.layer_types' must list {SLIDING}/{FULL}")
+    if len(types) != _get(tc, "num_hidden_layers", path):
+        raise CheckpointError(f"{path}: 'text_config.layer_types' length != num_hidden_layers")
+    if tc.get("hidden_activation") != "gelu_pytorch_tanh" or tc.get("attention_bias"):
+        raise CheckpointError(f"{path}: only gelu_pytorch_tanh, bias-free models are supported")
+    if tc.get("use_bidirectional_attention") not in (None, "vision"):
+        raise CheckpointError(f"{path}: use_bidirectional_attention='all' is not supported")
+    dims, heads = _layer_shapes(tc, path)
+    tie = cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
+    softcap = tc.get("final_logit_softcapping", DEFAULT_SOFTCAP)
+    inter = _get(tc, "intermediate_size", path)
+    return DiffusionGemmaConfig(
+        architecture=(cfg.get("architectures") or ["?"])[0],
+        vocab_size=_get(tc, "vocab_size", path),
+        hidden_size=_get(tc, "hidden_size", path),
+        intermediate_size=inter,
+        self_conditioning_size=int(tc.get("self_conditioning_size") or inter),
+        num_attention_heads=_get(tc, "num_attention_heads", path),
+        layer_types=tuple(types),
+        head_dims=dims,
+        kv_heads=heads,
+        rope=_rope(tc, path),
+        sliding_window=_get(tc, "sliding_window", path),
+        rms_norm_eps=_get(tc, "rms_norm_eps", path, float),
+        num_experts=_get(tc, "num_experts", path),
+        top_k_experts=_get(tc, "top_k_experts", path),
+        moe_intermediate_size=_get(tc, "moe_intermediate_size", path),
+        final_logit_softcapping=None if softcap is None else float(softcap),
+        max_position_embeddings=_get(tc, "max_position_embeddings", path),
+        canvas_length=_field(cfg, "canvas_length", path),
+        tie_word_embeddings=tie if isinstance(tie, bool) else None,
+        pad_token_id=tc.get("pad_token_id"),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id", tc.get("eos_token_id")), path),
+    )
