@@ -128,9 +128,11 @@ def test_temperature_schedule_matches_transformers():
     s = ebc.CanvasSettings(max_denoising_steps=48, t_min=0.4, t_max=0.8)
     proc = gen_mod.LinearTemperatureScheduleLogitsProcessor(0.4, 0.8, 48)
     x = torch.ones(1, 2)
+    x = torch.randn(3, 5)
     for step in (48, 47, 24, 1):
-        assert torch.equal(x / ebc.temperature(s, step), proc(None, x, step))
-    assert ebc.temperature(s, 48) == pytest.approx(0.8)
+        cur = torch.tensor(step, dtype=torch.int32)  # what transformers' generate passes
+        assert torch.equal(x / ebc.temperature(s, step), proc(None, x, cur))
+    assert float(ebc.temperature(s, 48)) == pytest.approx(0.8)
 
 
 def test_stopping_matches_transformers_criterion():
@@ -202,3 +204,47 @@ def test_text_prompt_and_chat_free_generation(llm):
     out = llm.generate("ab", max_new_tokens=8, ignore_eos=True, **SETTINGS[1])
     assert out.prompt_tokens == 2 and len(out.token_ids) == 8
     assert out.tokens_per_forward == 8.0 and out.mode == "eager"
+
+
+@pytest.fixture(scope="module")
+def hf_bf16(ckpt):
+    # transformers' eager experts loop: the reference roundings (its grouped_mm path needs
+    # 16-byte strides, which these tiny experts do not have on the CPU)
+    return dg.DiffusionGemmaForBlockDiffusion.from_pretrained(
+        ckpt[0], dtype=torch.bfloat16, experts_implementation="eager"
+    ).eval()
+
+
+def test_bf16_cached_logits_are_bitwise_transformers(ckpt, hf_bf16):
+    """bf16: encoder pass into the cache, then a decoder pass with self-conditioning, equal
+    transformers' forward bit for bit (prompt 13 > sliding window 5)."""
+    model = load_checkpoint(ckpt[0], torch.bfloat16, CPU).model
+    prompt, canvas = torch.tensor(_prompt(13, 4)), torch.tensor(_prompt(8, 5))
+    sc = (torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(6)) * 3).bfloat16()
+    with torch.no_grad():
+        ref = hf_bf16(
+            input_ids=prompt[None],
+            decoder_input_ids=canvas[None],
+            self_conditioning_logits=sc[None],
+        ).logits[0]
+        cache = model.new_cache(CPU)
+        model(
+            prompt, AttnContext(torch.arange(13), block_size=1), cache=cache, compute_logits=False
+        )
+        out = model(canvas, AttnContext(torch.arange(13, 21), block_size=1), 8, sc, cache=cache)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("settings", [0, 2])
+def test_bf16_generate_matches_transformers(ckpt, hf_bf16, settings):
+    """bf16 follows transformers' roundings (Gemma norms in fp32, RoPE in bf16, 4-D SDPA, the
+    sliding cache's key set), so sampled generations are token-identical too."""
+    llm = LLM(ckpt[0], device="cpu", dtype="bfloat16")
+    kw = SETTINGS[settings]
+    for seed, (prompt_len, max_new) in enumerate([(3, 20), (13, 8), (9, 30)]):
+        prompt = _prompt(prompt_len, 50 + seed)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            ref = hf_bf16.generate(torch.tensor([prompt]), max_new_tokens=max_new, **kw)
+        out = llm.generate(prompt, max_new_tokens=max_new, seed=seed, **kw)
+        assert out.token_ids == _expected(ref.sequences[0, prompt_len:].tolist(), max_new)

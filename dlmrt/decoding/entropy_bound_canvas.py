@@ -87,10 +87,16 @@ def _known(gen: dict[str, Any], path: Path) -> dict[str, Any]:
     return out
 
 
-def temperature(settings: CanvasSettings, step: int) -> float:
-    """T at `step` (counting max_denoising_steps down to 1): t_max first, then linearly lower."""
+def temperature(
+    settings: CanvasSettings, step: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """T at `step` (counting max_denoising_steps down to 1): t_max first, then linearly lower.
+
+    An fp32 device scalar computed as transformers does (int32 step / N in fp32), so the tempered
+    logits round the same."""
     s = settings
-    return s.t_min + (s.t_max - s.t_min) * (step / s.max_denoising_steps)
+    frac = torch.tensor(step, dtype=torch.int32, device=device) / s.max_denoising_steps
+    return s.t_min + (s.t_max - s.t_min) * frac
 
 
 def token_entropy(z: torch.Tensor) -> torch.Tensor:

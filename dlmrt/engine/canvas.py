@@ -85,7 +85,7 @@ class CanvasEngine:
             if should_stop is not None and should_stop():
                 raise GenerationCancelled("request cancelled")
             logits = self.model(canvas, ctx, length, sc, cache=cache)
-            z = logits / ebc.temperature(s, step)
+            z = logits / ebc.temperature(s, step, self.device)
             probs = torch.softmax(z, dim=-1, dtype=torch.float32)
             sampled = noise.sample(probs, index, step)
             argmax = torch.argmax(z, dim=-1)

@@ -21,12 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
-from dlmrt.models.layers import GeGLU, RMSNorm, proportional_rope_cos_sin
-from dlmrt.models.residual import SelfConditioning, soft_embedding
-from dlmrt.ops.reference import rms_normalize
+from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
+from dlmrt.models.residual import SelfConditioning
+from dlmrt.ops.reference import gemma_rms_norm, rotate
 
 
 class Attention(nn.Module):
@@ -44,8 +43,8 @@ class Attention(nn.Module):
             nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False) if sliding else None
         )
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, self.eps)
-        self.k_norm = RMSNorm(self.head_dim, self.eps)
+        self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
 
     def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor, past=None):
         """-> (output [rows, hidden], this pass's (K, V) [kv_heads, rows, head_dim]); `past` is
@@ -54,9 +53,10 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(rows, self.heads, self.head_dim)
         k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
         v = k if self.v_proj is None else self.v_proj(x).view(rows, self.kv_heads, self.head_dim)
-        q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)
-        k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
-        v = rms_normalize(v, self.eps).transpose(0, 1)
+        # transformers' roundings: norm (fp32, one cast), then RoPE in the model dtype
+        q = rotate(self.q_norm(q), *rope).transpose(0, 1)
+        k = rotate(self.k_norm(k), *rope).transpose(0, 1)
+        v = gemma_rms_norm(v, None, self.eps).transpose(0, 1)
         keys, values = k, v
         if past is not None:
             keys, values = torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1)
@@ -76,7 +76,7 @@ class Router(nn.Module):
         self.k, self.eps, self.root = cfg.top_k_experts, cfg.rms_norm_eps, cfg.hidden_size**-0.5
 
     def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = rms_normalize(r, self.eps) * self.scale * self.root
+        x = gemma_rms_norm(r, None, self.eps) * self.scale * self.root
         probs = F.softmax(self.proj(x), dim=-1, dtype=torch.float32)
         weights, index = torch.topk(probs, self.k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
@@ -113,7 +113,7 @@ class Layer(nn.Module):
         self.mlp = GeGLU(cfg.hidden_size, cfg.intermediate_size)
         self.router, self.experts = Router(cfg), Experts(cfg)
         for name in self._NORMS:
-            setattr(self, name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+            setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
         self.register_buffer("layer_scalar", torch.ones(1))  # decoder copy
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
@@ -169,7 +169,7 @@ class Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         sc = cfg.self_conditioning_size
         self.self_conditioning = SelfConditioning(cfg.hidden_size, sc, cfg.rms_norm_eps)
 
@@ -222,7 +222,9 @@ class DiffusionGemma(nn.Module):
             return h
         soft = None
         if sc_logits is not None:
-            soft = soft_embedding(sc_logits, self.embed_table, sc_temperature) * scale
+            # transformers: softmax in fp32, cast, then @ E (not the fused exp(x - logZ) twin)
+            probs = F.softmax(sc_logits.float() / sc_temperature, dim=-1, dtype=torch.float32)
+            soft = (probs.to(self.embed_table.dtype) @ self.embed_table) * scale
         tail = self.model.self_conditioning.inject(h[-canvas:], soft)
         return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
 
@@ -249,7 +251,12 @@ class DiffusionGemma(nn.Module):
             raise ValueError("with a cache, a pass is all context rows or all canvas rows")
         k_pos = pos if cache is None else torch.cat((cache.positions, pos))
         h = self._embed(input_ids, canvas, sc_logits, sc_temperature)
-        full, sliding, is_canvas = visibility(pos, k_pos, canvas, cached, self.cfg.sliding_window)
+        window = self.cfg.sliding_window
+        full, _, is_canvas = visibility(pos, k_pos, canvas, cached, window)
+        # Sliding layers read only the last window - 1 cached rows (the rest are masked anyway):
+        # the keys transformers' sliding cache holds, so the attention sums round the same.
+        kept = min(cached, window - 1)
+        _, sliding, _ = visibility(pos, k_pos[cached - kept :], canvas, kept, window)
         ropes = {}
         for kind, spec in self.cfg.rope.items():
             dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
@@ -261,6 +268,8 @@ class DiffusionGemma(nn.Module):
         ):
             mask = sliding if kind == SLIDING else full
             past = None if cache is None else cache.kv[i]
+            if past is not None and kind == SLIDING:
+                past = (past[0][:, cached - kept :], past[1][:, cached - kept :])
             h, kv = layer(h, ropes[kind], mask, pos, is_canvas, past)
             if cache is not None and canvas == 0:
                 cache.append(i, kv)

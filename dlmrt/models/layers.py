@@ -12,6 +12,7 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
+from dlmrt.ops.reference import gemma_rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -26,6 +27,19 @@ class RMSNorm(nn.Module):
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm (gain multiplied in fp32, see `ops.reference.gemma_rms_norm`); with_scale
+    False: no weight (v_norm, the router's and self-conditioning's weightless norms)."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gemma_rms_norm(x, self.weight, self.eps)
 
 
 def fuse_weights(*linears: nn.Linear) -> torch.Tensor:

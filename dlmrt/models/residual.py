@@ -21,8 +21,8 @@ import torch
 
 from dlmrt import ops
 from dlmrt.errors import CheckpointError
-from dlmrt.models.layers import GeGLU, RMSNorm, SwiGLU
-from dlmrt.ops.reference import rms_normalize
+from dlmrt.models.layers import GeGLU, GemmaRMSNorm, RMSNorm, SwiGLU
+from dlmrt.ops.reference import gemma_rms_norm, rms_normalize
 
 POST_NORM_EPS = 1e-6
 
@@ -113,12 +113,12 @@ class SelfConditioning(GeGLU):
 
     def __init__(self, hidden_size: int, intermediate_size: int, eps: float) -> None:
         super().__init__(hidden_size, intermediate_size)
-        self.pre_norm = RMSNorm(hidden_size, eps)
+        self.pre_norm = GemmaRMSNorm(hidden_size, eps)
         self.eps = eps
 
     def inject(self, tok_emb: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
         h = tok_emb if soft is None else tok_emb + self.forward(self.pre_norm(soft))
-        return rms_normalize(h, self.eps)
+        return gemma_rms_norm(h, None, self.eps)  # Gemma's roundings (fp32, one cast)
 
 
 def soft_embedding(

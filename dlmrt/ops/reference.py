@@ -45,6 +45,14 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm roundings: x * (mean(x^2) + eps)^-0.5 * weight all in fp32, one cast at the
+    end (Qwen's `rms_norm` casts before the gain). weight None: no gain."""
+    xf = x.float()
+    y = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    return (y if weight is None else y * weight.float()).type_as(x)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * (x / rms(x)), the normalised row cast to x's dtype first (as transformers)."""
     return weight * rms_normalize(x, eps)
@@ -58,7 +66,8 @@ def add_rms_norm(
     return rms_norm(total, weight, eps), total
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [rows, heads, head_dim] in x's dtype (cos, sin [rows, head_dim])."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
@@ -74,7 +83,7 @@ def qk_norm_rope(
     positions: torch.Tensor | None = None,  # [rows]
 ) -> torch.Tensor:
     """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim]."""
-    y = _rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
+    y = rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
     if out is None:
         return y.contiguous()
     out.index_copy_(1, positions, y)
