@@ -158,9 +158,7 @@ class LLaDA2(nn.Module):
     ) -> torch.Tensor | None:
         h = self.model.word_embeddings(input_ids)
         if z is not None and self.adapter is not None:
-            n = z.shape[0]
-            tail = self.adapter.inject(h[-n:], z, receives)
-            h = tail if n == h.shape[0] else torch.cat((h[:-n], tail), dim=0)
+            h = self.adapter.inject_tail(h, z, receives)
         rope = rope_cos_sin(ctx.positions, self.cfg.rotary_dim, self.cfg.rope_theta, h.dtype)
         residual = None
         for layer in self.model.layers:

@@ -58,15 +58,6 @@ class QwenDLM(nn.Module):
     def adapter(self) -> ResidualAdapter | None:
         return self.model.residual_adapter
 
-    def _inject_tail(
-        self, h: torch.Tensor, z: torch.Tensor, receives: torch.Tensor
-    ) -> torch.Tensor:
-        # The residual pathway (and its post-norm) applies to the denoised block only: the last
-        # z.shape[0] rows. Rows before it are clean context, h = E[x] (DESIGN §3.1).
-        n = z.shape[0]
-        tail = self.adapter.inject(h[-n:], z, receives)
-        return tail if n == h.shape[0] else torch.cat((h[:-n], tail), dim=0)
-
     def forward(
         self,
         input_ids: torch.Tensor,  # [rows]
@@ -77,7 +68,7 @@ class QwenDLM(nn.Module):
     ) -> torch.Tensor | None:
         h = self.model.embed_tokens(input_ids)
         if z is not None and self.adapter is not None:
-            h = self._inject_tail(h, z, receives)
+            h = self.adapter.inject_tail(h, z, receives)
         rope = rope_cos_sin(ctx.positions, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
         residual = None
         for layer in self.model.layers:

@@ -99,6 +99,13 @@ class ResidualAdapter(SwiGLU):
             h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
         return h
 
+    def inject_tail(self, h: torch.Tensor, z: torch.Tensor, receives: torch.Tensor) -> torch.Tensor:
+        """`inject` on the last z.shape[0] rows of h: the block being denoised. Rows before it are
+        clean context and keep h = E[x] (DESIGN §3.1)."""
+        n = z.shape[0]
+        tail = self.inject(h[-n:], z, receives)
+        return tail if n == h.shape[0] else torch.cat((h[:-n], tail), dim=0)
+
 
 class SelfConditioning(GeGLU):
     """DiffusionGemma's native self-conditioning (model-specs §4.2), on every canvas row:
