@@ -248,3 +248,41 @@ def test_bf16_generate_matches_transformers(ckpt, hf_bf16, settings):
             ref = hf_bf16.generate(torch.tensor([prompt]), max_new_tokens=max_new, **kw)
         out = llm.generate(prompt, max_new_tokens=max_new, seed=seed, **kw)
         assert out.token_ids == _expected(ref.sequences[0, prompt_len:].tolist(), max_new)
+
+
+def test_generate_hits_eos_like_transformers(ckpt, llm):
+    """A run that stops at a stop id mid-canvas: same tokens, cut after the stop id."""
+    _, hf = ckpt
+    prompt = _prompt(5, 101)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, **SETTINGS[0])
+    out = llm.generate(prompt, max_new_tokens=30, seed=1, **SETTINGS[0])
+    assert out.finish_reason == "stop" and out.token_ids[-1] in STOPS
+    assert out.token_ids == _expected(ref.sequences[0, 5:].tolist(), 30)
+    assert len(out.token_ids) % 8 != 0  # the stop id is mid-canvas
+
+
+def test_counter_samples_follow_the_tempered_softmax():
+    """20,000 independent rows of one distribution: frequencies within 0.015 of the probabilities."""
+    noise = ebc.make_noise("counter", 7, 6, CPU)
+    probs = torch.softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0]) / 0.7, dim=-1)
+    draws = noise.sample(probs.expand(20_000, 6).contiguous(), 0, 5)
+    freq = torch.bincount(draws, minlength=6).float() / 20_000
+    assert (freq - probs).abs().max() < 0.015
+    canvas = noise.canvas(20_000, 0, 5)
+    assert canvas.min() == 0 and canvas.max() == 5
+    assert (torch.bincount(canvas, minlength=6).float() / 20_000 - 1 / 6).abs().max() < 0.015
+
+
+def test_counter_never_reuses_a_draw():
+    """Every (canvas, step, purpose) gets its own uniforms: no two draws share their row vector."""
+    noise = ebc.make_noise("counter", 3, 1000, CPU)
+    seen = set()
+    for index in range(4):
+        for step in range(1, 50):
+            probs = torch.full((8, 1000), 1e-3)
+            for draw in (noise.canvas(8, index, step), noise.sample(probs, index, step)):
+                key = tuple(draw.tolist())
+                assert key not in seen
+                seen.add(key)
