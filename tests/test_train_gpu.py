@@ -18,8 +18,9 @@ from dlmrt.train.config import TrainConfig
 from dlmrt.train.data import SFTPacks
 from dlmrt.train.masks import block_mask, dense_mask
 from dlmrt.train.model import build_model
+from dlmrt.train.run_dir import setup_run_dir
 from dlmrt.train.sft_loss import sft_loss
-from dlmrt.train.trainer import setup_run_dir, train_sft
+from dlmrt.train.trainer import train_sft
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -82,8 +82,8 @@ def test_every_parameter_gets_a_gradient(tmp_path):
     from dlmrt.train.data import SFTPacks
     from dlmrt.train.masks import dense_mask
     from dlmrt.train.model import build_model
+    from dlmrt.train.run_dir import setup_run_dir
     from dlmrt.train.sft_loss import sft_loss
-    from dlmrt.train.trainer import setup_run_dir
 
     cfg = tiny()
     setup_run_dir(cfg, tmp_path)

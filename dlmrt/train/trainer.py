@@ -7,7 +7,7 @@ CUDA, dense SDPA twin on CPU) -> masked-token CE -> AdamW (warm-up + cosine), gr
 clipping, bf16 autocast on CUDA. Every `eval_every` steps the live model is evaluated through
 `LLM.generate` (threshold rule) on held-out problems.
 
-Run directory OUT:
+Run directory OUT (`run_dir.py` writes and restores it):
   config.json generation_config.json tokenizer.json tokenizer_config.json model.safetensors
       an HF model directory of the latest checkpoint: `LLM(OUT)` / `dlmrt generate --model OUT`
   train_config.json   the run's TrainConfig (per-device defaults filled in)
@@ -28,8 +28,6 @@ import json
 import logging
 import math
 import os
-import random
-import shutil
 import signal
 import threading
 import time
@@ -42,25 +40,16 @@ import torch
 
 from dlmrt import ops
 from dlmrt.models.config import model_config_from_hf
-from dlmrt.train.config import RESUMABLE, TrainConfig
+from dlmrt.train.config import TrainConfig
 from dlmrt.train.data import SFTPacks
 from dlmrt.train.evaluate import evaluate, live_llm
-from dlmrt.train.export import (
-    HF_FILES,
-    WEIGHTS,
-    copy_atomic,
-    generation_config,
-    latest_checkpoint,
-    write_json,
-)
 from dlmrt.train.masks import FLEX_TILE, attention_mask
-from dlmrt.train.model import build_model, count_parameters, load_weights, save_weights
+from dlmrt.train.model import build_model, count_parameters
+from dlmrt.train.run_dir import open_run, restore, truncate_log
 from dlmrt.train.sft_loss import normalizer, sft_loss
 from dlmrt.train.tasks import get_task
-from dlmrt.train.tokenizer import SPECIALS, save_tokenizer, task_corpus, train_tokenizer
 
 log = logging.getLogger("dlmrt")
-STATE = "trainer_state.pt"
 
 
 @dataclass
@@ -90,33 +79,6 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_resume(cfg: TrainConfig, saved: TrainConfig) -> None:
-    changed = [
-        f.name
-        for f in dataclasses.fields(TrainConfig)
-        if f.name not in RESUMABLE and getattr(cfg, f.name) != getattr(saved, f.name)
-    ]
-    if changed:
-        raise ValueError(
-            f"resume: {', '.join(changed)} differ from the run's train_config.json; only "
-            f"{', '.join(RESUMABLE)} may change on resume"
-        )
-    if cfg.steps != saved.steps:
-        log.warning("resume: steps %d -> %d reshapes the cosine schedule", saved.steps, cfg.steps)
-
-
-def setup_run_dir(cfg: TrainConfig, out: Path) -> None:
-    """Tokenizer and model config files of a new run (deterministic: safe to redo)."""
-    task = get_task(cfg.task)
-    tok = train_tokenizer(task_corpus(task, cfg.tokenizer_problems), cfg.vocab_size)
-    specials = {name: tok.token_to_id(name) for name in SPECIALS}
-    vocab = -(-tok.get_vocab_size() // 64) * 64
-    save_tokenizer(tok, out, cfg.max_position_embeddings)
-    write_json(out / "config.json", cfg.hf_config(vocab, specials))
-    write_json(out / "generation_config.json", generation_config(specials))
-    write_json(out / "train_config.json", dataclasses.asdict(cfg))
-
-
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on the layers' matrices; none on norms and the (tied) embedding."""
     decay, no_decay = [], []
@@ -126,37 +88,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def truncate_log(path: Path, step: int) -> None:
-    """Keep the log lines of steps <= `step` (a resumed run rewrites the later ones)."""
-    if not path.is_file():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by the kill
-            continue
-        if entry.get("step", 0) <= step:
-            kept.append(line)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
 
 
 class _StopFlag:
@@ -181,43 +112,6 @@ class _StopFlag:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
-
-
-class Checkpointer:
-    def __init__(self, out: Path, keep: int) -> None:
-        self.out, self.keep = out, keep
-        self.root = out / "checkpoints"
-
-    def save(self, step: int, model, optimizer, scheduler, state: dict[str, Any]) -> Path:
-        final = self.root / f"step-{step:07d}"
-        tmp = self.root / f".step-{step:07d}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in HF_FILES:
-            shutil.copyfile(self.out / name, tmp / name)
-        save_weights(model, tmp / WEIGHTS)
-        full = {
-            **state,
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(),
-        }
-        torch.save(full, tmp / STATE)
-        summary = {k: v for k, v in state.items() if isinstance(v, int | float | str)}
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **summary}, indent=2))
-        if final.exists():  # the same step saved by an earlier, interrupted process
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        copy_atomic(final / WEIGHTS, self.out / WEIGHTS)
-        steps = sorted(p for p in self.root.glob("step-*") if p.is_dir())
-        for old in steps[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
-
-    def clean(self) -> None:
-        for tmp in self.root.glob(".step-*.tmp"):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolved(cfg: TrainConfig, device: torch.device) -> TrainConfig:
@@ -270,7 +164,7 @@ def train_sft(
     out = Path(out)
     device = resolve_device(cfg)
     cfg = resolved(cfg, device)
-    ckpt, ckpts = _open_run(cfg, out, resume)
+    ckpt, ckpts = open_run(cfg, out, resume)
     model_cfg = model_config_from_hf(json.loads((out / "config.json").read_text()), out)
     model = build_model(model_cfg, device, cfg.seed)
     cuda = device.type == "cuda"
@@ -281,7 +175,7 @@ def train_sft(
         **({"fused": True} if cuda else {}),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
-    step, train_time = _restore(ckpt, model, optimizer, scheduler, out)
+    step, train_time = restore(ckpt, model, optimizer, scheduler, out)
     truncate_log(out / "log.jsonl", step)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
     run = _Run(cfg, out, model, optimizer, scheduler, device, model_cfg.block_size, bf16)
@@ -309,39 +203,6 @@ def train_sft(
             del batches_in  # stops the data workers
     result.step = step
     return result
-
-
-def _open_run(cfg: TrainConfig, out: Path, resume: bool):
-    """Check `out` against `resume`, prepare the run directory; return (checkpoint, checkpointer)."""
-    config_path = out / "train_config.json"
-    ckpt = latest_checkpoint(out) if resume else None
-    if resume and config_path.is_file():
-        check_resume(cfg, TrainConfig.load(config_path))
-    elif not resume and (config_path.exists() or (out / "checkpoints").exists()):
-        raise ValueError(f"out: {out} already holds a run; pass --resume or another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    ckpts = Checkpointer(out, cfg.keep_checkpoints)
-    ckpts.clean()
-    if ckpt is None:
-        setup_run_dir(cfg, out)
-    else:  # the checkpoint's files are the run's
-        for name in HF_FILES:
-            copy_atomic(ckpt / name, out / name)
-    write_json(config_path, dataclasses.asdict(cfg))
-    return ckpt, ckpts
-
-
-def _restore(ckpt, model, optimizer, scheduler, out: Path) -> tuple[int, float]:
-    """Load weights, optimizer, scheduler and RNG state from a checkpoint; (step, train time)."""
-    if ckpt is None:
-        return 0, 0.0
-    load_weights(model, ckpt / WEIGHTS)
-    state = torch.load(ckpt / STATE, map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    log.info("resuming %s at step %d", out, state["step"])
-    return state["step"], state["train_time_s"]
 
 
 @dataclasses.dataclass
