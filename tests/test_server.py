@@ -419,3 +419,30 @@ def _healthy(url: str, proc: subprocess.Popen) -> bool:
         return httpx.get(url + "/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_diffusion_gemma_served(tmp_path):
+    """A DiffusionGemma checkpoint serves: the canvas decoder's knobs arrive as extra fields and
+    the text equals a separate LLM's (same seed, torch RNG)."""
+    from test_canvas_decoding import SETTINGS
+
+    pytest.importorskip("transformers.models.diffusion_gemma")
+    import transformers.models.diffusion_gemma as dg
+    from conftest import _byte_tokenizer
+    from test_diffusion_gemma import _config, _randomise
+
+    torch.manual_seed(0)
+    hf = dg.DiffusionGemmaForBlockDiffusion(_config()).eval()
+    _randomise(hf, 1)
+    hf.save_pretrained(tmp_path / "dg")
+    _byte_tokenizer().save(str(tmp_path / "dg" / "tokenizer.json"))
+    knobs = {**SETTINGS[2], "seed": 3, "ignore_eos": True}
+    out = dlmrt.LLM(tmp_path / "dg", dtype="float32", device="cpu").generate(
+        "ab", max_new_tokens=12, **knobs
+    )
+    with live_server(tmp_path / "dg") as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+        res = client.completions.create(model=NAME, prompt="ab", max_tokens=12, extra_body=knobs)
+        assert res.choices[0].text == out.text and res.usage.completion_tokens == 12
+        bad = httpx.post(url + "/v1/completions", json={"prompt": "ab", "rule": "threshold"})
+        assert bad.status_code == 400 and "does not apply" in bad.json()["error"]["message"]

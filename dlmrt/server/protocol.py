@@ -2,7 +2,9 @@
 
 Bad input raises `APIError` (an HTTP status plus an OpenAI-style error body); nothing here runs the
 engine. Extra body fields `rule`, `threshold`, `entropy_budget`, `denoising_steps`, `editing`,
-`max_post_steps`, `block_length` and `ignore_eos` map to the `DecodeParams` fields of the same name.
+`max_post_steps`, `block_length`, `ignore_eos` and DiffusionGemma's canvas-decoder fields
+(`max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`, `stability_threshold`,
+`confidence_threshold`, `rng`) map to the `DecodeParams` fields of the same name.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ DECODE_FIELDS = (
     "max_post_steps",
     "block_length",
     "ignore_eos",
+    # DiffusionGemma's canvas decoder
+    "max_denoising_steps",
+    "entropy_bound",
+    "t_min",
+    "t_max",
+    "stability_threshold",
+    "confidence_threshold",
+    "rng",
 )
 # OpenAI fields the engine cannot honour: accepted only at the value that changes nothing.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
@@ -103,6 +113,13 @@ class _Request(BaseModel):
     max_post_steps: int | None = None
     block_length: int | None = None
     ignore_eos: bool | None = None
+    max_denoising_steps: int | None = None
+    entropy_bound: float | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    stability_threshold: int | None = None
+    confidence_threshold: float | None = None
+    rng: str | None = None
 
 
 class CompletionRequest(_Request):
