@@ -2,8 +2,8 @@
 
 `moe_route_grouped`: LLaDA2's sigmoid + expert bias + group-limited top-k; `moe_route_softmax`:
 DiffusionGemma's softmax top-k with per-expert scale. Torch twins: `dlmrt.ops.reference`.
-Top-k is k rounds of (max, then the lowest index holding it): the twins' tie rule (`topk_first`),
-so selections agree exactly whenever both see the same scores. Weights agree to fp32 rounding
+Top-k is k rounds of (max, then the lowest index holding it): the twins' `stable=True` tie rule
+(`topk_first`), so selections agree exactly whenever both see the same scores. Weights agree to fp32 rounding
 (the k-sum's order and exp/sigmoid may differ from torch by an ulp). No host sync: capturable.
 """
 

@@ -53,15 +53,16 @@ def test_topk_first_breaks_ties_by_lowest_index():
     assert index.tolist() == [[1, 3, 4, 2]] and values.tolist() == [[3.0, 3.0, 3.0, 2.0]]
 
 
-def test_route_grouped_equals_topk_version_without_ties_and_lowest_id_with_ties():
+def test_route_grouped_is_todays_code_and_stable_gives_lowest_id_on_ties():
     gen = torch.Generator().manual_seed(0)
     logits, bias = torch.randn(9, 64, generator=gen), 0.1 * torch.randn(64, generator=gen)
     for top_k, norm in ((6, True), (1, True), (4, False)):
         want = _old_route_grouped(logits, bias, 8, 3, top_k, norm, 2.5)
-        got = reference.moe_route_grouped(logits, bias, 8, 3, top_k, norm, 2.5)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    # all equal: groups 0 and 1 kept (lowest ids), experts in ascending order
-    _, index = reference.moe_route_grouped(torch.zeros(2, 16), None, 4, 2, 3, True, 1.0)
+        for stable in (False, True):
+            got = reference.moe_route_grouped(logits, bias, 8, 3, top_k, norm, 2.5, stable)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # stable: all equal -> groups 0 and 1 kept (lowest ids), experts in ascending order
+    _, index = reference.moe_route_grouped(torch.zeros(2, 16), None, 4, 2, 3, True, 1.0, True)
     assert index.tolist() == [[0, 1, 2], [0, 1, 2]]
 
 
@@ -71,10 +72,11 @@ def test_route_softmax_matches_softmax_topk_and_ties_pick_lowest_id():
     probs = F.softmax(logits, dim=-1, dtype=torch.float32)
     w, i = torch.topk(probs, 4, dim=-1)
     want = (w / w.sum(-1, keepdim=True) * pes[i], i)
-    got = reference.moe_route_softmax(logits, pes, 4)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for stable in (False, True):
+        got = reference.moe_route_softmax(logits, pes, 4, stable)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     tied = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0]])
-    weights, index = reference.moe_route_softmax(tied, torch.ones(5), 2)
+    weights, index = reference.moe_route_softmax(tied, torch.ones(5), 2, stable=True)
     assert index.tolist() == [[1, 3]]
     torch.testing.assert_close(weights, torch.tensor([[0.5, 0.5]]))
 

@@ -37,7 +37,7 @@ def route(
     """(weights [rows, k] fp32, index [rows, k]) from router logits; see the module docstring.
 
     As the HF reference: weights are renormalised only when top_k > 1 (a single expert keeps its
-    raw sigmoid score), with +1e-20 in the denominator. Ties select the lowest id (`ops`).
+    raw sigmoid score), with +1e-20 in the denominator. Ties: see `ops.reference.moe_route_grouped`.
     """
     return ops.moe_route_grouped(
         logits, expert_bias, n_group, topk_group, top_k, norm_topk_prob, scaling

@@ -106,11 +106,15 @@ def softmax_probs(
 def topk_first(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest along the last dim, descending; equal values: the LOWEST index first.
 
-    torch.topk does not define its tie order (and it differs between CPU and CUDA); a stable
-    descending sort does, and the routing kernels follow the same rule.
+    torch.topk does not define its tie order (on the CPU it is neither lowest nor highest id, and
+    CUDA differs); a stable descending sort does, and the routing kernels follow this rule.
     """
     values, index = torch.sort(x, dim=-1, descending=True, stable=True)
     return values[..., :k], index[..., :k]
+
+
+def _topk(x: torch.Tensor, k: int, stable: bool) -> torch.Tensor:
+    return topk_first(x, k)[1] if stable else x.topk(k, dim=-1).indices
 
 
 def moe_route_grouped(
@@ -121,13 +125,16 @@ def moe_route_grouped(
     top_k: int,
     norm_topk_prob: bool,
     scaling: float,
+    stable: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LLaDA2's sigmoid, group-limited routing -> (weights [rows, k] fp32, index [rows, k] int64).
 
     scores = sigmoid(logits) in fp32; biased = scores + expert_bias; a group's score is the sum of
     its top-2 biased scores; the `topk_group` best groups are kept; index = top-k of biased over the
-    kept groups' experts (ties: lowest group / expert id first); weights = unbiased scores at index,
-    renormalised (+1e-20) only when top_k > 1 and norm_topk_prob, times `scaling`.
+    kept groups' experts; weights = unbiased scores at index, renormalised (+1e-20) only when
+    top_k > 1 and norm_topk_prob, times `scaling`. Ties: torch.topk's order, as the HF reference
+    (what the CPU runs: bit-identical to it); `stable=True`: lowest group / expert id first, the
+    rule the Triton kernel follows (its parity tests compare against this).
     """
     scores = torch.sigmoid(logits.float())
     biased = scores if expert_bias is None else scores + expert_bias.float()
@@ -135,9 +142,9 @@ def moe_route_grouped(
     grouped = biased.view(rows, n_group, experts // n_group)
     group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # [rows, n_group]; values: no tie issue
     keep = torch.zeros_like(group_scores, dtype=torch.bool)
-    keep.scatter_(1, topk_first(group_scores, topk_group)[1], True)
+    keep.scatter_(1, _topk(group_scores, topk_group, stable), True)
     allowed = keep.unsqueeze(-1).expand_as(grouped).reshape(rows, experts)
-    index = topk_first(biased.masked_fill(~allowed, float("-inf")), top_k)[1]
+    index = _topk(biased.masked_fill(~allowed, float("-inf")), top_k, stable)
     weights = scores.gather(1, index)
     if norm_topk_prob and top_k > 1:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
@@ -148,15 +155,20 @@ def moe_route_softmax(
     logits: torch.Tensor,  # [rows, experts] router logits (model dtype)
     per_expert_scale: torch.Tensor,  # [experts]
     top_k: int,
+    stable: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DiffusionGemma's routing -> (weights [rows, k] fp32, index [rows, k] int64).
 
-    probs = softmax(logits) in fp32; index = top-k of the logits (softmax is monotonic, so this is
-    the top-k of probs, decided on exact values; ties: lowest expert id first); weights = probs at
-    index / their sum, times per_expert_scale[index].
+    probs = softmax(logits) in fp32; index = top-k of probs with torch.topk's ties, as transformers
+    (the CPU's bf16 parity with it depends on that order); weights = probs at index / their sum,
+    times per_expert_scale[index]. `stable=True`, the Triton kernel's rule: top-k of the logits
+    (softmax is monotonic: the same set, decided on exact values), lowest expert id first on ties.
     """
     probs = F.softmax(logits, dim=-1, dtype=torch.float32)
-    index = topk_first(logits.float(), top_k)[1]
+    if stable:
+        index = topk_first(logits.float(), top_k)[1]
+    else:
+        index = probs.topk(top_k, dim=-1).indices
     weights = probs.gather(-1, index)
     weights = weights / weights.sum(-1, keepdim=True)
     return weights * per_expert_scale[index], index
