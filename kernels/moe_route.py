@@ -108,7 +108,7 @@ def moe_route_grouped(
         PER_PAD=triton.next_power_of_2(per),
         TOPK_GROUP=topk_group,
         TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k),
+        K_PAD=max(2, triton.next_power_of_2(top_k)),  # no 1-wide vectors
         HAS_BIAS=expert_bias is not None,
         NORM=norm_topk_prob and top_k > 1,
         num_warps=4,
@@ -167,7 +167,7 @@ def moe_route_softmax(
         E=experts,
         E_PAD=triton.next_power_of_2(experts),
         TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k),
+        K_PAD=max(2, triton.next_power_of_2(top_k)),  # no 1-wide vectors
         num_warps=4,
     )
     return weights, index
