@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
@@ -77,10 +78,7 @@ class Router(nn.Module):
 
     def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = gemma_rms_norm(r, None, self.eps) * self.scale * self.root
-        probs = F.softmax(self.proj(x), dim=-1, dtype=torch.float32)
-        weights, index = torch.topk(probs, self.k, dim=-1)
-        weights = weights / weights.sum(-1, keepdim=True)
-        return weights * self.per_expert_scale[index], index
+        return ops.moe_route_softmax(self.proj(x), self.per_expert_scale, self.k)
 
 
 class Experts(nn.Module):
@@ -93,13 +91,10 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for e in index.unique().tolist():  # ascending expert id, as transformers accumulates
-            rows, slot = torch.where(index == e)
-            gate, up = F.linear(x[rows], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
-            out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
-        return out
+        # sum_dtype=x.dtype: transformers accumulates the experts in the model dtype (twin only)
+        return ops.moe_mlp(
+            x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh", sum_dtype=x.dtype
+        )
 
 
 class Layer(nn.Module):

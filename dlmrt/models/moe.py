@@ -7,9 +7,9 @@
     weights = scores[index] / sum(scores[index]) * routed_scaling_factor   (unbiased scores)
     y       = sum_j weights_j * expert_{index_j}(x) + shared(x)
 
-The expert compute goes through `ops.moe_swiglu` (a plain-PyTorch loop today), so a grouped-GEMM
-kernel can replace it without touching the model. Checkpoints store one tensor per expert
-(`experts.E.{gate,up,down}_proj.weight`); `Experts` keeps them stacked [E, ...] and
+Routing and the expert compute go through `ops.moe_route_grouped` and `ops.moe_mlp` (Triton on
+CUDA: one routing kernel and a grouped GEMM without host syncs; the torch twins on the CPU).
+Checkpoints store one tensor per expert (`experts.E.{gate,up,down}_proj.weight`); `Experts` keeps them stacked [E, ...] and
 `stacked_slices` tells the loader which stored name fills which slice.
 """
 
@@ -37,21 +37,11 @@ def route(
     """(weights [rows, k] fp32, index [rows, k]) from router logits; see the module docstring.
 
     As the HF reference: weights are renormalised only when top_k > 1 (a single expert keeps its
-    raw sigmoid score), with +1e-20 in the denominator.
+    raw sigmoid score), with +1e-20 in the denominator. Ties: see `ops.reference.moe_route_grouped`.
     """
-    scores = torch.sigmoid(logits.float())
-    biased = scores if expert_bias is None else scores + expert_bias.float()
-    rows, experts = biased.shape
-    grouped = biased.view(rows, n_group, experts // n_group)
-    group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # [rows, n_group]
-    keep = torch.zeros_like(group_scores, dtype=torch.bool)
-    keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
-    allowed = keep.unsqueeze(-1).expand_as(grouped).reshape(rows, experts)
-    index = biased.masked_fill(~allowed, float("-inf")).topk(top_k, dim=-1).indices
-    weights = scores.gather(1, index)
-    if norm_topk_prob and top_k > 1:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return weights * scaling, index
+    return ops.moe_route_grouped(
+        logits, expert_bias, n_group, topk_group, top_k, norm_topk_prob, scaling
+    )
 
 
 class Router(nn.Module):
@@ -90,7 +80,8 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return ops.moe_swiglu(x, weights, index, self.gate_proj, self.up_proj, self.down_proj)
+        gate_up = (self.gate_proj, self.up_proj)
+        return ops.moe_mlp(x, weights, index, gate_up, self.down_proj, "silu")
 
 
 class SparseMoE(nn.Module):

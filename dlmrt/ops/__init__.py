@@ -18,6 +18,9 @@ from dlmrt.ops import reference
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
+OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax")
+# dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
+_MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _triton_ok() -> tuple[bool, str]:
@@ -113,17 +116,45 @@ def softmax_probs(
     return fn(logits, log_z, temperature, dtype)
 
 
-def moe_swiglu(
+def moe_mlp(
     x: torch.Tensor,
     weights: torch.Tensor,
     index: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
+    gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     down: torch.Tensor,
+    activation: str,
+    sum_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Routed SwiGLU experts (stacked [E, ...] weights), weighted sum per row. Only the torch twin
-    exists so far (a loop over active experts); a grouped-GEMM kernel replaces it here later."""
-    return reference.moe_swiglu(x, weights, index, gate, up, down)
+    """Routed gated-MLP experts (stacked [E, ...] weights), weighted sum per row; see
+    `reference.moe_mlp`. CUDA: a grouped GEMM with device-side grouping, no host sync, so it can be
+    captured in a CUDA graph (kernels/moe_mlp.py; it sums the k slots in fp32 whatever `sum_dtype`)."""
+    fast = x.is_cuda and x.dtype in _MOE_DTYPES
+    fn = _resolve("moe_mlp") if fast else reference.moe_mlp
+    return fn(x, weights, index, gate_up, down, activation, sum_dtype)
+
+
+def moe_route_grouped(
+    logits: torch.Tensor,
+    expert_bias: torch.Tensor | None,
+    n_group: int,
+    topk_group: int,
+    top_k: int,
+    norm_topk_prob: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA2's sigmoid group-limited routing, one kernel on CUDA. See `reference.moe_route_grouped`."""
+    fn = _resolve("moe_route_grouped", "moe_route") if logits.is_cuda else None
+    fn = fn or reference.moe_route_grouped
+    return fn(logits, expert_bias, n_group, topk_group, top_k, norm_topk_prob, scaling)
+
+
+def moe_route_softmax(
+    logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DiffusionGemma's softmax top-k routing, one kernel on CUDA. See `reference.moe_route_softmax`."""
+    fn = _resolve("moe_route_softmax", "moe_route") if logits.is_cuda else None
+    fn = fn or reference.moe_route_softmax
+    return fn(logits, per_expert_scale, top_k)
 
 
 def _impl(name: str) -> str:

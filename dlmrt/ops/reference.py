@@ -103,24 +103,106 @@ def softmax_probs(
     return torch.exp(logits.float() / temperature - log_z.unsqueeze(-1)).to(dtype)
 
 
-def moe_swiglu(
+def topk_first(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest along the last dim, descending; equal values: the LOWEST index first.
+
+    torch.topk does not define its tie order (on the CPU it is neither lowest nor highest id, and
+    CUDA differs); a stable descending sort does, and the routing kernels follow this rule.
+    """
+    values, index = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[..., :k], index[..., :k]
+
+
+def _topk(x: torch.Tensor, k: int, stable: bool) -> torch.Tensor:
+    return topk_first(x, k)[1] if stable else x.topk(k, dim=-1).indices
+
+
+def moe_route_grouped(
+    logits: torch.Tensor,  # [rows, experts] router logits (fp32)
+    expert_bias: torch.Tensor | None,  # [experts], selection only
+    n_group: int,
+    topk_group: int,
+    top_k: int,
+    norm_topk_prob: bool,
+    scaling: float,
+    stable: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA2's sigmoid, group-limited routing -> (weights [rows, k] fp32, index [rows, k] int64).
+
+    scores = sigmoid(logits) in fp32; biased = scores + expert_bias; a group's score is the sum of
+    its top-2 biased scores; the `topk_group` best groups are kept; index = top-k of biased over the
+    kept groups' experts; weights = unbiased scores at index, renormalised (+1e-20) only when
+    top_k > 1 and norm_topk_prob, times `scaling`. Ties: torch.topk's order, as the HF reference
+    (what the CPU runs: bit-identical to it); `stable=True`: lowest group / expert id first, the
+    rule the Triton kernel follows (its parity tests compare against this).
+    """
+    scores = torch.sigmoid(logits.float())
+    biased = scores if expert_bias is None else scores + expert_bias.float()
+    rows, experts = biased.shape
+    grouped = biased.view(rows, n_group, experts // n_group)
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # [rows, n_group]; values: no tie issue
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, _topk(group_scores, topk_group, stable), True)
+    allowed = keep.unsqueeze(-1).expand_as(grouped).reshape(rows, experts)
+    index = _topk(biased.masked_fill(~allowed, float("-inf")), top_k, stable)
+    weights = scores.gather(1, index)
+    if norm_topk_prob and top_k > 1:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, index
+
+
+def moe_route_softmax(
+    logits: torch.Tensor,  # [rows, experts] router logits (model dtype)
+    per_expert_scale: torch.Tensor,  # [experts]
+    top_k: int,
+    stable: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DiffusionGemma's routing -> (weights [rows, k] fp32, index [rows, k] int64).
+
+    probs = softmax(logits) in fp32; index = top-k of probs with torch.topk's ties, as transformers
+    (the CPU's bf16 parity with it depends on that order); weights = probs at index / their sum,
+    times per_expert_scale[index]. `stable=True`, the Triton kernel's rule: top-k of the logits
+    (softmax is monotonic: the same set, decided on exact values), lowest expert id first on ties.
+    """
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    if stable:
+        index = topk_first(logits.float(), top_k)[1]
+    else:
+        index = probs.topk(top_k, dim=-1).indices
+    weights = probs.gather(-1, index)
+    weights = weights / weights.sum(-1, keepdim=True)
+    return weights * per_expert_scale[index], index
+
+
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
+
+
+def moe_mlp(
     x: torch.Tensor,  # [rows, hidden]
     weights: torch.Tensor,  # [rows, k] fp32 routing weights
     index: torch.Tensor,  # [rows, k] expert ids
-    gate: torch.Tensor,  # [experts, inter, hidden]
-    up: torch.Tensor,  # [experts, inter, hidden]
+    gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor],  # [E, 2I, H] | 2 x [E, I, H]
     down: torch.Tensor,  # [experts, hidden, inter]
+    activation: str,  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    sum_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """sum_j weights[r, j] * down_e(SiLU(gate_e x_r) * up_e x_r), e = index[r, j]; [rows, hidden].
+    """sum_j weights[r, j] * down_e(act(gate_e x_r) * up_e x_r), e = index[r, j]; [rows, hidden].
 
-    A loop over the active experts (ascending id) with gather / index_add. The weighted sum is
-    accumulated in fp32 (the routing weights' dtype, as the HF reference) and cast back to x's dtype.
+    A loop over the active experts (ascending id) with gather / index_add, as the HF references.
+    A fused gate_up (gate rows first) is one linear per expert, a (gate, up) pair two. Each weighted
+    expert output is cast to `sum_dtype` and accumulated in it (default: fp32, or fp64 for fp64 x;
+    DiffusionGemma passes x.dtype, as transformers), then cast to x's dtype.
     """
-    acc = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for an fp64 model
+    act = ACTIVATIONS[activation]
+    acc = sum_dtype or torch.promote_types(x.dtype, torch.float32)
     out = torch.zeros(x.shape, dtype=acc, device=x.device)
     for e in index.unique().tolist():  # host sync: eager reference only
         rows, slot = torch.where(index == e)
         xe = x[rows]
-        y = F.linear(F.silu(F.linear(xe, gate[e])) * F.linear(xe, up[e]), down[e])
-        out.index_add_(0, rows, y.to(acc) * weights[rows, slot, None].to(acc))
+        if isinstance(gate_up, tuple):
+            gate, up = F.linear(xe, gate_up[0][e]), F.linear(xe, gate_up[1][e])
+        else:
+            gate, up = F.linear(xe, gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(act(gate) * up, down[e])
+        out.index_add_(0, rows, (y * weights[rows, slot, None]).to(acc))
     return out.to(x.dtype)

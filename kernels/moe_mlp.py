@@ -1,0 +1,204 @@
+"""Routed gated-MLP experts as a grouped GEMM with device-side grouping (no host sync: capturable).
+
+Plan (torch, on device): the rows*k (row, slot) pairs are sorted by expert (key expert * P + pair,
+so one expert's pairs keep pair order), per-expert counts and starts come from searchsorted, and
+each expert's pairs are cut into BLOCK_M tiles. The grid has a static upper bound of tiles,
+cdiv(P, BLOCK_M) + min(E, P); a program finds its expert from the tiles' running ends and exits
+when it is past the last one. Experts no pair picked cost nothing: their weights are never read.
+
+Kernels: (1) gate and up projections of one tile, the activation fused (SwiGLU or GeGLU, rounded
+to the dtype where torch rounds: each projection, the activation, the product), written in sorted
+order; (2) the down projection times the routing weight, written to the pair's own slot in fp32.
+The k slots of a row are then summed in slot order (torch sum, no atomics), so eager runs and
+graph replays give the same bits. Torch twin: `dlmrt.ops.reference.moe_mlp`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 16  # the rows of an expert tile: 32 rows x top-8 over 256 experts is ~1 pair per expert
+
+
+@triton.jit
+def _tile(
+    tile_end_ptr, counts_ptr, starts_ptr, E: tl.constexpr, E_PAD: tl.constexpr, BM: tl.constexpr
+):
+    """(expert, first sorted position, valid rows mask, sorted positions) of this program's tile."""
+    b = tl.program_id(0)
+    ids = tl.arange(0, E_PAD)
+    ends = tl.load(tile_end_ptr + ids, mask=ids < E, other=1 << 30)
+    e = tl.sum((ends <= b).to(tl.int32))  # experts whose tiles all lie before tile b
+    e_safe = tl.minimum(e, E - 1)
+    count = tl.load(counts_ptr + e_safe)
+    first_tile = tl.load(tile_end_ptr + e_safe) - tl.cdiv(count, BM)
+    m = (b - first_tile) * BM + tl.arange(0, BM)
+    valid = (m < count) & (e < E)
+    pos = tl.load(starts_ptr + e_safe) + m
+    return e, e_safe.to(tl.int64), valid, pos
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,
+    gate_ptr,
+    up_ptr,
+    h_ptr,
+    order_ptr,
+    tile_end_ptr,
+    counts_ptr,
+    starts_ptr,
+    stride_x,
+    stride_ge,
+    stride_gn,
+    stride_ue,
+    stride_un,
+    H: tl.constexpr,  # constexpr: static per model, and the loop bounds
+    INTER: tl.constexpr,
+    TOP_K: tl.constexpr,
+    E: tl.constexpr,
+    E_PAD: tl.constexpr,
+    GELU: tl.constexpr,
+    IEEE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
+    if e >= E:
+        return
+    pair = tl.load(order_ptr + pos, mask=valid, other=0)
+    row = (pair // TOP_K).to(tl.int64)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = n < INTER
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    g_base = gate_ptr + e64 * stride_ge + n[None, :] * stride_gn
+    u_base = up_ptr + e64 * stride_ue + n[None, :] * stride_un
+    for k0 in range(0, H, BK):
+        kk = k0 + tl.arange(0, BK)
+        k_ok = kk < H
+        a_mask = valid[:, None] & k_ok[None, :]
+        a = tl.load(x_ptr + row[:, None] * stride_x + kk[None, :], mask=a_mask, other=0.0)
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        wg = tl.load(g_base + kk[:, None], mask=w_mask, other=0.0)  # [BK, BN]
+        wu = tl.load(u_base + kk[:, None], mask=w_mask, other=0.0)
+        if IEEE:
+            acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, wg, acc_g)
+            acc_u = tl.dot(a, wu, acc_u)
+    dtype = h_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
+    if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z)))
+    else:
+        act = g / (1.0 + tl.exp(-g))
+    h = act.to(dtype).to(tl.float32) * acc_u.to(dtype).to(tl.float32)
+    out = h_ptr + pos.to(tl.int64)[:, None] * INTER + n[None, :]
+    tl.store(out, h.to(dtype), mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr,
+    down_ptr,
+    w_ptr,
+    y_ptr,
+    order_ptr,
+    tile_end_ptr,
+    counts_ptr,
+    starts_ptr,
+    stride_de,
+    stride_dn,
+    H: tl.constexpr,  # constexpr: static per model, and the loop bounds
+    INTER: tl.constexpr,
+    E: tl.constexpr,
+    E_PAD: tl.constexpr,
+    IEEE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
+    e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
+    if e >= E:
+        return
+    pair = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_ok = n < H
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    d_base = down_ptr + e64 * stride_de + n[None, :] * stride_dn
+    h_base = h_ptr + pos.to(tl.int64)[:, None] * INTER
+    for k0 in range(0, INTER, BK):
+        kk = k0 + tl.arange(0, BK)
+        k_ok = kk < INTER
+        a = tl.load(h_base + kk[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        wd = tl.load(d_base + kk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, wd, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, wd, acc)
+    weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]  # as torch: y, then y * w
+    tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
+
+
+def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
+    """(order, tile_end, counts, starts, max_tiles): pairs grouped by expert, on device.
+
+    order [P]: sorted position -> pair id (pair = row * k + slot); counts / starts [E] int32: each
+    expert's pairs in `order`; tile_end [E] int32: running end of each expert's BLOCK_M tiles.
+    """
+    pairs = index.numel()
+    flat = index.reshape(-1).to(torch.int64)
+    key = flat * pairs + torch.arange(pairs, device=index.device)  # unique: any sort is stable
+    order = torch.sort(key).indices
+    ids = torch.arange(experts, device=index.device)
+    ends = torch.searchsorted(flat[order], ids, right=True)  # pairs with expert <= e
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    tile_end = torch.cumsum(torch.div(counts + block_m - 1, block_m, rounding_mode="floor"), 0)
+    max_tiles = triton.cdiv(pairs, block_m) + min(experts, pairs)
+    i32 = torch.int32
+    return order, tile_end.to(i32), counts.to(i32), (ends - counts).to(i32), max_tiles
+
+
+def moe_mlp(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    index: torch.Tensor,
+    gate_up: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    down: torch.Tensor,
+    activation: str,
+    sum_dtype: torch.dtype | None = None,  # noqa: ARG001 (the slots are always summed in fp32)
+) -> torch.Tensor:
+    """x [rows, H], weights / index [rows, k], gate_up [E, 2I, H] or ([E, I, H], [E, I, H]),
+    down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype."""
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"moe_mlp: unknown activation {activation!r}")
+    rows, top_k = index.shape
+    experts, hidden, inter = down.shape
+    if isinstance(gate_up, tuple):
+        gate, up = gate_up
+    else:
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    # the kernels read rows of x and of every weight with unit stride
+    x, gate, up, down = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, gate, up, down))
+    order, tile_end, counts, starts, max_tiles = plan(index, experts)
+    h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
+    y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
+    common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
+    bn, bk = 64, 64
+    _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
+        x, gate, up, h, order, tile_end, counts, starts,
+        x.stride(0), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
+        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common,
+    )  # fmt: skip
+    _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
+        h, down, weights.contiguous(), y, order, tile_end, counts, starts,
+        down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common,
+    )  # fmt: skip
+    return y.sum(1).to(x.dtype)
