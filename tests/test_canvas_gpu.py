@@ -14,8 +14,19 @@ pytestmark = [
 ]
 
 
+@pytest.fixture
+def twins():
+    """Parity with transformers runs dlmrt's torch twins (the reference roundings): the Triton MoE
+    kernel accumulates in another order (it is tested against the twins in test_moe_gpu.py)."""
+    from dlmrt import ops
+
+    ops.use("torch")
+    yield
+    ops.use(None)
+
+
 @pytest.mark.parametrize("settings", [0, 2])
-def test_cuda_generate_matches_transformers(ckpt, settings):  # noqa: F811
+def test_cuda_generate_matches_transformers(ckpt, settings, twins):  # noqa: F811
     """fp32 on the GPU: transformers' global CUDA generator and ours, seeded alike, draw alike."""
     path, hf = ckpt
     hf = hf.to("cuda")
