@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-_BIG = 1 << 30
+_BIG = tl.constexpr(1 << 30)  # globals read inside @triton.jit must be constexpr
 
 
 @triton.jit
