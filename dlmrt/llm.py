@@ -202,6 +202,12 @@ class LLM:
                 "temperature, block_length: fixed by DiffusionGemma's decoder (use t_min/t_max; "
                 f"the canvas length is {self.canvas.canvas_length})"
             )
+        images = set(ids) & set(self.model_config.image_token_ids)
+        if images:
+            raise ValueError(
+                f"prompt: holds image token id {min(images)}; dlmrt runs the text tower only "
+                "(image inputs are not supported)"
+            )
         length = self.canvas.canvas_length
         total = len(ids) + -(-params.max_new_tokens // length) * length
         if total > self.model_config.max_position_embeddings:

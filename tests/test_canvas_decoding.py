@@ -191,12 +191,23 @@ def test_bad_requests_name_the_problem(llm, base_ckpt):
         llm.generate([7, 8], temperature=0.5)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         llm.generate([7] * 250, max_new_tokens=16)
+    assert set(llm.model_config.image_token_ids) == {255999, 258880, 258882}  # from config.json
     with pytest.raises(ValueError, match="rng: expected"):
         llm.generate([7, 8], rng="philox")
     with pytest.raises(ValueError, match="DiffusionGemma checkpoints only"):
         LLM(base_ckpt, device="cpu").generate("hi", entropy_bound=0.2)
     with pytest.raises(ValueError, match="not available for"):
         LLM(llm.path, device="cpu", mode="block_graph")
+
+
+def test_image_tokens_are_refused(ckpt):
+    """Text only: a prompt holding an image token id (in the vocabulary here) is a clear error."""
+    import dataclasses
+
+    llm = LLM(ckpt[0], device="cpu")
+    llm.model_config = dataclasses.replace(llm.model_config, image_token_ids=(90,))
+    with pytest.raises(ValueError, match="image token id 90.*not supported"):
+        llm.generate([7, 90, 8])
 
 
 def test_text_prompt_and_chat_free_generation(llm):

@@ -46,6 +46,8 @@ class DiffusionGemmaConfig:
     tie_word_embeddings: bool | None
     pad_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # image placeholder / begin / end ids: the engine is text-only, so a prompt holding them is refused
+    image_token_ids: tuple[int, ...] = ()
 
     @property
     def num_hidden_layers(self) -> int:
@@ -137,4 +139,7 @@ def diffusion_gemma_config_from_hf(cfg: dict[str, Any], path: Path) -> Diffusion
         tie_word_embeddings=tie if isinstance(tie, bool) else None,
         pad_token_id=tc.get("pad_token_id"),
         eos_token_ids=eos_ids(cfg.get("eos_token_id", tc.get("eos_token_id")), path),
+        image_token_ids=tuple(
+            int(cfg[k]) for k in ("image_token_id", "boi_token_id", "eoi_token_id") if k in cfg
+        ),
     )
