@@ -1,0 +1,137 @@
+"""One MoE layer's routed experts (routing + expert MLP) at the real shapes, against the byte floor.
+
+python benchmarks/moe_layer.py [--iters 50] [--out results/moe_layer_h200_DATE.json]
+
+Shapes: LLaDA-2.1-mini (hidden 2048, 256 experts x 512, top-8, 32 rows, SwiGLU, sigmoid
+group-limited routing 8 groups / top-4) and DiffusionGemma-26B-A4B (hidden 2816, 128 experts x
+704, top-8, 256 rows, GeGLU, softmax routing). Random bf16 weights and activations; the router
+logits are random, so the touched-expert count is what uniform routing gives (counted from the
+routing itself). Modes: the torch twin (a loop over the active experts, host syncs), the CUDA ops
+(Triton routing + grouped expert kernel), and the CUDA ops replayed as one CUDA graph.
+Floor: max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s), bytes = the touched experts' weights plus the
+router weight, activations in and out (negligible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from dlmrt import ops
+from dlmrt.ops import reference
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from common import PEAK_BYTES, PEAK_FLOPS, cuda_time, write_result  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    hidden: int
+    experts: int
+    inter: int
+    top_k: int
+    rows: int
+    activation: str  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    n_group: int = 0  # > 0: LLaDA's sigmoid group-limited routing
+
+
+SHAPES = (
+    Shape("llada2.1-mini", 2048, 256, 512, 8, 32, "silu", n_group=8),
+    Shape("diffusiongemma-26b-a4b", 2816, 128, 704, 8, 256, "gelu_tanh"),
+)
+
+
+def floor_ms(shape: Shape, index: torch.Tensor, bytes_per: int = 2) -> tuple[float, int]:
+    """(floor in ms, touched experts) for one layer's routed experts under `index` [rows, k]."""
+    touched = int(torch.unique(index).numel())
+    expert_params = 3 * shape.hidden * shape.inter
+    weight_bytes = (touched * expert_params + shape.experts * shape.hidden) * bytes_per
+    flops = 2 * index.numel() * expert_params + 2 * shape.rows * shape.hidden * shape.experts
+    return max(flops / PEAK_FLOPS, weight_bytes / PEAK_BYTES) * 1e3, touched
+
+
+def make_layer(shape: Shape, device: torch.device, dtype: torch.dtype = torch.bfloat16):
+    gen = torch.Generator(device).manual_seed(0)
+
+    def rand(*size: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(*size, generator=gen, device=device) * std).to(dtype)
+
+    x = rand(shape.rows, shape.hidden, std=1.0)
+    router = rand(shape.experts, shape.hidden)
+    gate_up = rand(shape.experts, 2 * shape.inter, shape.hidden)
+    down = rand(shape.experts, shape.hidden, shape.inter)
+    bias = torch.zeros(shape.experts, device=device)
+    scale = torch.ones(shape.experts, device=device)
+
+    def route(mod) -> tuple[torch.Tensor, torch.Tensor]:
+        if shape.n_group:  # LLaDA: the router runs in fp32
+            logits = (x.float() @ router.float().T).contiguous()
+            return mod.moe_route_grouped(logits, bias, shape.n_group, 4, shape.top_k, True, 2.5)
+        logits = (x @ router.T).contiguous()  # DiffusionGemma: `proj` in the model dtype
+        return mod.moe_route_softmax(logits, scale, shape.top_k)
+
+    def layer(mod) -> torch.Tensor:
+        w, idx = route(mod)
+        return mod.moe_mlp(x, w, idx, gate_up, down, shape.activation)
+
+    return layer, route
+
+
+def bench(shape: Shape, iters: int) -> dict:
+    layer, route = make_layer(shape, torch.device("cuda"))
+    _, index = route(reference)
+    floor, touched = floor_ms(shape, index)
+    out = {"shape": shape.name, "rows": shape.rows, "touched_experts": touched}
+    out["floor_ms"] = round(floor, 4)
+    out["twin_ms"] = cuda_time(lambda: layer(reference), iters) * 1e3
+    out["ops_eager_ms"] = cuda_time(lambda: layer(ops), iters) * 1e3
+    static = layer(ops)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(ops)  # warm-up (Triton compiles) outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        static = layer(ops)
+    out["ops_graph_ms"] = cuda_time(graph.replay, iters) * 1e3
+    out["graph_equals_eager"] = bool(torch.equal(static, layer(ops)))
+    ref = layer(reference).float()
+    out["max_rel_err_vs_twin"] = float((static.float() - ref).abs().max() / ref.abs().max())
+    for key in ("twin_ms", "ops_eager_ms", "ops_graph_ms"):
+        out[key] = round(out[key], 4)
+    out["graph_ratio_to_floor"] = round(out["ops_graph_ms"] / floor, 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out", default=None, help="JSON result path")
+    ap.add_argument("--git-revision", default=None)
+    args = ap.parse_args()
+    rows = []
+    with torch.inference_mode():
+        for shape in SHAPES:
+            rows.append(bench(shape, args.iters))
+            r = rows[-1]
+            print(
+                f"{r['shape']:>24}  touched {r['touched_experts']:>3}  floor {r['floor_ms']:.3f} ms  "
+                f"twin {r['twin_ms']:.3f}  ops {r['ops_eager_ms']:.3f}  graph {r['ops_graph_ms']:.3f} "
+                f"({r['graph_ratio_to_floor']}x floor)  graph==eager {r['graph_equals_eager']}"
+            )
+    if args.out:
+        cmd = "moe_layer.py " + " ".join(sys.argv[1:])
+        write_result(
+            args.out, {"benchmark": "moe_layer", "command": cmd, "results": rows}, args.git_revision
+        )
+
+
+if __name__ == "__main__":
+    main()
