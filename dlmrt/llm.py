@@ -71,7 +71,7 @@ class LLM:
         is_llada = isinstance(self.model_config, LLaDA2Config)
         self.tokenizer = Tokenizer(path)
         self.stop_ids = self.tokenizer.stop_ids
-        if not isinstance(self.model_config, ModelConfig | LLaDA2Config):  # DiffusionGemma
+        if not isinstance(self.model_config, ModelConfig):  # DiffusionGemma (LLaDA2Config is one)
             self._init_canvas(path)
             return
         # The tokenizer resolves both from config.json first (already validated by the loader),

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from conftest import llada2_config, llada2_weights, write_llada2_checkpoint
 from safetensors.torch import load_file, save_file
 
+from dlmrt import ops
 from dlmrt.attention import AttnContext
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
 from dlmrt.models.llada2_config import DEFAULT_BLOCK_LENGTH, llada2_config_from_hf
-from dlmrt.models.moe import route
 
 CPU = torch.device("cpu")
 
@@ -33,7 +33,7 @@ SCORES = [0.9, 0.1, 0.6, 0.55, 0.8, 0.05, 0.2, 0.2]
 
 def _route(bias=None, top_k=2, norm=True, scaling=2.5, topk_group=2):
     b = None if bias is None else torch.tensor(bias)
-    return route(_logit(SCORES), b, 4, topk_group, top_k, norm, scaling)
+    return ops.moe_route_grouped(_logit(SCORES), b, 4, topk_group, top_k, norm, scaling)
 
 
 def test_router_group_limit_excludes_a_strong_expert_in_a_weak_group():

@@ -91,6 +91,22 @@ def proportional_rope_cos_sin(
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def attend_arena(
+    q: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, ctx: AttnContext, scale: float
+) -> torch.Tensor:  # [heads, rows, head_dim]
+    """q over one layer's KV arena after this pass's K/V were written into it.
+
+    CUDA (kv_len None): visibility from the device-side positions, no host-side length. CPU: the
+    first kv_len arena rows under the block-causal rule."""
+    if ctx.kv_len is None:
+        return ops.arena_attention(q, layer_k, layer_v, ctx.positions, ctx.block_size, scale)
+    n = ctx.kv_len
+    keys = torch.arange(n, device=q.device)
+    return block_attention(
+        q, layer_k[:, :n], layer_v[:, :n], ctx.positions, keys, ctx.block_size, scale
+    )
+
+
 class Attention(nn.Module):
     """GQA self-attention with per-head QK RMSNorm before RoPE; writes K/V to the arena if given."""
 
@@ -140,16 +156,7 @@ class Attention(nn.Module):
         # K is normalised, rotated and written into the arena in one step; V is copied in.
         ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions)
         layer_v.index_copy_(1, ctx.positions, v.transpose(0, 1))
-        if ctx.kv_len is None:  # visibility from the device-side positions (every mode on CUDA)
-            out = ops.arena_attention(
-                q, layer_k, layer_v, ctx.positions, ctx.block_size, self.scale
-            )
-        else:
-            n = layer_k.shape[1] if ctx.kv_len is None else ctx.kv_len
-            k_pos = torch.arange(n, device=x.device)
-            out = block_attention(
-                q, layer_k[:, :n], layer_v[:, :n], ctx.positions, k_pos, ctx.block_size, self.scale
-            )
+        out = attend_arena(q, layer_k, layer_v, ctx, self.scale)
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 

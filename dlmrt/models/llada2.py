@@ -17,22 +17,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
-from dlmrt.models.layers import RMSNorm, SwiGLU, rope_cos_sin
+from dlmrt.models.layers import RMSNorm, SwiGLU, attend_arena, rope_cos_sin
 from dlmrt.models.llada2_config import LLaDA2Config
 from dlmrt.models.moe import SparseMoE, stacked_slices
 from dlmrt.models.residual import ResidualAdapter
+from dlmrt.ops.reference import rotate
 
 
 def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE on the first cos.shape[-1] dims of x [rows, heads, head_dim]; rest unchanged."""
     dim = cos.shape[-1]
-    rot, rest = x[..., :dim], x[..., dim:]
-    half = dim // 2
-    turned = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    rot = rot * cos.unsqueeze(1) + turned * sin.unsqueeze(1)
-    return torch.cat((rot, rest), dim=-1)
+    return torch.cat((rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
 
 
 class Attention(nn.Module):
@@ -72,14 +68,7 @@ class Attention(nn.Module):
             layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
             layer_k.index_copy_(1, pos, k.to(layer_k.dtype))
             layer_v.index_copy_(1, pos, v.to(layer_v.dtype))
-            if ctx.kv_len is None:  # CUDA: visible lengths from the device-side positions
-                out = ops.arena_attention(q, layer_k, layer_v, pos, ctx.block_size, self.scale)
-            else:
-                n = ctx.kv_len
-                keys = torch.arange(n, device=x.device)
-                out = block_attention(
-                    q, layer_k[:, :n], layer_v[:, :n], pos, keys, ctx.block_size, self.scale
-                )
+            out = attend_arena(q, layer_k, layer_v, ctx, self.scale)
         return self.dense(out.transpose(0, 1).reshape(rows, -1))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.errors import CheckpointError
-from dlmrt.models.config import _field, _optional_id, eos_ids
+from dlmrt.models.config import ModelConfig, _field, _optional_id, eos_ids
 from dlmrt.models.residual import ResidualConfig
 
 # LLaDA2 trains and decodes with 32-token blocks (official `generate` default `block_length=32`);
@@ -21,23 +21,11 @@ DEFAULT_BLOCK_LENGTH = 32
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LLaDA2Config:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int  # dense SwiGLU layers (0 .. first_k_dense_replace - 1)
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
+class LLaDA2Config(ModelConfig):
+    """ModelConfig's fields (`intermediate_size`: the dense SwiGLU layers 0 .. first_k_dense_replace
+    - 1) plus partial rotary and the MoE."""
+
     rotary_dim: int  # leading dims of each head that RoPE rotates (partial rotary)
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool | None
-    mask_token_id: int | None
-    block_size: int
-    eos_token_ids: tuple[int, ...]
     num_experts: int
     top_k: int  # num_experts_per_tok
     n_group: int
@@ -48,15 +36,6 @@ class LLaDA2Config:
     routed_scaling_factor: float
     norm_topk_prob: bool
     expert_bias: bool  # moe_router_enable_expert_bias
-    residual: ResidualConfig | None = None
-
-    @property
-    def q_size(self) -> int:
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_key_value_heads * self.head_dim
 
 
 def _refuse(cfg: dict[str, Any], path: Path, name: str, bad: Any, why: str) -> None:

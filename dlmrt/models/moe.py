@@ -25,25 +25,6 @@ from dlmrt.models.layers import SwiGLU
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
-def route(
-    logits: torch.Tensor,  # [rows, experts] fp32 router logits
-    expert_bias: torch.Tensor | None,  # [experts]
-    n_group: int,
-    topk_group: int,
-    top_k: int,
-    norm_topk_prob: bool,
-    scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [rows, k] fp32, index [rows, k]) from router logits; see the module docstring.
-
-    As the HF reference: weights are renormalised only when top_k > 1 (a single expert keeps its
-    raw sigmoid score), with +1e-20 in the denominator. Ties: see `ops.reference.moe_route_grouped`.
-    """
-    return ops.moe_route_grouped(
-        logits, expert_bias, n_group, topk_group, top_k, norm_topk_prob, scaling
-    )
-
-
 class Router(nn.Module):
     """`mlp.gate`: the router weight [E, hidden] and the selection-only `expert_bias` buffer."""
 
@@ -59,7 +40,8 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x.float(), self.weight.float())  # the router runs in fp32
-        return route(
+        # Ties and the top_k == 1 case: see `ops.reference.moe_route_grouped`.
+        return ops.moe_route_grouped(
             logits,
             self.expert_bias,
             self.n_group,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dlmrt.params import DecodeParams
+from dlmrt.params import CANVAS_FIELDS, DecodeParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
@@ -31,13 +31,7 @@ DECODE_FIELDS = (
     "max_post_steps",
     "block_length",
     "ignore_eos",
-    # DiffusionGemma's canvas decoder
-    "max_denoising_steps",
-    "entropy_bound",
-    "t_min",
-    "t_max",
-    "stability_threshold",
-    "confidence_threshold",
+    *CANVAS_FIELDS,  # DiffusionGemma's canvas decoder
     "rng",
 )
 # OpenAI fields the engine cannot honour: accepted only at the value that changes nothing.
