@@ -1,11 +1,15 @@
-"""One denoising round of QwenDLM-4B shape (random bf16 weights, 256 rows) in each execution mode.
+"""One denoising round at a full model shape (random bf16 weights) in each execution mode.
 
-    python benchmarks/round_latency.py [--contexts 1024 4096] [--out benchmarks/results/round_latency.json]
+    python benchmarks/round_latency.py [--model qwen_dlm|llada2] [--contexts 1024 4096]
+        [--out benchmarks/results/round_latency.json]
 
-A block is forced to 23 rounds (`fixed_steps`); ms/round = block time / 23, so the graph modes
+qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
+llada2: LLaDA-2.1-mini (see moe_models.py), 32 rows, its `llada_editing` rule (quality preset;
+random weights fill about one row per round). ms/round = block time / rounds, so the graph modes
 include their per-round host work (round_graph: one replay + one `done` read per round;
-block_graph: one launch per block). Also: the round's dense GEMMs alone (graph-replayed), and the
-roofline floors FLOPs / 790 TFLOP/s and bytes / 4.3 TB/s.
+block_graph: one launch per block). Also: the QwenDLM round's dense GEMMs alone (graph-replayed),
+and the roofline floor max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s); for MoE the bytes count only
+the experts the round's routing touches (counted from one round's routing).
 """
 
 from __future__ import annotations
@@ -23,31 +27,52 @@ from common import (
     round_flops_bytes,
     write_result,
 )
+from moe_models import TouchedExperts, llada21_mini, moe_round_floor, random_moe_model
 
 from dlmrt.decoding import make_rule
 from dlmrt.engine.engine import Engine
-from dlmrt.engine.round import RoundSpec
+from dlmrt.engine.round import RoundSpec, denoise_round
+from dlmrt.models.llada2 import LLaDA2
 
-ROUNDS = 23
+ROUNDS = 23  # QwenDLM: forced rounds per 256-row block
 
 
-def time_mode(model, mode: str, context: int, iters: int) -> float:
-    """ms per round, a block of 256 masks after `context` prefilled tokens."""
-    dev = model.embed_table.device
+def _block(model, mode: str, context: int, rule):
+    """(engine, runner, buffers, kv, start): a block of masks after `context` prefilled tokens."""
+    dev, cfg = model.embed_table.device, model.cfg
+    rows = cfg.block_size
     engine = Engine(model, dev, torch.bfloat16, mode)
-    kv = engine._arena(context + 256)
+    kv = engine._arena(context + rows)
+    engine._prefill(torch.randint(0, 150000, (context,)).tolist(), rows, kv)
+    runner, buf = engine._runner(RoundSpec(model, rule, 0.0, rows), None)
+    masks = torch.full((rows,), cfg.mask_token_id, device=dev)
+    unresolved = torch.ones(rows, dtype=torch.bool, device=dev)
+    return engine, runner, buf, kv, lambda: buf.load(masks, unresolved, context, 0)
+
+
+def time_mode(model, mode: str, context: int, iters: int, rule) -> tuple[float, int]:
+    """(ms per round, rounds per block) over whole blocks."""
     with torch.inference_mode():
-        engine._prefill(torch.randint(0, 150000, (context,)).tolist(), 256, kv)
-        spec = RoundSpec(model, make_rule("fixed_steps", denoising_steps=ROUNDS), 0.0, 256)
-        runner, buf = engine._runner(spec, None)
-        masks = torch.full((256,), 151669, device=dev)
-        unresolved = torch.ones(256, dtype=torch.bool, device=dev)
+        _, runner, buf, kv, start = _block(model, mode, context, rule)
+        rounds = []
 
         def block() -> None:
-            buf.load(masks, unresolved, context, 0)
-            assert runner.run_block(buf, kv, None, 256) == ROUNDS
+            start()
+            rounds.append(runner.run_block(buf, kv, None, rule.max_rounds(model.cfg.block_size)))
 
-        return cuda_time(block, iters) / ROUNDS * 1e3
+        seconds = cuda_time(block, iters)
+        return seconds / rounds[-1] * 1e3, rounds[-1]
+
+
+def touched_experts(model, context: int, rule) -> TouchedExperts:
+    """The experts one (first) round's routing selects, per MoE layer."""
+    with torch.inference_mode():
+        _, _, buf, kv, start = _block(model, "eager", context, rule)
+        start()
+        counter = TouchedExperts(model)
+        denoise_round(RoundSpec(model, rule, 0.0, model.cfg.block_size), buf, kv)
+        counter.close()
+    return counter
 
 
 def gemm_only_ms(cfg, rows: int, iters: int) -> float:
@@ -78,56 +103,81 @@ def gemm_only_ms(cfg, rows: int, iters: int) -> float:
     return cuda_time(graph.replay, iters) * 1e3
 
 
+def build(name: str, layers: int | None):
+    """(model, rule, floor(context) -> (FLOPs, bytes), shape dict for the result file)."""
+    dev = torch.device("cuda")
+    if name == "qwen_dlm":
+        cfg = qwen_dlm_4b(layers or 36)
+        model = random_model(cfg, dev)
+        shape = {"layers": cfg.num_hidden_layers, "hidden": 2560, "heads": "32/8"}
+        shape |= {"intermediate": 9728, "vocab": 151936, "rows": 256, "orl_adapter": True}
+        rule = make_rule("fixed_steps", denoising_steps=ROUNDS)
+        return model, rule, lambda ctx: round_flops_bytes(cfg, 256, ctx), shape
+    cfg = llada21_mini(layers or 20)
+    model = random_moe_model(LLaDA2, cfg, dev)
+    rule = make_rule("llada_editing", editing="quality")
+
+    def floor(ctx: int) -> tuple[float, float]:
+        touched = touched_experts(model, ctx, rule)
+        shape.setdefault("touched_experts_per_layer", {})[ctx] = touched.per_layer
+        return moe_round_floor(model, cfg.block_size, ctx, touched)
+
+    shape = {"layers": cfg.num_hidden_layers, "hidden": 2048, "heads": "16/4", "experts": "256x512"}
+    shape |= {"top_k": 8, "dense_layers": 1, "vocab": 157184, "rows": 32, "rule": "llada_editing"}
+    return model, rule, floor, shape
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--model", choices=["qwen_dlm", "llada2"], default="qwen_dlm")
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
-    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--layers", type=int, default=None, help="default: the model's own")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM-only timing (qwen_dlm)")
     ap.add_argument("--out", default="benchmarks/results/round_latency.json")
     ap.add_argument("--git-revision", default=None)
     args = ap.parse_args()
-    cfg = qwen_dlm_4b(args.layers)
-    model = random_model(cfg, torch.device("cuda"))
-    rows, gemm = [], gemm_only_ms(cfg, 256, args.iters)
-    print(
-        f"{'context':>8} {'mode':>12} {'ms/round':>9} {'x floor':>8}   (GEMMs alone {gemm:.2f} ms)"
-    )
+    model, rule, floor_of, shape = build(args.model, args.layers)
+    rows, gemm = [], None
+    if args.model == "qwen_dlm" and not args.no_gemm:
+        gemm = gemm_only_ms(model.cfg, 256, args.iters)
+        print(f"GEMMs alone {gemm:.2f} ms")
+    print(f"{'context':>8} {'mode':>12} {'ms/round':>9} {'rounds':>7} {'floor':>7} {'x floor':>8}")
     for context in args.contexts:
-        flops, nbytes = round_flops_bytes(cfg, 256, context)
+        flops, nbytes = floor_of(context)
         floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e3
         for mode in args.modes:
-            ms = time_mode(model, mode, context, args.iters)
+            ms, rounds = time_mode(model, mode, context, args.iters, rule)
             rows.append(
                 {
                     "context": context,
                     "mode": mode,
                     "ms_per_round": round(ms, 3),
+                    "rounds_per_block": rounds,
                     "floor_ms": round(floor, 3),
+                    "floor_bound": "bytes" if nbytes / PEAK_BYTES > flops / PEAK_FLOPS else "flops",
                     "ratio_to_floor": round(ms / floor, 2),
                 }
             )
-            print(f"{context:>8} {mode:>12} {ms:>9.3f} {ms / floor:>8.2f}", flush=True)
+            print(
+                f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {floor:>7.3f} {ms / floor:>8.2f}",
+                flush=True,
+            )
         torch.cuda.empty_cache()
+    eager = {r["context"]: r["ms_per_round"] for r in rows if r["mode"] == "eager"}
+    for r in rows:
+        r["speedup_vs_eager"] = round(eager[r["context"]] / r["ms_per_round"], 2) if eager else None
     write_result(
         args.out,
         {
             "benchmark": "round_latency",
+            "model": args.model,
             "command": " ".join(sys.argv),
-            "shape": {
-                "layers": args.layers,
-                "hidden": 2560,
-                "heads": "32/8",
-                "intermediate": 9728,
-                "vocab": 151936,
-                "rows": 256,
-                "dtype": "bf16",
-                "orl_adapter": True,
-            },
-            "rounds_per_block": ROUNDS,
-            "gemm_only_ms": round(gemm, 3),
+            "shape": {**shape, "dtype": "bf16"},
+            "gemm_only_ms": None if gemm is None else round(gemm, 3),
             "results": rows,
             "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
         },

@@ -87,7 +87,7 @@ class LLM:
         self.default_rule = "entropy_budget" if orl else "threshold"
         if is_llada:
             self.default_rule = _llada_rule(path, self.config.role, has_adapter)
-        self.mode, self.mode_reason = _select_mode(self.config.mode, self.device, is_llada)
+        self.mode, self.mode_reason = select_mode(self.config.mode, self.device)
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         self.engine = Engine(self.model, self.device, self.dtype, self.mode)
         self.canvas = None
@@ -255,16 +255,3 @@ def _llada_rule(path: Path, role: str | None, has_adapter: bool) -> str:
             "config.json and model.residual_adapter.* weights); this is a Base LLaDA2 checkpoint"
         )
     return "llada_editing"
-
-
-def _select_mode(requested: str, device: torch.device, is_llada: bool) -> tuple[str, str]:
-    """LLaDA2 runs eagerly: its MoE reference op syncs with the host (no graph capture yet)."""
-    if not is_llada:
-        return select_mode(requested, device)
-    if requested not in ("auto", "eager"):
-        select_mode(requested, device)  # the usual errors for unknown modes / no CUDA first
-        raise ValueError(
-            f"mode: {requested} is not supported for LLaDA2 checkpoints yet (eager only: the MoE "
-            "reference op cannot be captured in a CUDA graph)"
-        )
-    return "eager", "LLaDA2: eager only (the MoE reference op is not graph-capturable yet)"

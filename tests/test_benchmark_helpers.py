@@ -46,3 +46,65 @@ def test_moe_layer_runs_on_the_twins():
         assert index.shape == (5, 4) and torch.isfinite(weights).all()
         out = layer(reference)
         assert out.shape == (5, 32) and torch.isfinite(out).all() and out.abs().sum() > 0
+
+
+def test_moe_round_floor_counts_dense_weights_and_touched_experts():
+    """A tiny LLaDA2: the hook counts one round's distinct experts per MoE layer, and the floor's
+    bytes are every non-embedding weight but the routed experts, plus the touched experts, plus KV."""
+    from dataclasses import replace
+
+    from dlmrt.attention import AttnContext
+    from dlmrt.models.llada2 import LLaDA2
+
+    mm = _load("moe_models")
+    cfg = replace(
+        mm.llada21_mini(3),
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rotary_dim=8,
+        num_experts=16,
+        n_group=4,
+        topk_group=2,
+        top_k=3,
+        moe_intermediate_size=8,
+        block_size=4,
+    )
+    model = mm.random_moe_model(LLaDA2, cfg, torch.device("cpu"), torch.float32)
+    assert all(b.abs().sum() == 0 for n, b in model.named_buffers() if "expert_bias" in n)
+    touched = mm.TouchedExperts(model)
+    ids = torch.arange(5)
+    model(ids, AttnContext(ids, 4))
+    touched.close()
+    assert len(touched.per_layer) == 2 and all(3 <= t <= 15 for t in touched.per_layer)
+    assert touched.pairs == 2 * 5 * 3
+    flops, nbytes = mm.moe_round_floor(model, 5, 7, touched)
+    per_expert = 3 * 32 * 8
+    total = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
+    dense = total - 2 * 16 * per_expert
+    kv = 3 * 2 * 12 * 16 * 4
+    assert nbytes == (dense + sum(touched.per_layer) * per_expert) * 4 + kv
+    assert flops == 2 * 5 * dense + 2 * 30 * per_expert + 3 * 4 * 5 * 12 * 32
+
+
+def test_grouped_mm_experts_match_the_twin():
+    """The benchmark's torch._grouped_mm expert path computes the same layer as `moe_mlp`'s twin
+    (experts hit 0, 1 and several times), both activations, in bf16 (torch's CPU grouped GEMM)."""
+    from dlmrt.ops import reference
+
+    moe = _load("moe_layer")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 32, generator=gen).bfloat16()
+    gate_up = (0.1 * torch.randn(6, 32, 32, generator=gen)).bfloat16()
+    down = (0.1 * torch.randn(6, 32, 16, generator=gen)).bfloat16()
+    index = torch.tensor([[0, 1], [1, 2], [2, 1], [1, 0], [5, 1], [0, 2], [1, 5]])  # 3, 4 unused
+    weights = torch.rand(7, 2, generator=gen)
+    for act in ("silu", "gelu_tanh"):
+        got = moe.grouped_mm_experts(
+            x, weights, index, gate_up.transpose(1, 2), down.transpose(1, 2), act
+        )
+        want = reference.moe_mlp(x, weights, index, gate_up, down, act)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

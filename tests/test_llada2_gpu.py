@@ -1,4 +1,4 @@
-"""LLaDA2 on CUDA (eager): the engine == `reference.generate`, both presets, Base and ORL."""
+"""LLaDA2 on CUDA: eager engine == `reference.generate`; block_graph == round_graph == eager."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_cuda_engine_matches_oracle(tmp_path, adapter, editing):
         write_llada2_checkpoint(tmp_path / "m", residual=res, seed=0),
         device="cuda",
         dtype="float32",
+        mode="eager",
     )
-    assert llm.mode == "eager"
     prompt = [(37 * i + 11) % 256 for i in range(11)]
     out = llm.generate(prompt, editing=editing, max_new_tokens=21, ignore_eos=True)
     tokens, reason = reference.generate(
@@ -48,3 +48,63 @@ def test_cuda_bf16_runs(tmp_path):
     llm = LLM(write_llada2_checkpoint(tmp_path / "m", seed=1), device="cuda")
     out = llm.generate([5, 6, 7, 8], max_new_tokens=16, ignore_eos=True)
     assert len(out.token_ids) == 16 and out.num_denoising_forwards >= 1
+
+
+MODES = ("eager", "round_graph", "block_graph")
+# a mid-size MoE: 64 experts in 8 groups, top-6, 48-row blocks (rows hit 0, 1 and many experts)
+MID = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=32,
+    rotary_dim=16,
+    num_experts=64,
+    n_group=8,
+    topk_group=4,
+    num_experts_per_tok=6,
+    moe_intermediate_size=128,
+    block_size=48,
+)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("size", ["tiny", "mid"])
+@pytest.mark.parametrize("adapter", [None, "block"])
+def test_all_modes_give_the_same_tokens(tmp_path, dtype, size, adapter):
+    """The editing rule and the MoE kernels inside CUDA graphs: same tokens and rounds as eager,
+    both presets, greedy and sampled, prompts ending mid-block and on a block boundary."""
+    res = None if adapter is None else residual_config(adapter, post_norm_scale=None)
+    path = write_llada2_checkpoint(
+        tmp_path / "m", residual=res, seed=3, **(MID if size == "mid" else {})
+    )
+    llms = {m: LLM(path, device="cuda", dtype=dtype, mode=m) for m in MODES}
+    assert {m: llm.mode for m, llm in llms.items()} == {m: m for m in MODES}
+    block = llms["eager"].model_config.block_size
+    for editing in ("quality", "speed"):
+        for plen, temp in ((5, 0.0), (block, 0.0), (block + 7, 0.7)):
+            prompt = [(37 * i + 11) % 256 for i in range(plen)]
+            outs = {
+                m: llm.generate(
+                    prompt,
+                    editing=editing,
+                    max_new_tokens=2 * block + 5,
+                    temperature=temp,
+                    seed=plen,
+                    ignore_eos=True,
+                )
+                for m, llm in llms.items()
+            }
+            ref = outs["eager"]
+            for m, out in outs.items():
+                assert out.mode == m
+                assert out.token_ids == ref.token_ids, (m, editing, plen)
+                assert out.rounds_per_block == ref.rounds_per_block, (m, editing, plen)
+
+
+def test_auto_mode_picks_block_graph_for_llada2(tmp_path):
+    llm = LLM(write_llada2_checkpoint(tmp_path / "m", seed=2), device="cuda")
+    assert llm.mode == "block_graph"
+    out = llm.generate([5, 6, 7], max_new_tokens=40, ignore_eos=True)
+    assert out.mode == "block_graph" and len(out.token_ids) == 40
