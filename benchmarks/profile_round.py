@@ -1,6 +1,6 @@
-"""Profile one eager denoising round of the QwenDLM-4B shape: top CUDA kernels by total time.
+"""Profile one eager denoising round at a full model shape: top CUDA kernels by total time.
 
-python benchmarks/profile_round.py [--context 1024] [--rows 25]
+python benchmarks/profile_round.py [--model qwen_dlm|llada2] [--context 1024] [--rows 25] [--canvas masks|random]
 """
 
 from __future__ import annotations
@@ -8,11 +8,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import qwen_dlm_4b, random_model
+from round_latency import _block, build
 from torch.profiler import ProfilerActivity, profile
 
-from dlmrt.decoding import make_rule
-from dlmrt.engine.engine import Engine
 from dlmrt.engine.round import RoundSpec, denoise_round
 
 
@@ -20,22 +18,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--model", choices=["qwen_dlm", "llada2"], default="qwen_dlm")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--canvas", choices=["masks", "random"], default="masks")
     args = ap.parse_args()
-    model = random_model(qwen_dlm_4b(), torch.device("cuda"))
-    engine = Engine(model, torch.device("cuda"), torch.bfloat16, "eager")
-    kv = engine._arena(args.context + 256)
-    spec = RoundSpec(model, make_rule("entropy_budget"), 0.0, 256)
+    model, rule, _, _ = build(args.model, None)
+    if args.model == "qwen_dlm":  # the profiled QwenDLM round runs its ORL rule
+        from dlmrt.decoding import make_rule
+
+        rule = make_rule("entropy_budget")
+    spec = RoundSpec(model, rule, 0.0, model.cfg.block_size)
     with torch.inference_mode():
-        engine._prefill(torch.randint(0, 150000, (args.context,)).tolist(), 256, kv)
-        runner, buf = engine._runner(spec, None)
-        buf.load(
-            torch.full((256,), 151669, device="cuda"),
-            torch.ones(256, dtype=torch.bool, device="cuda"),
-            args.context,
-            0,
-        )
+        _, _, buf, kv, start = _block(model, "eager", args.context, rule, args.canvas)
+        start()
         for _ in range(3):
             denoise_round(spec, buf, kv)
         torch.cuda.synchronize()

@@ -37,8 +37,10 @@ from dlmrt.models.llada2 import LLaDA2
 ROUNDS = 23  # QwenDLM: forced rounds per 256-row block
 
 
-def _block(model, mode: str, context: int, rule):
-    """(engine, runner, buffers, kv, start): a block of masks after `context` prefilled tokens."""
+def _block(model, mode: str, context: int, rule, canvas: str = "masks"):
+    """(engine, runner, buffers, kv, start): a block after `context` prefilled tokens, every row
+    unresolved; canvas "masks" (a first round) or "random" tokens (rows as diverse as in later
+    rounds: with random weights, an all-mask block routes every row to the same experts)."""
     dev, cfg = model.embed_table.device, model.cfg
     rows = cfg.block_size
     engine = Engine(model, dev, torch.bfloat16, mode)
@@ -46,14 +48,16 @@ def _block(model, mode: str, context: int, rule):
     engine._prefill(torch.randint(0, 150000, (context,)).tolist(), rows, kv)
     runner, buf = engine._runner(RoundSpec(model, rule, 0.0, rows), None)
     masks = torch.full((rows,), cfg.mask_token_id, device=dev)
+    if canvas == "random":
+        masks = torch.randint(0, 150000, (rows,), device=dev)
     unresolved = torch.ones(rows, dtype=torch.bool, device=dev)
     return engine, runner, buf, kv, lambda: buf.load(masks, unresolved, context, 0)
 
 
-def time_mode(model, mode: str, context: int, iters: int, rule) -> tuple[float, int]:
+def time_mode(model, mode: str, context: int, iters: int, rule, canvas: str) -> tuple[float, int]:
     """(ms per round, rounds per block) over whole blocks."""
     with torch.inference_mode():
-        _, runner, buf, kv, start = _block(model, mode, context, rule)
+        _, runner, buf, kv, start = _block(model, mode, context, rule, canvas)
         rounds = []
 
         def block() -> None:
@@ -64,10 +68,10 @@ def time_mode(model, mode: str, context: int, iters: int, rule) -> tuple[float, 
         return seconds / rounds[-1] * 1e3, rounds[-1]
 
 
-def touched_experts(model, context: int, rule) -> TouchedExperts:
+def touched_experts(model, context: int, rule, canvas: str) -> TouchedExperts:
     """The experts one (first) round's routing selects, per MoE layer."""
     with torch.inference_mode():
-        _, _, buf, kv, start = _block(model, "eager", context, rule)
+        _, _, buf, kv, start = _block(model, "eager", context, rule, canvas)
         start()
         counter = TouchedExperts(model)
         denoise_round(RoundSpec(model, rule, 0.0, model.cfg.block_size), buf, kv)
@@ -103,7 +107,7 @@ def gemm_only_ms(cfg, rows: int, iters: int) -> float:
     return cuda_time(graph.replay, iters) * 1e3
 
 
-def build(name: str, layers: int | None):
+def build(name: str, layers: int | None, canvas: str = "masks"):
     """(model, rule, floor(context) -> (FLOPs, bytes), shape dict for the result file)."""
     dev = torch.device("cuda")
     if name == "qwen_dlm":
@@ -118,7 +122,7 @@ def build(name: str, layers: int | None):
     rule = make_rule("llada_editing", editing="quality")
 
     def floor(ctx: int) -> tuple[float, float]:
-        touched = touched_experts(model, ctx, rule)
+        touched = touched_experts(model, ctx, rule, canvas)
         shape.setdefault("touched_experts_per_layer", {})[ctx] = touched.per_layer
         return moe_round_floor(model, cfg.block_size, ctx, touched)
 
@@ -136,11 +140,18 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
     ap.add_argument("--layers", type=int, default=None, help="default: the model's own")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument(
+        "--canvas",
+        choices=["masks", "random"],
+        default="masks",
+        help="block contents: all masks, or random tokens (diverse rows: MoE routing spreads)",
+    )
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM-only timing (qwen_dlm)")
     ap.add_argument("--out", default="benchmarks/results/round_latency.json")
     ap.add_argument("--git-revision", default=None)
     args = ap.parse_args()
-    model, rule, floor_of, shape = build(args.model, args.layers)
+    model, rule, floor_of, shape = build(args.model, args.layers, args.canvas)
+    shape["canvas"] = args.canvas
     rows, gemm = [], None
     if args.model == "qwen_dlm" and not args.no_gemm:
         gemm = gemm_only_ms(model.cfg, 256, args.iters)
@@ -150,7 +161,7 @@ def main() -> None:
         flops, nbytes = floor_of(context)
         floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e3
         for mode in args.modes:
-            ms, rounds = time_mode(model, mode, context, args.iters, rule)
+            ms, rounds = time_mode(model, mode, context, args.iters, rule, args.canvas)
             rows.append(
                 {
                     "context": context,

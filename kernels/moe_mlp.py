@@ -1,8 +1,9 @@
 """Routed gated-MLP experts as a grouped GEMM with device-side grouping (no host sync: capturable).
 
-Plan (torch, on device): the rows*k (row, slot) pairs are sorted by expert (key expert * P + pair,
-so one expert's pairs keep pair order), per-expert counts and starts come from searchsorted, and
-each expert's pairs are cut into BLOCK_M tiles. The grid has a static upper bound of tiles,
+Plan (on device): the rows*k (row, slot) pairs are grouped by expert, one expert's pairs in pair
+order (decode-sized passes: one launch of `moe_plan.py`; larger ones: torch sorts the key
+expert * P + pair and takes counts and starts from searchsorted), and each expert's pairs are cut
+into BLOCK_M tiles. The grid has a static upper bound of tiles,
 cdiv(P, BLOCK_M) + min(E, P); a program finds its expert from the tiles' running ends and exits
 when it is past the last one. Experts no pair picked cost nothing: their weights are never read.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from dlmrt._kernels.moe_plan import MAX_PAIRS, plan_small
 
 BLOCK_M = 16  # the rows of an expert tile: 32 rows x top-8 over 256 experts is ~1 pair per expert
 
@@ -154,6 +156,9 @@ def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
     expert's pairs in `order`; tile_end [E] int32: running end of each expert's BLOCK_M tiles.
     """
     pairs = index.numel()
+    max_tiles = triton.cdiv(pairs, block_m) + min(experts, pairs)
+    if pairs <= MAX_PAIRS:  # decode passes: one single-program launch instead of a sort
+        return (*plan_small(index, experts, block_m), max_tiles)
     flat = index.reshape(-1).to(torch.int64)
     key = flat * pairs + torch.arange(pairs, device=index.device)  # unique: any sort is stable
     order = torch.sort(key).indices
@@ -161,7 +166,6 @@ def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
     ends = torch.searchsorted(flat[order], ids, right=True)  # pairs with expert <= e
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     tile_end = torch.cumsum(torch.div(counts + block_m - 1, block_m, rounding_mode="floor"), 0)
-    max_tiles = triton.cdiv(pairs, block_m) + min(experts, pairs)
     i32 = torch.int32
     return order, tile_end.to(i32), counts.to(i32), (ends - counts).to(i32), max_tiles
 

@@ -178,3 +178,29 @@ def test_moe_layer_captured_in_a_cuda_graph_replays_eager_bits(family, dtype):
             assert torch.equal(static_out, eager)
     finally:
         ops.use(None)
+
+
+@pytest.mark.parametrize(
+    "rows,top_k,experts", [(1, 1, 4), (7, 3, 16), (32, 8, 256), (256, 8, 128), (600, 6, 64)]
+)
+@pytest.mark.parametrize("hits", ["random", "one", "spread"])
+def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, monkeypatch):
+    """moe_plan's one-launch grouping == the torch sort plan, field for field (incl. > 4096 pairs
+    falling back to the sort)."""
+    from dlmrt._kernels import moe_mlp
+
+    gen = torch.Generator(DEV).manual_seed(rows)
+    index = torch.stack(
+        [torch.randperm(experts, device=DEV, generator=gen)[:top_k] for _ in range(rows)]
+    )
+    if hits == "one":
+        index[:, 0] = 2
+        index = torch.where((index == 2) & (torch.arange(top_k, device=DEV) > 0), 3, index)
+    elif hits == "spread":
+        index = torch.arange(rows * top_k, device=DEV).view(rows, top_k) % experts
+    fast = moe_mlp.plan(index, experts)
+    monkeypatch.setattr(moe_mlp, "MAX_PAIRS", 0)
+    slow = moe_mlp.plan(index, experts)
+    assert fast[4] == slow[4]
+    for a, b in zip(fast[:4], slow[:4], strict=True):
+        assert torch.equal(a, b)
