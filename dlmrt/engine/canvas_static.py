@@ -53,12 +53,8 @@ class CanvasBuffers:
         self.seed = torch.zeros((), **long)
 
     def state(self) -> list[torch.Tensor]:
-        return [self.canvas, self.argmax, self.sc, self.first, self.history, self.step] + [
-            self.done,
-            self.start,
-            self.index,
-            self.seed,
-        ]
+        names = ("canvas", "argmax", "sc", "first", "history", "step", "done", "start", "index")
+        return [getattr(self, n) for n in names + ("seed",)]
 
     def snapshot(self) -> list[torch.Tensor]:
         return [t.clone() for t in self.state()]
