@@ -16,7 +16,7 @@ from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-from dlmrt.engine.canvas import CanvasEngine
+from dlmrt.engine.canvas import CanvasEngine, StaticCanvasEngine
 from dlmrt.engine.engine import BlockCallback, Engine, EngineResult, Recorder
 from dlmrt.engine.modes import select_mode
 from dlmrt.errors import CheckpointError
@@ -175,14 +175,25 @@ class LLM:
             )
 
     def _init_canvas(self, path: Path) -> None:
-        """DiffusionGemma: eager canvas decoding with the checkpoint's (or role's) settings."""
-        if self.config.mode not in ("auto", "eager"):
+        """DiffusionGemma: the checkpoint's (or role's) canvas settings; mode as QwenDLM's.
+
+        A graph mode (CUDA; auto picks block_graph, else round_graph) runs `StaticCanvasEngine`
+        with the counter RNG (the default there); `CanvasEngine`, the reference path, serves
+        mode eager and any request with rng="torch" (transformers' draws, not graph-replayable).
+        """
+        arch, mode = self.model_config.architecture, self.config.mode
+        if self.device.type != "cuda" and mode not in ("auto", "eager"):
             raise ValueError(
-                f"mode: {self.config.mode!r} is not available for {self.model_config.architecture} "
-                "yet (its canvas decoder runs eagerly); use mode='auto' or 'eager'"
+                f"mode: {mode!r} is not available for {arch} on {self.device} (CUDA graphs need "
+                "a CUDA device); use mode='auto' or 'eager'"
             )
-        self.mode, self.mode_reason = "eager", "canvas decoding runs eagerly"
+        self.mode, self.mode_reason = select_mode(mode, self.device)
+        log.info("execution mode %s: %s", self.mode, self.mode_reason)
         self.canvas = CanvasEngine(self.model, self.device)
+        self.canvas_static = None  # set to a StaticCanvasEngine(..., "eager") to run that path
+        if self.mode != "eager":
+            self.canvas_static = StaticCanvasEngine(self.model, self.device, self.mode)
+        self._torch_rng_logged = False
         self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
         self.default_rule, self.mask_id = "entropy_bound_canvas", None
         log.info("canvas decoding, canvas %d: %s", self.canvas.canvas_length, self.canvas_settings)
@@ -217,17 +228,31 @@ class LLM:
                 f"max_position_embeddings {self.model_config.max_position_embeddings}"
             )
         overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
-        return self.canvas.generate(
+        return self._canvas_engine(params.rng).generate(
             ids,
             replace(self.canvas_settings, **overrides),
             max_new_tokens=params.max_new_tokens,
             stop_ids=sorted(self.stop_ids),
             seed=params.seed or 0,
-            rng=params.rng or "torch",
+            rng=params.rng or ("counter" if self.canvas_static is not None else "torch"),
             ignore_eos=params.ignore_eos,
             on_block=on_block,
             should_stop=should_stop,
         )
+
+    def _canvas_engine(self, rng: str | None) -> CanvasEngine:
+        """The static engine unless there is none or the request asks for torch's draws."""
+        if self.canvas_static is None:
+            return self.canvas
+        if rng == "torch":
+            if not self._torch_rng_logged:
+                log.info(
+                    "rng='torch' (transformers' draws) cannot be replayed in a CUDA graph: such "
+                    "requests run on the eager reference path (mode 'eager' in their output)"
+                )
+                self._torch_rng_logged = True
+            return self.canvas
+        return self.canvas_static
 
     def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
         if isinstance(prompt, str):

@@ -85,8 +85,9 @@ class DecodeParams:
     rng: str | None = field(
         default=None,
         metadata={
-            "help": "canvas decoder noise: torch (transformers' draws, default) or counter "
-            "(hashed from seed and step: graph-replayable)"
+            "help": "canvas decoder noise: torch (transformers' draws) or counter (hashed from "
+            "seed and step: graph-replayable); None: counter in a graph mode, else torch (torch "
+            "in a graph mode runs that request on the eager reference path)"
         },
     )
 

@@ -88,14 +88,17 @@ def _known(gen: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def temperature(
-    settings: CanvasSettings, step: int, device: torch.device | None = None
+    settings: CanvasSettings, step: int | torch.Tensor, device: torch.device | None = None
 ) -> torch.Tensor:
     """T at `step` (counting max_denoising_steps down to 1): t_max first, then linearly lower.
 
     An fp32 device scalar computed as transformers does (int32 step / N in fp32), so the tempered
-    logits round the same."""
+    logits round the same. `step` may be a device tensor (the graph modes' step counter)."""
     s = settings
-    frac = torch.tensor(step, dtype=torch.int32, device=device) / s.max_denoising_steps
+    if isinstance(step, torch.Tensor):
+        frac = step.to(torch.int32) / s.max_denoising_steps
+    else:
+        frac = torch.tensor(step, dtype=torch.int32, device=device) / s.max_denoising_steps
     return s.t_min + (s.t_max - s.t_min) * frac
 
 
@@ -146,19 +149,32 @@ class CounterNoise:
         self.seed = torch.tensor(seed, dtype=torch.int64, device=device)
         self.vocab = vocab
 
-    def _u(self, rows: int, index: int, draw: int) -> torch.Tensor:
-        block = torch.full_like(self.seed, index)
-        return counter_uniform(self.seed, block, torch.full_like(self.seed, draw), rows)
+    def _t(self, value: int) -> torch.Tensor:
+        return torch.full_like(self.seed, value)
 
     def canvas(self, rows: int, index: int, step: int) -> torch.Tensor:
-        u = self._u(rows, index, 2 * step + 1)
-        return (u * self.vocab).long().clamp_(max=self.vocab - 1)
+        return counter_canvas(self.seed, self._t(index), self._t(step), rows, self.vocab)
 
     def sample(self, probs: torch.Tensor, index: int, step: int) -> torch.Tensor:
-        cdf = torch.cumsum(probs, dim=-1)
-        target = (self._u(probs.shape[0], index, 2 * step) * cdf[:, -1]).unsqueeze(-1)
-        tokens = torch.searchsorted(cdf, target.contiguous(), right=True).squeeze(-1)
-        return tokens.clamp_(max=probs.shape[-1] - 1)
+        return counter_sample(probs, self.seed, self._t(index), self._t(step))
+
+
+# CounterNoise's draws with device-scalar (int64) seed, canvas index and step: the static path
+# (engine/canvas_static.py) calls these with its device counters, so graphs replay them.
+def counter_canvas(
+    seed: torch.Tensor, index: torch.Tensor, step: torch.Tensor, rows: int, vocab: int
+) -> torch.Tensor:
+    u = counter_uniform(seed, index, 2 * step + 1, rows)
+    return (u * vocab).long().clamp_(max=vocab - 1)
+
+
+def counter_sample(
+    probs: torch.Tensor, seed: torch.Tensor, index: torch.Tensor, step: torch.Tensor
+) -> torch.Tensor:
+    cdf = torch.cumsum(probs, dim=-1)
+    target = (counter_uniform(seed, index, 2 * step, probs.shape[0]) * cdf[:, -1]).unsqueeze(-1)
+    tokens = torch.searchsorted(cdf, target.contiguous(), right=True).squeeze(-1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
 
 
 def make_noise(rng: str, seed: int, vocab: int, device: torch.device) -> TorchNoise | CounterNoise:

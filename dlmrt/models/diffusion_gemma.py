@@ -49,7 +49,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor, past=None):
         """-> (output [rows, hidden], this pass's (K, V) [kv_heads, rows, head_dim]); `past` is
-        the cached context's (K, V), prepended to the keys (mask columns: past keys first)."""
+        the cached context's (K, V), prepended to the keys (mask columns: past keys first), or a
+        callable (k, v) -> (keys, values): the static arena (engine/canvas_arena.py) writes this
+        pass's rows into its fixed-shape K/V and returns the rows to read."""
         rows = x.shape[0]
         q = self.q_proj(x).view(rows, self.heads, self.head_dim)
         k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
@@ -59,7 +61,9 @@ class Attention(nn.Module):
         k = rotate(self.k_norm(k), *rope).transpose(0, 1)
         v = gemma_rms_norm(v, None, self.eps).transpose(0, 1)
         keys, values = k, v
-        if past is not None:
+        if callable(past):
+            keys, values = past(k, v)
+        elif past is not None:
             keys, values = torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1)
         out = block_attention(q, keys, values, pos, pos, 1, 1.0, mask)  # mask given: pos unused
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1)), (k, v)

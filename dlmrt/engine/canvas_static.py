@@ -1,0 +1,120 @@
+"""The static canvas step: DiffusionGemma's denoising step over fixed buffers, graph-capturable.
+
+`canvas_step` is `CanvasEngine._denoise`'s loop body with every per-step value in a device tensor
+(canvas, self-conditioning logits, argmax, stability history, step counter, done flag) and every
+shape fixed, so the graph modes capture it unchanged: no host sync, no data-dependent shape.
+Noise is the counter RNG (`entropy_bound_canvas.counter_*`: hashed from seed, canvas index and
+step, all device scalars); torch's generator cannot be replayed inside a WHILE body.
+
+    begin(prompt start, seed)   eager: canvas 0's position, index 0, then `reset_canvas`
+    canvas_step                 one decoder pass + the decoder's step, in place
+    advance                     commit the argmax canvas (encoder pass over its canvas_length rows
+                                at the device-side offset), move to the next canvas, `reset_canvas`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.engine.canvas_arena import ContextArena, static_forward
+
+
+@dataclass(frozen=True, slots=True)
+class CanvasSpec:
+    """What stays fixed for a set of buffers (and the graphs captured over them)."""
+
+    model: torch.nn.Module
+    settings: ebc.CanvasSettings
+
+    @property
+    def length(self) -> int:
+        return self.model.cfg.canvas_length
+
+
+class CanvasBuffers:
+    """Static device state of the active canvas; one set per settings, reused across canvases."""
+
+    def __init__(self, spec: CanvasSpec, device: torch.device) -> None:
+        rows, cfg = spec.length, spec.model.cfg
+        dtype = spec.model.embed_table.dtype
+        long = dict(dtype=torch.long, device=device)
+        self.canvas = torch.zeros(rows, **long)
+        self.argmax = torch.zeros(rows, **long)
+        self.sc = torch.zeros(rows, cfg.vocab_size, dtype=dtype, device=device)
+        self.first = torch.ones((), dtype=torch.bool, device=device)  # no self-conditioning yet
+        self.history = torch.full((spec.settings.stability_threshold, rows), -1, **long)
+        self.step = torch.zeros((), **long)  # steps taken in this canvas
+        self.done = torch.zeros((), dtype=torch.bool, device=device)
+        self.start = torch.zeros((), **long)  # position of the canvas's first row
+        self.index = torch.zeros((), **long)  # canvas index within the request
+        self.seed = torch.zeros((), **long)
+
+    def state(self) -> list[torch.Tensor]:
+        names = ("canvas", "argmax", "sc", "first", "history", "step", "done", "start", "index")
+        return [getattr(self, n) for n in names + ("seed",)]
+
+    def snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self.state()]
+
+    def restore(self, snapshot: list[torch.Tensor]) -> None:
+        for t, saved in zip(self.state(), snapshot, strict=True):
+            t.copy_(saved)
+
+
+def reset_canvas(spec: CanvasSpec, buf: CanvasBuffers) -> None:
+    """A fresh noise canvas at (seed, index): draw step N + 1, as `CanvasEngine._denoise`."""
+    n = spec.settings.max_denoising_steps
+    draw = torch.full_like(buf.step, n + 1)
+    vocab = spec.model.cfg.vocab_size
+    buf.canvas.copy_(ebc.counter_canvas(buf.seed, buf.index, draw, spec.length, vocab))
+    buf.first.fill_(True)
+    buf.history.fill_(-1)
+    buf.step.zero_()
+    buf.done.zero_()
+
+
+def begin(spec: CanvasSpec, buf: CanvasBuffers, start: int, seed: int) -> None:
+    """Canvas 0 of a request (eager: host values into the static tensors, stream-ordered)."""
+    buf.start.fill_(start)
+    buf.index.zero_()
+    buf.seed.fill_(seed)
+    reset_canvas(spec, buf)
+
+
+def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> None:
+    """One denoising step in place: forward, T from the step counter (counting N down), softmax,
+    counter sample, entropy, acceptance, re-noise, stability + confidence stop, history, step + 1."""
+    s = spec.settings
+    logits = static_forward(spec.model, arena, buf.canvas, buf.start, buf.sc, buf.first)
+    t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
+    z = logits / ebc.temperature(s, t_step)
+    probs = torch.softmax(z, dim=-1, dtype=torch.float32)
+    sampled = ebc.counter_sample(probs, buf.seed, buf.index, t_step)
+    argmax = torch.argmax(z, dim=-1)
+    entropy = ebc.token_entropy(z)
+    accepted = ebc.accept(entropy, s.entropy_bound)
+    vocab = spec.model.cfg.vocab_size
+    renoise = ebc.counter_canvas(buf.seed, buf.index, t_step, spec.length, vocab)
+    buf.done.copy_(ebc.is_stable(buf.history, argmax) & (entropy.mean() < s.confidence_threshold))
+    buf.history.copy_(ebc.push(buf.history, argmax))
+    buf.canvas.copy_(torch.where(accepted, sampled, renoise))
+    buf.argmax.copy_(argmax)
+    buf.sc.copy_(z.to(buf.sc.dtype))
+    buf.first.fill_(False)
+    buf.step.add_(1)
+
+
+def encode(model, arena: ContextArena, ids: torch.Tensor, start: torch.Tensor) -> None:
+    """Encoder pass of `ids` at positions start.. (the prompt eagerly; canvases via `advance`)."""
+    static_forward(model, arena, ids, start)
+
+
+def advance(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> None:
+    """Commit the finished canvas (its argmax) into the arena, then start the next canvas."""
+    encode(spec.model, arena, buf.argmax, buf.start)
+    buf.start.add_(spec.length)
+    buf.index.add_(1)
+    reset_canvas(spec, buf)

@@ -1,0 +1,164 @@
+"""GPU: DiffusionGemma's canvas graph modes. block_graph == round_graph == the static eager runner,
+token for token (same kernels); == the reference CanvasEngine(rng="counter") in fp32; graphs are
+captured once and reused; LLM(path, device="cuda") picks block_graph.
+
+Run on the device machine: pytest -m gpu tests/test_canvas_graph_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import _byte_tokenizer
+from test_canvas_decoding import SETTINGS, STOPS, _prompt, ckpt  # noqa: F401
+from test_diffusion_gemma import F_, S, _config, _randomise
+
+from dlmrt import LLM
+from dlmrt.engine.canvas import StaticCanvasEngine
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+GRAPHS = ("block_graph", "round_graph")
+MID = dict(
+    vocab_size=1024,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=6,
+    layer_types=[S, S, F_, S, S, F_],
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=32,
+    global_head_dim=64,
+    sliding_window=16,
+    num_experts=8,
+    moe_intermediate_size=128,
+    max_position_embeddings=1024,
+)
+CASES = {  # (prompt length, max_new_tokens): prompts past the window, partial last canvases
+    "tiny": [(3, 20), (13, 40), (9, 30)],
+    "mid": [(5, 40), (40, 64), (9, 70)],
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(ckpt, tmp_path_factory):  # noqa: F811
+    import transformers.models.diffusion_gemma as dg
+
+    torch.manual_seed(1)
+    cfg = _config(**MID)
+    cfg.canvas_length = 32
+    hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
+    _randomise(hf, 2)
+    path = tmp_path_factory.mktemp("dgmid") / "mid"
+    hf.save_pretrained(path)
+    gen = json.loads((path / "generation_config.json").read_text())
+    gen.update(eos_token_id=list(STOPS), pad_token_id=0)
+    (path / "generation_config.json").write_text(json.dumps(gen))
+    _byte_tokenizer().save(str(path / "tokenizer.json"))
+    return {"tiny": ckpt[0], "mid": path}
+
+
+def _static_eager(path, dtype: str) -> LLM:
+    """mode eager + the static engine with its eager runner: the graph modes' step, host loop."""
+    llm = LLM(path, device="cuda", dtype=dtype, mode="eager")
+    llm.canvas_static = StaticCanvasEngine(llm.model, llm.device, "eager")
+    return llm
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["tiny", "mid"])
+def test_graph_modes_equal_the_static_eager_runner(checkpoints, name, dtype):
+    llms = {m: LLM(checkpoints[name], device="cuda", dtype=dtype, mode=m) for m in GRAPHS}
+    assert {m: llm.mode for m, llm in llms.items()} == {m: m for m in GRAPHS}
+    llms["eager"] = _static_eager(checkpoints[name], dtype)
+    for k in (0, 2, 3, None):
+        kw = SETTINGS[k] if k is not None else {}  # None: the checkpoint's defaults (48 steps)
+        for seed, (plen, max_new) in enumerate(CASES[name]):
+            outs = {
+                m: llm.generate(_prompt(plen, seed), max_new_tokens=max_new, seed=seed, **kw)
+                for m, llm in llms.items()
+            }
+            ref = outs["eager"]
+            for m, out in outs.items():
+                assert out.mode == m
+                assert out.token_ids == ref.token_ids, (m, k, seed)
+                assert out.rounds_per_block == ref.rounds_per_block, (m, k, seed)
+                assert out.finish_reason == ref.finish_reason
+
+
+# Short trajectories on the mid model: its random weights amplify the self-conditioning feedback
+# (fp32 rounding differences of the padded attention, ~1e-5, roughly double every step and flip a
+# sample after ~10 steps; measured on the CPU), so only a few steps per canvas are comparable.
+REF_SETTINGS = {
+    "tiny": [SETTINGS[0], SETTINGS[2], SETTINGS[3]],
+    "mid": [SETTINGS[1], dict(max_denoising_steps=3, confidence_threshold=50.0)],
+}
+
+
+@pytest.mark.parametrize("name", ["tiny", "mid"])
+def test_fp32_block_graph_matches_the_reference_engine(checkpoints, name):
+    """fp32: the padded-arena graph path and CanvasEngine (growing cache) with rng="counter"."""
+    fast = LLM(checkpoints[name], device="cuda", dtype="float32")
+    ref = LLM(checkpoints[name], device="cuda", dtype="float32", mode="eager")
+    for settings in REF_SETTINGS[name]:
+        for seed, (plen, max_new) in enumerate(CASES[name]):
+            kw = dict(max_new_tokens=max_new, seed=seed, **settings)
+            a = fast.generate(_prompt(plen, seed), **kw)
+            b = ref.generate(_prompt(plen, seed), rng="counter", **kw)
+            assert a.mode == "block_graph" and b.mode == "eager"
+            assert a.token_ids == b.token_ids and a.rounds_per_block == b.rounds_per_block
+
+
+def test_graphs_are_captured_once_and_reused(checkpoints):
+    """A second request (another prompt length too) reuses the runner and its graphs."""
+    llm = LLM(checkpoints["tiny"], device="cuda", mode="block_graph")
+    first = llm.generate(_prompt(5, 1), max_new_tokens=20, seed=1, **SETTINGS[2])
+    engine = llm.canvas_static
+    (runner,) = engine._runners.values()
+    graphs = (runner.block, runner.step_graph, runner.advance_graph)
+    other = llm.generate(_prompt(11, 2), max_new_tokens=30, seed=2, **SETTINGS[2])
+    again = llm.generate(_prompt(5, 1), max_new_tokens=20, seed=1, **SETTINGS[2])
+    assert list(engine._runners.values()) == [runner]
+    assert (runner.block, runner.step_graph, runner.advance_graph) == graphs
+    assert again.token_ids == first.token_ids and other.mode == "block_graph"
+    assert again.rounds_per_block == first.rounds_per_block
+
+
+def test_arena_growth_recaptures_with_the_same_tokens(checkpoints, monkeypatch):
+    """A small arena quantum forces growth on the second request: new runner and graphs,
+    still the static eager runner's tokens (same arena sizes on both sides)."""
+    fast = LLM(checkpoints["tiny"], device="cuda", mode="block_graph")
+    slow = _static_eager(checkpoints["tiny"], "bfloat16")
+    for llm in (fast, slow):
+        monkeypatch.setattr(llm.canvas_static, "ARENA_QUANTUM", 32)
+    runners = []
+    for plen, max_new in ((3, 8), (13, 40)):
+        a, b = (
+            llm.generate(_prompt(plen, 4), max_new_tokens=max_new, seed=4) for llm in (fast, slow)
+        )
+        assert a.token_ids == b.token_ids and a.rounds_per_block == b.rounds_per_block
+        runners.append(next(iter(fast.canvas_static._runners.values())))
+    assert runners[0] is not runners[1] and fast.canvas_static.arena.max_len == 64
+
+
+def test_llm_on_cuda_picks_block_graph_and_reports_it(checkpoints):
+    llm = LLM(checkpoints["tiny"], device="cuda")
+    assert llm.mode == "block_graph" and llm.dtype == torch.bfloat16
+    out = llm.generate(_prompt(6, 1), max_new_tokens=16, **SETTINGS[0])
+    assert out.mode == "block_graph" and all(0 <= t < 96 for t in out.token_ids)
+    slow = llm.generate(_prompt(6, 1), max_new_tokens=16, rng="torch", **SETTINGS[0])
+    assert slow.mode == "eager"  # transformers' draws: the eager reference path
+
+
+def test_cancel_before_a_canvas(checkpoints):
+    from dlmrt.errors import GenerationCancelled
+
+    llm = LLM(checkpoints["tiny"], device="cuda", mode="block_graph")
+    with pytest.raises(GenerationCancelled):
+        llm.generate(_prompt(4, 1), max_new_tokens=16, should_stop=lambda: True)
+    out = llm.generate(_prompt(4, 1), max_new_tokens=16, **SETTINGS[0])
+    assert out.mode == "block_graph" and len(out.rounds_per_block) >= 1
