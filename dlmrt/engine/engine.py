@@ -183,6 +183,7 @@ class Engine:
             fold = self.fold_commits and recorder is None
             check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
             max_rounds = rule.max_rounds(block_size)
+            unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
             for b in range(lay.first_block, lay.num_blocks):
                 block_index[0] = b
                 pending = fold and b > lay.first_block  # block b-1 awaits its commit (and check)
@@ -194,7 +195,7 @@ class Engine:
                 kv_len = self._kv_len(b, block_size)
                 if pending:
                     runner.fold(fb, buf, kv, kv_len)  # joint passes over blocks b-1 and b
-                    if not check:
+                    if not unsettled:
                         res.denoising_forwards += 1  # one joint pass: a commit is never redone
                     elif self._settle(res, req, b - 1, fb):
                         break  # block b-1 ended the request: block b's round 0 goes unused
@@ -202,7 +203,8 @@ class Engine:
                 if not bool(buf.halt):
                     raise RuntimeError(f"block {b} did not finish in {max_rounds} rounds ({rule.name})")
                 res.denoising_forwards += rounds
-                if check and not last:
+                unsettled = check and not last and not bool(buf.done)
+                if unsettled:
                     continue  # block b's tokens are final after its folded check
                 if _emit(res, req, b, int(buf.step), buf.canvas):
                     break  # the last block's commit pass is skipped: nothing reads its KV
