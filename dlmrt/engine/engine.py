@@ -91,6 +91,29 @@ def _emit(res: EngineResult, req: _Request, block: int, rounds: int, canvas: tor
     return True
 
 
+def _fold(
+    runner,
+    fb: FoldBuffers,
+    buf: BlockBuffers,
+    kv: KVCache,
+    kv_len: int | None,
+    res: EngineResult,
+    req: _Request,
+    block: int,
+    unsettled: bool,
+) -> bool:
+    """Joint passes over blocks `block`-1 and `block`; count them. If block-1 awaited its folded
+    check, its tokens are final now: emit them. True if that block ended the request."""
+    runner.fold(fb, buf, kv, kv_len)
+    if not unsettled:
+        res.denoising_forwards += 1  # one joint pass: a plain commit is never redone
+        return False
+    if bool(fb.redo):
+        raise RuntimeError(f"block {block - 1}: the folded check still edits after the last pass")
+    res.denoising_forwards += int(fb.passes)
+    return _emit(res, req, block - 1, int(fb.step), fb.canvas)
+
+
 class Engine:
     def __init__(
         self,
@@ -193,15 +216,13 @@ class Engine:
                 last = b == lay.num_blocks - 1
                 buf.load(canvas, unresolved, b * block_size, seed, check and not last)
                 kv_len = self._kv_len(b, block_size)
-                if pending:
-                    runner.fold(fb, buf, kv, kv_len)  # joint passes over blocks b-1 and b
-                    if not unsettled:
-                        res.denoising_forwards += 1  # one joint pass: a commit is never redone
-                    elif self._settle(res, req, b - 1, fb):
-                        break  # block b-1 ended the request: block b's round 0 goes unused
+                if pending and _fold(runner, fb, buf, kv, kv_len, res, req, b, unsettled):
+                    break  # block b-1 ended the request: block b's round 0 goes unused
                 rounds = runner.run_block(buf, kv, kv_len, max_rounds, int(pending))
                 if not bool(buf.halt):
-                    raise RuntimeError(f"block {b} did not finish in {max_rounds} rounds ({rule.name})")
+                    raise RuntimeError(
+                        f"block {b} did not finish in {max_rounds} rounds ({rule.name})"
+                    )
                 res.denoising_forwards += rounds
                 unsettled = check and not last and not bool(buf.done)
                 if unsettled:
@@ -212,14 +233,6 @@ class Engine:
                     runner.commit(buf, kv, kv_len)
                     res.commit_forwards += 1
         return res
-
-    @staticmethod
-    def _settle(res: EngineResult, req: _Request, block: int, fb: FoldBuffers) -> bool:
-        """After the fold loop: block `block` is checked; count its joint passes, emit its tokens."""
-        if bool(fb.redo):
-            raise RuntimeError(f"block {block}: the folded check still edits after the last pass")
-        res.denoising_forwards += int(fb.passes)
-        return _emit(res, req, block, int(fb.step), fb.canvas)
 
     def _kv_len(self, block: int, block_size: int) -> int | None:
         # On the CPU, attend to the written rows only. On CUDA every mode reads the visible length

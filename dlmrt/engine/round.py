@@ -176,5 +176,6 @@ def store_round(buf: BlockBuffers, d: Decision) -> None:
 
 
 def commit_pass(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:
-    """Clean forward of the finished block (h = E[x], no residual): writes its K/V, no logits."""
+    """Clean forward of the finished block (h = E[x], no residual): writes its K/V, no logits.
+    Runs only with `fold_commits` off; folded, `fold.joint_pass` does this work."""
     spec.model(buf.canvas, _context(spec, buf, kv, kv_len), compute_logits=False)

@@ -130,9 +130,7 @@ class RoundGraphRunner:
             )
             _restore(saved)
 
-    def run_block(
-        self, buf: BlockBuffers, kv, kv_len: int, max_rounds: int, first: int = 0
-    ) -> int:
+    def run_block(self, buf: BlockBuffers, kv, kv_len: int, max_rounds: int, first: int = 0) -> int:
         self._ensure(buf)
         if first and bool(buf.halt):
             return 0
@@ -176,7 +174,7 @@ class BlockGraphRunner(RoundGraphRunner):
         if self.block is None:
             from dlmrt.engine.conditional import WhileGraph, launch_condition
 
-            super()._ensure(buf)  # warm-up + the commit graph (and a round graph, for the self-test)
+            super()._ensure(buf)  # warm-up, the commit graph (and a round graph: self-test)
 
             def body(handle: int) -> None:
                 denoise_round(self.spec, buf, self.kv)
@@ -201,9 +199,7 @@ class BlockGraphRunner(RoundGraphRunner):
 
             self.fold_loop = WhileGraph(body, self.stream, self.pool)
 
-    def run_block(
-        self, buf: BlockBuffers, kv, kv_len: int, max_rounds: int, first: int = 0
-    ) -> int:
+    def run_block(self, buf: BlockBuffers, kv, kv_len: int, max_rounds: int, first: int = 0) -> int:
         self._ensure(buf)
         _check(self.should_stop)  # a WHILE node runs the whole block: check before it
         self.block.launch()
