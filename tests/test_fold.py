@@ -129,6 +129,8 @@ def test_llada_folded_equals_unfolded(llada, adapter, editing):
     on, off = llada[adapter]
     for plen in (3, 8, 13):
         _same(on, off, _prompt(plen), editing=editing, max_new_tokens=21, ignore_eos=True)
+    kw = dict(editing=editing, temperature=0.8, seed=3, max_new_tokens=21, ignore_eos=True)
+    _same(on, off, _prompt(5), **kw)  # sampled checks draw with block b's own round counter
 
 
 def test_llada_folded_check_repeats_and_matches_the_oracle(llada, passes):

@@ -111,8 +111,9 @@ class WhileGraph:
         params.conditional.handle = self.handle
         params.conditional.type = cudart.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
         params.conditional.size = 1
-        if CUDA13:
-            ck(cudart.cudaGraphAddNode(self.outer, deps, None, len(deps), params))
+        if CUDA13:  # default (zeroed) edges, spelled out where there are dependencies
+            edges = [cudart.cudaGraphEdgeData() for _ in deps] or None
+            ck(cudart.cudaGraphAddNode(self.outer, deps, edges, len(deps), params))
         else:
             ck(cudart.cudaGraphAddNode(self.outer, deps, len(deps), params))
         inner = params.conditional.phGraph_out[0]
