@@ -36,8 +36,9 @@ def add_dataclass_flags(
         help_text = f.metadata.get("help", "")
         value = argparse.SUPPRESS if keep_absent else f.default
         ann = str(f.type)
-        if ann == "bool":
-            group.add_argument(flag, action="store_true", default=value, help=help_text)
+        if ann == "bool":  # on by default: --flag / --no-flag
+            action = argparse.BooleanOptionalAction if f.default is True else "store_true"
+            group.add_argument(flag, action=action, default=value, help=help_text)
             continue
         kind = int if ann.startswith("int") else float if ann.startswith("float") else str
         default = "" if f.default is None else f" (default: {f.default})"

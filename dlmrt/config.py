@@ -38,6 +38,13 @@ class EngineConfig:
             "passes a start-up self-test (eager on CPU)"
         },
     )
+    fold_commits: bool = field(
+        default=True,
+        metadata={
+            "help": "run each block's commit pass (and an editing rule's post-fill check) as the "
+            "first half of the next block's first round: one forward less per block, same tokens"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:

@@ -44,6 +44,7 @@ class LLM:
         device: str | torch.device | None = None,
         role: str | None = None,
         mode: str = "auto",
+        fold_commits: bool = True,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -53,6 +54,7 @@ class LLM:
             device=None if device is None else str(device),
             role=role,
             mode=mode,
+            fold_commits=fold_commits,
         )
         if model is None:
             from dlmrt.demo import demo_model_path
@@ -89,7 +91,9 @@ class LLM:
             self.default_rule = _llada_rule(path, self.config.role, has_adapter)
         self.mode, self.mode_reason = select_mode(self.config.mode, self.device)
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
-        self.engine = Engine(self.model, self.device, self.dtype, self.mode)
+        self.engine = Engine(
+            self.model, self.device, self.dtype, self.mode, self.config.fold_commits
+        )
         self.canvas = None
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 class GenerationOutput:
     """Result of one request.
 
-    tokens_per_forward = generated tokens / denoising forwards (commit and prefill passes not counted).
+    tokens_per_forward = generated tokens / (denoising + commit forwards): every forward after the
+    prompt prefill. With commit folding (the default) no commit pass runs on its own (it rides in a
+    denoising forward), so this is tokens per denoising forward; unfolded, the commits count too.
     request_time_s covers tokenisation, prefill, decoding and host overhead (not model loading);
     request_tps = generated tokens / request_time_s.
     """
@@ -31,7 +33,8 @@ class GenerationOutput:
 
     @property
     def tokens_per_forward(self) -> float:
-        return len(self.token_ids) / max(self.num_denoising_forwards, 1)
+        forwards = self.num_denoising_forwards + self.num_commit_forwards
+        return len(self.token_ids) / max(forwards, 1)
 
     @property
     def request_tps(self) -> float:

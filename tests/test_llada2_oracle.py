@@ -84,7 +84,8 @@ def test_speed_rounds_are_bounded_by_max_post_steps(llms):
         _prompt(8), editing="speed", max_post_steps=2, max_new_tokens=16, ignore_eos=True
     )
     assert max(out.rounds_per_block) <= 8 + 2
-    assert out.num_denoising_forwards == sum(out.rounds_per_block)
+    # A folded joint pass is a round of two blocks but one forward (engine/fold.py).
+    assert out.num_denoising_forwards <= sum(out.rounds_per_block)
 
 
 def test_adapter_changes_tokens(llms):

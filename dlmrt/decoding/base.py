@@ -19,7 +19,7 @@ they carry their own round counter (`post_steps`) and bound the rounds with `max
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -44,6 +44,7 @@ class DecodeRule(ABC):
     """An acceptance rule: decides which unresolved rows take their proposal this round."""
 
     name: str
+    edits: ClassVar[bool] = False  # rewrites resolved rows, checking a filled block (post-fill)
 
     def max_rounds(self, block: int) -> int:
         """Upper bound on the rounds of a block (absorbing rules accept >= 1 row per round)."""

@@ -25,6 +25,7 @@ would treat it as masked again), and T2T never re-masks a row, so every block te
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -40,6 +41,7 @@ class LLaDAEditingRule(DecodeRule):
     edit_threshold: float = 0.5
     max_post_steps: int = MAX_POST_STEPS
     name: str = "llada_editing"
+    edits: ClassVar[bool] = True
 
     @staticmethod
     def preset(editing: str, max_post_steps: int = MAX_POST_STEPS) -> LLaDAEditingRule:

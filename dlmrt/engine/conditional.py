@@ -82,9 +82,15 @@ def _assign_default_flag() -> int:
 
 
 class WhileGraph:
-    """outer = WHILE(handle, default 1){ child(body) }; `body(handle)` is captured by torch."""
+    """outer = [child(init) ->] WHILE(handle, default 1){ child(body) }; `body(handle)` and
+    `init(handle)` are captured by torch.
 
-    def __init__(self, body, stream: torch.cuda.Stream, pool) -> None:
+    `init`, when given, runs once per launch before the conditional node is evaluated, in a child
+    graph node upstream of it in the same outer graph (as the body's condition kernel runs in a
+    child graph inside it): it can set the handle, e.g. to 0 so that the body runs zero times.
+    """
+
+    def __init__(self, body, stream: torch.cuda.Stream, pool, init=None) -> None:
         self.outer = ck(cudart.cudaGraphCreate(0))
         self.handle = _handle_int(
             ck(cudart.cudaGraphConditionalHandleCreate(self.outer, 1, _assign_default_flag()))
@@ -92,15 +98,24 @@ class WhileGraph:
         self.round_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the body
         with torch.cuda.graph(self.round_graph, stream=stream, pool=pool):
             body(self.handle)
+        deps = []
+        self.init_graph = None
+        if init is not None:
+            self.init_graph = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(self.init_graph, stream=stream, pool=pool):
+                init(self.handle)
+            raw = self.init_graph.raw_cuda_graph()
+            deps = [ck(cudart.cudaGraphAddChildGraphNode(self.outer, None, 0, raw))]
         params = cudart.cudaGraphNodeParams()
         params.type = cudart.cudaGraphNodeType.cudaGraphNodeTypeConditional
         params.conditional.handle = self.handle
         params.conditional.type = cudart.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
         params.conditional.size = 1
-        if CUDA13:
-            ck(cudart.cudaGraphAddNode(self.outer, [], None, 0, params))
+        if CUDA13:  # default (zeroed) edges, spelled out where there are dependencies
+            edges = [cudart.cudaGraphEdgeData() for _ in deps] or None
+            ck(cudart.cudaGraphAddNode(self.outer, deps, edges, len(deps), params))
         else:
-            ck(cudart.cudaGraphAddNode(self.outer, [], 0, params))
+            ck(cudart.cudaGraphAddNode(self.outer, deps, len(deps), params))
         inner = params.conditional.phGraph_out[0]
         ck(cudart.cudaGraphAddChildGraphNode(inner, None, 0, self.round_graph.raw_cuda_graph()))
         self.exec = ck(cudart.cudaGraphInstantiate(self.outer, 0))
@@ -132,3 +147,26 @@ def self_test() -> None:
     torch.cuda.synchronize()
     if int(step) != 3:
         raise RuntimeError(f"WHILE self-test ran {int(step)} rounds instead of 3")
+
+
+def init_self_test() -> None:
+    """A WHILE loop with an init node: it runs zero rounds when the flags say done before launch."""
+    step = torch.zeros((), dtype=torch.long, device="cuda")
+    done = torch.ones((), dtype=torch.bool, device="cuda")
+    stream = torch.cuda.Stream()
+
+    def body(handle: int) -> None:
+        step.add_(1)
+        launch_condition(handle, done, step, 3)
+
+    def init(handle: int) -> None:
+        launch_condition(handle, done, step, 3)
+
+    graph = WhileGraph(body, stream, torch.cuda.graph_pool_handle(), init)
+    for flag, rounds in ((True, 0), (False, 3)):
+        step.zero_()
+        done.fill_(flag)
+        graph.launch()
+        torch.cuda.synchronize()
+        if int(step) != rounds:
+            raise RuntimeError(f"WHILE init self-test ran {int(step)} rounds instead of {rounds}")

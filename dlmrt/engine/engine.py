@@ -2,6 +2,12 @@
 
 prefill the full prompt blocks -> for each block: denoising rounds until the rule says done ->
 commit pass (clean tokens, writes the block's KV) -> stop at a stop id or max_new_tokens.
+With `fold_commits` (the default; `engine/fold.py`) a block's commit pass is not a forward of its
+own: it runs as the first half of the next block's round 0, one forward over both blocks (for
+editing rules, with the block's post-fill checks). Same tokens. Counting: every forward is counted
+once; a joint pass is a denoising forward (its logits feed the rule), so `commit_forwards` counts
+only stand-alone commit passes, and `rounds_per_block` the rule's rounds per block as unfolded
+(a joint pass is a round of both blocks it serves, so their sum may exceed denoising_forwards).
 One KV arena per engine, grown (rarely) to the largest request; per block length, one set of
 static buffers and, in graph modes, graphs captured once and reused across requests.
 The engine knows nothing about text: it takes and returns token ids.
@@ -16,8 +22,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dlmrt.attention import AttnContext
-from dlmrt.blocks import finish, initial_canvas, layout
+from dlmrt.blocks import Layout, finish, initial_canvas, layout
 from dlmrt.decoding import DecodeRule
+from dlmrt.engine.fold import FoldBuffers, folds_check
 from dlmrt.engine.kv_cache import KVCache
 from dlmrt.engine.round import BlockBuffers, RoundSpec
 from dlmrt.engine.runners import BlockGraphRunner, EagerRunner, RoundGraphRunner
@@ -59,9 +66,62 @@ Recorder = Callable[[RoundRecord], None]
 BlockCallback = Callable[[int, int, list[int]], None]  # (block index, rounds, tokens so far)
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What decides when a request ends, and who hears about each finished block."""
+
+    lay: Layout
+    stop_ids: set[int]
+    max_new_tokens: int
+    ignore_eos: bool
+    on_block: BlockCallback | None
+
+
+def _emit(res: EngineResult, req: _Request, block: int, rounds: int, canvas: torch.Tensor) -> bool:
+    """Block `block` is final: append its tokens, apply the stop rule; True if the request ended."""
+    res.rounds_per_block.append(rounds)
+    tokens = canvas.tolist()
+    res.token_ids += tokens[req.lay.tail :] if block == req.lay.first_block else tokens
+    res.token_ids, reason = finish(res.token_ids, req.stop_ids, req.max_new_tokens, req.ignore_eos)
+    if req.on_block is not None:
+        req.on_block(block, rounds, list(res.token_ids))
+    if reason is None:
+        return False
+    res.finish_reason = reason
+    return True
+
+
+def _fold(
+    runner,
+    fb: FoldBuffers,
+    buf: BlockBuffers,
+    kv: KVCache,
+    kv_len: int | None,
+    res: EngineResult,
+    req: _Request,
+    block: int,
+    unsettled: bool,
+) -> bool:
+    """Joint passes over blocks `block`-1 and `block`; count them. If block-1 awaited its folded
+    check, its tokens are final now: emit them. True if that block ended the request."""
+    runner.fold(fb, buf, kv, kv_len)
+    if not unsettled:
+        res.denoising_forwards += 1  # one joint pass: a plain commit is never redone
+        return False
+    if bool(fb.redo):
+        raise RuntimeError(f"block {block - 1}: the folded check still edits after the last pass")
+    res.denoising_forwards += int(fb.passes)
+    return _emit(res, req, block - 1, int(fb.step), fb.canvas)
+
+
 class Engine:
     def __init__(
-        self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, mode: str = "eager"
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        dtype: torch.dtype,
+        mode: str = "eager",
+        fold_commits: bool = True,
     ) -> None:
         self.model, self.cfg, self.device, self.dtype, self.mode = (
             model,
@@ -70,6 +130,7 @@ class Engine:
             dtype,
             mode,
         )
+        self.fold_commits = fold_commits  # engine/fold.py: commits ride in the next block's round 0
         self.kv: KVCache | None = None
         self._runners: dict[tuple, object] = {}  # (block, rule, temperature) -> runner
         self._pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
@@ -89,24 +150,26 @@ class Engine:
             )
         return self.kv
 
-    def _runner(self, spec: RoundSpec, recorder_hook) -> tuple[object, BlockBuffers]:
+    def _runner(self, spec: RoundSpec, recorder_hook) -> tuple[object, BlockBuffers, FoldBuffers]:
         key = (spec.block_size, spec.rule, spec.temperature)
         if key not in self._runners:
-            buf = BlockBuffers(spec, self.device)
+            buf, fb = BlockBuffers(spec, self.device), FoldBuffers(spec, self.device)
             if self.mode == "block_graph":
                 rounds = spec.rule.max_rounds(spec.block_size)
-                runner = BlockGraphRunner(spec, buf, self.kv, self._pool, rounds)
+                runner = BlockGraphRunner(
+                    spec, buf, self.kv, self._pool, rounds, fold=self.fold_commits
+                )
             elif self.mode == "round_graph":
                 runner = RoundGraphRunner(spec, buf, self.kv, self._pool)
             else:
                 runner = EagerRunner(spec)
-            self._runners[key] = (runner, buf)
-        runner, buf = self._runners[key]
+            self._runners[key] = (runner, buf, fb)
+        runner, buf, fb = self._runners[key]
         if recorder_hook is not None and not isinstance(runner, EagerRunner):
             runner = EagerRunner(spec)  # per-round hooks need the host between rounds
         if isinstance(runner, EagerRunner):
             runner.on_round = recorder_hook
-        return runner, buf
+        return runner, buf, fb
 
     def generate(
         self,
@@ -124,39 +187,51 @@ class Engine:
         on_block: BlockCallback | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> EngineResult:
+        """Decode one request. A `recorder` runs it eagerly and unfolded: one record per round of
+        the unfolded schedule (what the trainer replays), at the cost of the commit passes."""
         lay = layout(len(prompt_ids), max_new_tokens, block_size)
         spec = RoundSpec(self.model, rule, temperature, block_size)
         kv = self._arena(lay.max_len)
         res = EngineResult([], "length")
+        req = _Request(lay, stop_ids, max_new_tokens, ignore_eos, on_block)
         with torch.inference_mode():
             if lay.first_block:
                 self._prefill(prompt_ids[: lay.first_block * block_size], block_size, kv)
                 res.prefill_forwards = 1
             block_index = [lay.first_block]
             hook = self._record_hook(recorder, block_index) if recorder else None
-            runner, buf = self._runner(spec, hook)
+            runner, buf, fb = self._runner(spec, hook)
             runner.should_stop = should_stop
             res.mode = runner.name
+            fold = self.fold_commits and recorder is None
+            check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
+            max_rounds = rule.max_rounds(block_size)
+            unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
             for b in range(lay.first_block, lay.num_blocks):
                 block_index[0] = b
+                pending = fold and b > lay.first_block  # block b-1 awaits its commit (and check)
+                if pending:
+                    fb.stash(buf)
                 canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, self.device)
-                buf.load(canvas, unresolved, b * block_size, seed)
+                last = b == lay.num_blocks - 1
+                buf.load(canvas, unresolved, b * block_size, seed, check and not last)
                 kv_len = self._kv_len(b, block_size)
-                rounds = runner.run_block(buf, kv, kv_len, rule.max_rounds(block_size))
-                if not bool(buf.done):
-                    raise RuntimeError(f"block {b} did not finish in {rounds} rounds ({rule.name})")
+                if pending and _fold(runner, fb, buf, kv, kv_len, res, req, b, unsettled):
+                    break  # block b-1 ended the request: block b's round 0 goes unused
+                rounds = runner.run_block(buf, kv, kv_len, max_rounds, int(pending))
+                if not bool(buf.halt):
+                    raise RuntimeError(
+                        f"block {b} did not finish in {max_rounds} rounds ({rule.name})"
+                    )
                 res.denoising_forwards += rounds
-                res.rounds_per_block.append(rounds)
-                block_tokens = buf.canvas.tolist()
-                res.token_ids += block_tokens[lay.tail :] if b == lay.first_block else block_tokens
-                res.token_ids, reason = finish(res.token_ids, stop_ids, max_new_tokens, ignore_eos)
-                if on_block is not None:
-                    on_block(b, rounds, list(res.token_ids))
-                if reason is not None:
-                    res.finish_reason = reason
+                unsettled = check and not last and not bool(buf.done)
+                if unsettled:
+                    continue  # block b's tokens are final after its folded check
+                if _emit(res, req, b, int(buf.step), buf.canvas):
                     break  # the last block's commit pass is skipped: nothing reads its KV
-                runner.commit(buf, kv, kv_len)
-                res.commit_forwards += 1
+                if not fold:
+                    runner.commit(buf, kv, kv_len)
+                    res.commit_forwards += 1
         return res
 
     def _kv_len(self, block: int, block_size: int) -> int | None:

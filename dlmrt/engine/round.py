@@ -54,6 +54,7 @@ class RoundSpec:
         block_start: torch.Tensor,  # [] int64
         editable: torch.Tensor | None = None,  # [B] bool rows the request generates (editing rules)
         post_steps: torch.Tensor | None = None,  # [] int64 post-fill rounds so far (editing rules)
+        with_z: bool = True,  # False: skip the next residual (a folded check half never uses it)
     ) -> Decision:
         """Proposal + rule + next residual; sampling noise is counter-based (seed, block, round, row)."""
         noise = None
@@ -62,7 +63,7 @@ class RoundSpec:
         prop = propose(logits, self.temperature, noise)
         out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
         z = None
-        if self.has_residual:
+        if self.has_residual and with_z:
             t_res = self.model.adapter.cfg.temperature
             # Reuse the decoder's log-normaliser when both softmaxes use the same temperature.
             same = t_res == (self.temperature if self.temperature > 0 else 1.0)
@@ -94,12 +95,26 @@ class BlockBuffers:
         self.editable = torch.zeros(rows, dtype=torch.bool, device=device)
         self.edited = torch.zeros(rows, dtype=torch.bool, device=device)
         self.post_steps = torch.zeros((), dtype=torch.long, device=device)
+        # Commit folding (engine/fold.py): the block's initial canvas (a discarded joint pass
+        # restores it), `halt` = the round loop's stop flag (done, or all rows filled when
+        # `until_filled`: the post-fill checks then run folded into the next block's first pass).
+        self.init_canvas = torch.zeros(rows, dtype=torch.long, device=device)
+        self.halt = torch.zeros((), dtype=torch.bool, device=device)
+        self.until_filled = torch.zeros((), dtype=torch.bool, device=device)
 
     def load(
-        self, canvas: torch.Tensor, unresolved: torch.Tensor, block_start: int, seed: int
+        self,
+        canvas: torch.Tensor,
+        unresolved: torch.Tensor,
+        block_start: int,
+        seed: int,
+        until_filled: bool = False,
     ) -> None:
         """Start a block: stream-ordered copies into the static tensors, z = 0, round 0."""
         self.canvas.copy_(canvas)
+        self.init_canvas.copy_(canvas)
+        self.halt.zero_()
+        self.until_filled.fill_(until_filled)
         self.unresolved.copy_(unresolved)
         self.editable.copy_(unresolved)
         self.edited.zero_()
@@ -127,7 +142,12 @@ def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = N
     ctx = _context(spec, buf, kv, kv_len)
     receives = spec.receives(buf.unresolved) if buf.z is not None else None
     logits = spec.model(buf.canvas, ctx, z=buf.z, receives=receives)
-    d = spec.decide(
+    store_round(buf, decide_block(spec, buf, logits))
+
+
+def decide_block(spec: RoundSpec, buf: BlockBuffers, logits: torch.Tensor) -> Decision:
+    """`spec.decide` on the active block's logits and buffers."""
+    return spec.decide(
         logits,
         buf.canvas,
         buf.unresolved,
@@ -137,6 +157,10 @@ def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = N
         buf.editable,
         buf.post_steps,
     )
+
+
+def store_round(buf: BlockBuffers, d: Decision) -> None:
+    """Write a round's decision into the buffers and advance the round counter (in place)."""
     if d.z is not None:
         buf.z.copy_(d.z)
     if d.out.edited is not None:  # the same branch every round: static under graph capture
@@ -147,9 +171,11 @@ def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = N
     buf.accepted.copy_(d.out.accepted)
     buf.entropy.copy_(d.proposal.entropy)
     buf.done.copy_(d.out.done)
+    buf.halt.copy_(d.out.done | (buf.until_filled & ~d.out.unresolved.any()))
     buf.step.add_(1)
 
 
 def commit_pass(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:
-    """Clean forward of the finished block (h = E[x], no residual): writes its K/V, no logits."""
+    """Clean forward of the finished block (h = E[x], no residual): writes its K/V, no logits.
+    Runs only with `fold_commits` off; folded, `fold.joint_pass` does this work."""
     spec.model(buf.canvas, _context(spec, buf, kv, kv_len), compute_logits=False)

@@ -144,6 +144,7 @@ class LLaDA2(nn.Module):
         z: torch.Tensor | None = None,  # [n, hidden] pre-adapter residual of the last n rows
         receives: torch.Tensor | None = None,  # [n] bool: rows that get alpha * g(z)
         compute_logits: bool = True,
+        last_logits: int | None = None,  # n: logits of the last n rows only
     ) -> torch.Tensor | None:
         h = self.model.word_embeddings(input_ids)
         if z is not None and self.adapter is not None:
@@ -154,4 +155,6 @@ class LLaDA2(nn.Module):
             h, residual = layer(h, residual, rope, ctx)
         if not compute_logits:
             return None
+        if last_logits is not None:
+            h, residual = h[-last_logits:], residual[-last_logits:]
         return self.lm_head(self.model.norm(h, residual)[0])

@@ -65,6 +65,7 @@ class QwenDLM(nn.Module):
         z: torch.Tensor | None = None,  # [n, hidden] pre-adapter residual of the last n rows
         receives: torch.Tensor | None = None,  # [n] bool: which of those rows get alpha * g(z)
         compute_logits: bool = True,
+        last_logits: int | None = None,  # n: logits of the last n rows only
     ) -> torch.Tensor | None:
         h = self.model.embed_tokens(input_ids)
         if z is not None and self.adapter is not None:
@@ -75,4 +76,6 @@ class QwenDLM(nn.Module):
             h, residual = layer(h, residual, rope, ctx)
         if not compute_logits:
             return None
+        if last_logits is not None:
+            h, residual = h[-last_logits:], residual[-last_logits:]
         return self.lm_head(self.model.norm(h, residual)[0])
