@@ -89,7 +89,7 @@ class LLM:
         self.default_rule = "entropy_budget" if orl else "threshold"
         if is_llada:
             self.default_rule = _llada_rule(path, self.config.role, has_adapter)
-        self.mode, self.mode_reason = select_mode(self.config.mode, self.device)
+        self.mode, self.mode_reason = select_mode(self.config.mode, self.device, is_llada)
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         self.engine = Engine(
             self.model, self.device, self.dtype, self.mode, self.config.fold_commits
@@ -191,7 +191,7 @@ class LLM:
                 f"mode: {mode!r} is not available for {arch} on {self.device} (CUDA graphs need "
                 "a CUDA device); use mode='auto' or 'eager'"
             )
-        self.mode, self.mode_reason = select_mode(mode, self.device)
+        self.mode, self.mode_reason = select_mode(mode, self.device, moe=True)
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         self.canvas = CanvasEngine(self.model, self.device)
         self.canvas_static = None  # set to a StaticCanvasEngine(..., "eager") to run that path

@@ -90,11 +90,13 @@ def test_graph_modes_equal_the_static_eager_runner(checkpoints, name, dtype):
                 assert out.finish_reason == ref.finish_reason
 
 
-# Short trajectories on the mid model: its random weights amplify the self-conditioning feedback
-# (fp32 rounding differences of the padded attention, ~1e-5, roughly double every step and flip a
-# sample after ~10 steps; measured on the CPU), so only a few steps per canvas are comparable.
+# Short trajectories only: the padded-arena attention rounds differently from the growing cache
+# (~1e-6 in fp32), the self-conditioning feedback roughly doubles that every step, and random
+# weights give near-uniform predictions whose entropies (ranked by the acceptance rule) are nearly
+# equal, so long trajectories flip a row. On the H200 the tiny model's 6-step setting diverged in
+# the first canvas (2026-11-29); the CPU test compares every SETTINGS entry (test_canvas_static.py).
 REF_SETTINGS = {
-    "tiny": [SETTINGS[0], SETTINGS[2], SETTINGS[3]],
+    "tiny": [SETTINGS[1], dict(max_denoising_steps=2, confidence_threshold=50.0)],
     "mid": [SETTINGS[1], dict(max_denoising_steps=3, confidence_threshold=50.0)],
 }
 

@@ -61,3 +61,24 @@ def test_counter_noise_is_uniform():
     assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
     hist = torch.histc(u, bins=16, min=0, max=1) / u.numel()
     assert (hist - 1 / 16).abs().max() < 0.003
+
+
+def test_moe_models_fall_back_to_eager_when_the_moe_ops_are_the_twins(monkeypatch):
+    """The MoE twins sync with the host: with them, auto gives eager (with why) even where a graph
+    mode would pass its self-test, a forced graph mode is an error naming the mode, and dense
+    models are unaffected."""
+    from dlmrt import ops
+    from dlmrt.engine import modes
+
+    monkeypatch.setattr(modes, "_select", lambda requested, device: ("block_graph", "ok"))
+    ops.use("torch")
+    try:
+        mode, reason = select_mode("auto", CPU, moe=True)
+        assert mode == "eager" and "torch twins" in reason
+        with pytest.raises(ValueError, match="mode: round_graph needs the Triton MoE kernels"):
+            select_mode("round_graph", CPU, moe=True)
+        assert select_mode("auto", CPU) == ("block_graph", "ok")
+        ops.use("triton")
+        assert select_mode("auto", CPU, moe=True) == ("block_graph", "ok")
+    finally:
+        ops.use(None)

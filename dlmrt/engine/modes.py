@@ -29,8 +29,24 @@ def _block_graph_self_test() -> None:
     self_test()
 
 
-def select_mode(requested: str, device: torch.device) -> tuple[str, str]:
-    """Return (mode, reason). A forced graph mode that cannot work raises ValueError naming `mode`."""
+def select_mode(requested: str, device: torch.device, moe: bool = False) -> tuple[str, str]:
+    """Return (mode, reason). A forced graph mode that cannot work raises ValueError naming `mode`.
+
+    moe: the model routes through `ops.moe_*`; their torch twins sync with the host (DLMRT_OPS=torch
+    or no Triton), so graph modes then need the Triton kernels: auto falls back to eager."""
+    mode, reason = _select(requested, device)
+    if moe and mode != "eager":
+        from dlmrt import ops
+
+        if ops.implementation("moe_mlp") != "triton":
+            why = "the MoE ops run their torch twins (host syncs: not capturable)"
+            if requested != "auto":
+                raise ValueError(f"mode: {requested} needs the Triton MoE kernels; {why}")
+            return "eager", why
+    return mode, reason
+
+
+def _select(requested: str, device: torch.device) -> tuple[str, str]:
     if requested not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {requested!r}")
     if requested == "eager":

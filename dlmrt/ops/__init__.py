@@ -33,12 +33,17 @@ def _triton_ok() -> tuple[bool, str]:
     return True, "triton available"
 
 
-def _resolve(name: str, module_name: str | None = None) -> Callable:
+def implementation(name: str) -> str:
+    """'triton' or 'torch': what `name` resolves to (deciding, and logging, on first use)."""
     if name not in _IMPL:
         ok, why = _triton_ok()
         _IMPL[name] = "triton" if ok else "torch"
         log.info("op %s -> %s (%s)", name, _IMPL[name], why)
-    if _IMPL[name] == "triton":
+    return _IMPL[name]
+
+
+def _resolve(name: str, module_name: str | None = None) -> Callable:
+    if implementation(name) == "triton":
         module = importlib.import_module(f"dlmrt._kernels.{module_name or name}")
         return getattr(module, name)
     return getattr(reference, name)
