@@ -5,7 +5,7 @@
 Random weights accept ~1 token per round, so the block schedule is forced with `fixed_steps`
 (23 rounds per 256-token block ~ the paper's 11 tokens per forward on HumanEval). Request time
 covers prefill, every block's rounds and commit pass, and the host loop (not graph capture: one
-warm-up request runs first).
+warm-up request runs first). Each mode runs with commit folding on and off (`--fold`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=1024)
     ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
+    ap.add_argument("--fold", nargs="+", choices=["on", "off"], default=["on", "off"])
     ap.add_argument("--out", default="benchmarks/results/e2e_tps.json")
     ap.add_argument("--git-revision", default=None)
     args = ap.parse_args()
@@ -38,8 +39,8 @@ def main() -> None:
     ).tolist()
     rule = make_rule("fixed_steps", denoising_steps=args.rounds)
     rows, tokens = [], {}
-    for mode in args.modes:
-        engine = Engine(model, torch.device("cuda"), torch.bfloat16, mode)
+    for mode, fold in [(m, f) for m in args.modes for f in args.fold]:
+        engine = Engine(model, torch.device("cuda"), torch.bfloat16, mode, fold == "on")
 
         def request(engine: Engine = engine):
             return engine.generate(
@@ -56,25 +57,32 @@ def main() -> None:
         out: list = []
         wall = wall_time(lambda out=out, request=request: out.append(request()))
         res = out[0]
-        tokens[mode] = res.token_ids
+        tokens[mode, fold] = res.token_ids
         tps = len(res.token_ids) / wall
         rows.append(
             {
                 "mode": mode,
+                "fold_commits": fold == "on",
                 "tokens": len(res.token_ids),
                 "wall_s": round(wall, 4),
                 "tokens_per_s": round(tps, 1),
                 "denoising_forwards": res.denoising_forwards,
-                "tokens_per_forward": round(len(res.token_ids) / res.denoising_forwards, 2),
+                "commit_forwards": res.commit_forwards,
+                "tokens_per_forward": round(
+                    len(res.token_ids) / (res.denoising_forwards + res.commit_forwards), 2
+                ),
             }
         )
         print(
-            f"{mode:>12} {tps:>9.1f} tokens/s  ({res.denoising_forwards} rounds, {wall:.3f} s)",
+            f"{mode:>12} fold {fold:>3} {tps:>9.1f} tokens/s  ({res.denoising_forwards} denoising "
+            f"+ {res.commit_forwards} commit forwards, {wall:.3f} s)",
             flush=True,
         )
         del engine
         torch.cuda.empty_cache()
-    base = next((r["tokens_per_s"] for r in rows if r["mode"] == "eager"), None)
+    base = next(
+        (r["tokens_per_s"] for r in rows if r["mode"] == "eager" and not r["fold_commits"]), None
+    )
     for r in rows:
         r["speedup_vs_eager"] = round(r["tokens_per_s"] / base, 2) if base else None
     same = len({tuple(t) for t in tokens.values()}) == 1

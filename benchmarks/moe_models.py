@@ -58,22 +58,26 @@ def random_moe_model(
         for name, b in model.named_buffers():
             b.zero_() if "bias" in name else b.fill_(1)  # expert_bias 0; scalars/scales 1
     model = model.eval().requires_grad_(False)
+    if getattr(cfg, "tie_word_embeddings", False):
+        model.tie_lm_head()
     model.fuse_projections()
     return model
 
 
 class TouchedExperts:
-    """Counts, per MoE layer, the distinct experts one forward's routing selects (a forward hook)."""
+    """Counts, per MoE layer, the distinct experts a forward's routing selects (a forward hook);
+    `rows` keeps only passes over that many rows (e.g. the canvas, not the prompt's encoding)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, rows: int | None = None) -> None:
         self.per_layer: list[int] = []
-        self.pairs = 0
+        self.pairs, self.rows = 0, rows
         self._hooks = [m.register_forward_hook(self._hook) for m in model.modules() if _router(m)]
 
     def _hook(self, module, args, out) -> None:
         index = out[1]
-        self.per_layer.append(int(torch.unique(index).numel()))
-        self.pairs += index.numel()
+        if self.rows is None or index.shape[0] == self.rows:
+            self.per_layer.append(int(torch.unique(index).numel()))
+            self.pairs += index.numel()
 
     def close(self) -> None:
         for h in self._hooks:
@@ -84,18 +88,32 @@ def _router(m: nn.Module) -> bool:
     return isinstance(m, Router) or type(m).__name__ == "Router"
 
 
+def _attention_dims(cfg) -> list[tuple[int, int, int | None]]:
+    """Per layer (q size, K+V size, sliding window or None)."""
+    if hasattr(cfg, "head_dims"):  # DiffusionGemma: per-layer heads and windows
+        return [
+            (
+                cfg.num_attention_heads * d,
+                2 * kv * d,
+                cfg.sliding_window if t != "full_attention" else None,
+            )
+            for d, kv, t in zip(cfg.head_dims, cfg.kv_heads, cfg.layer_types, strict=True)
+        ]
+    kv = 2 * cfg.num_key_value_heads * cfg.head_dim
+    return [(cfg.num_attention_heads * cfg.head_dim, kv, None)] * cfg.num_hidden_layers
+
+
 def moe_round_floor(
     model: nn.Module, rows: int, context: int, touched: TouchedExperts
 ) -> tuple[float, float]:
-    """(FLOPs, bytes) of one round: dense weights read once (embedding rows excluded: a gather),
-    the touched experts' weights, the KV arena read; FLOPs 2 x rows x dense params + 2 x pairs x
-    params per expert + attention."""
-    cfg = model.cfg
+    """(FLOPs, bytes) of one round: dense weights read once (embedding rows excluded: a gather;
+    a tied LM head counted once), the touched experts' weights, the K/V rows attention reads
+    (sliding layers: the window); FLOPs 2 x rows x dense params + 2 x pairs x params per
+    expert + attention."""
     expert_params, per_expert, dense = 0, 0, 0
-    for name, p in model.named_parameters():
-        if "embed" in name:
-            continue
-        dense += p.numel()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if "embed" not in name:
+            dense += p.numel()
     for m in model.modules():
         if isinstance(m, Experts) or type(m).__name__ == "Experts":
             n = sum(p.numel() for p in m.parameters())
@@ -103,11 +121,43 @@ def moe_round_floor(
             per_expert = n // next(iter(m.parameters())).shape[0]
     dense -= expert_params
     size = model.embed_table.element_size()
-    kv_size = cfg.num_key_value_heads * cfg.head_dim
-    q_size = cfg.num_attention_heads * cfg.head_dim
-    layers = cfg.num_hidden_layers
     nbytes = (dense + sum(touched.per_layer) * per_expert) * size
-    nbytes += layers * 2 * (context + rows) * kv_size * size
     flops = 2 * rows * dense + 2 * touched.pairs * per_expert
-    flops += layers * 4 * rows * (context + rows) * q_size
+    for q_size, kv_size, window in _attention_dims(model.cfg):
+        keys = (context if window is None else min(context, window - 1)) + rows
+        nbytes += keys * kv_size * size
+        flops += 4 * rows * keys * q_size
     return float(flops), float(nbytes)
+
+
+def diffusion_gemma_26b(layers: int = 30):
+    """DiffusionGemma-26B-A4B's text tower: 5 x [5 sliding, 1 full] layers, 16 query heads;
+    sliding: head 256, 8 KV heads, window 1024; full: head 512, 2 KV heads (K = V); dense GeGLU
+    2112, 128 experts x 704, top-8; vocab 262144, softcap 30, canvas 256."""
+    from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig, RopeSpec
+
+    full = "full_attention"
+    types = tuple(full if i % 6 == 5 else SLIDING for i in range(layers))
+    return DiffusionGemmaConfig(
+        architecture="DiffusionGemmaForBlockDiffusion",
+        vocab_size=262144,
+        hidden_size=2816,
+        intermediate_size=2112,
+        self_conditioning_size=2112,
+        num_attention_heads=16,
+        layer_types=types,
+        head_dims=tuple(512 if t == full else 256 for t in types),
+        kv_heads=tuple(2 if t == full else 8 for t in types),
+        rope={SLIDING: RopeSpec(theta=1e4), full: RopeSpec(theta=1e6, rotary_factor=0.25)},
+        sliding_window=1024,
+        rms_norm_eps=1e-6,
+        num_experts=128,
+        top_k_experts=8,
+        moe_intermediate_size=704,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=262144,
+        canvas_length=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_ids=(1, 106, 50),
+    )

@@ -5,7 +5,9 @@
 
 qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
 llada2: LLaDA-2.1-mini (see moe_models.py), 32 rows, its `llada_editing` rule (quality preset;
-random weights fill about one row per round). ms/round = block time / rounds, so the graph modes
+random weights fill about one row per round). diffusion_gemma: DiffusionGemma-26B-A4B, one
+256-row canvas decoder step (entropy_bound_canvas, counter RNG), ms/step from requests of 4 and
+20 steps (their difference: no prompt encoding in it). ms/round = block time / rounds, so the graph modes
 include their per-round host work (round_graph: one replay + one `done` read per round;
 block_graph: one launch per block). Also: the QwenDLM round's dense GEMMs alone (graph-replayed),
 and the roofline floor max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s); for MoE the bytes count only
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 import torch
 from common import (
@@ -25,9 +28,16 @@ from common import (
     qwen_dlm_4b,
     random_model,
     round_flops_bytes,
+    wall_time,
     write_result,
 )
-from moe_models import TouchedExperts, llada21_mini, moe_round_floor, random_moe_model
+from moe_models import (
+    TouchedExperts,
+    diffusion_gemma_26b,
+    llada21_mini,
+    moe_round_floor,
+    random_moe_model,
+)
 
 from dlmrt.decoding import make_rule
 from dlmrt.engine.engine import Engine
@@ -107,6 +117,42 @@ def gemm_only_ms(cfg, rows: int, iters: int) -> float:
     return cuda_time(graph.replay, iters) * 1e3
 
 
+def time_canvas_mode(model, mode: str, context: int, iters: int) -> tuple[float, int]:
+    """DiffusionGemma: (ms per decoder step, steps) from one-canvas requests of 4 and 20 steps
+    (never stopping early): the difference removes the prompt's encoder pass and host set-up."""
+    from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+    from dlmrt.engine.canvas import StaticCanvasEngine
+
+    engine = StaticCanvasEngine(model, model.embed_table.device, mode)
+    prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
+    seconds = {}
+    for steps in (4, 20):
+        s = replace(CanvasSettings(), max_denoising_steps=steps, confidence_threshold=-1.0)
+
+        def request(s: CanvasSettings = s) -> None:
+            out = engine.generate(prompt, s, max_new_tokens=256, stop_ids=[], ignore_eos=True)
+            assert out.denoising_forwards == s.max_denoising_steps
+
+        request()  # warm-up: graph capture for these settings
+        seconds[steps] = sorted(wall_time(request) for _ in range(iters))[iters // 2]
+    return (seconds[20] - seconds[4]) / 16 * 1e3, 20
+
+
+def canvas_floor(model, context: int):
+    """(FLOPs, bytes) of one decoder step over the 256-row canvas, experts counted from the
+    routing of a one-step request (canvas passes only)."""
+    from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+    from dlmrt.engine.canvas import StaticCanvasEngine
+
+    engine = StaticCanvasEngine(model, model.embed_table.device, "eager")
+    touched = TouchedExperts(model, rows=256)
+    prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
+    s = replace(CanvasSettings(), max_denoising_steps=1)
+    engine.generate(prompt, s, max_new_tokens=256, stop_ids=[], ignore_eos=True)
+    touched.close()
+    return touched, moe_round_floor(model, 256, context, touched)
+
+
 def build(name: str, layers: int | None, canvas: str = "masks"):
     """(model, rule, floor(context) -> (FLOPs, bytes), shape dict for the result file)."""
     dev = torch.device("cuda")
@@ -117,6 +163,20 @@ def build(name: str, layers: int | None, canvas: str = "masks"):
         shape |= {"intermediate": 9728, "vocab": 151936, "rows": 256, "orl_adapter": True}
         rule = make_rule("fixed_steps", denoising_steps=ROUNDS)
         return model, rule, lambda ctx: round_flops_bytes(cfg, 256, ctx), shape
+    if name == "diffusion_gemma":
+        from dlmrt.models.diffusion_gemma import DiffusionGemma
+
+        cfg = diffusion_gemma_26b(layers or 30)
+        model = random_moe_model(DiffusionGemma, cfg, dev)
+        shape = {"layers": cfg.num_hidden_layers, "hidden": 2816, "experts": "128x704", "top_k": 8}
+        shape |= {"dense": 2112, "vocab": 262144, "rows": 256, "rule": "entropy_bound_canvas"}
+
+        def canvas_floor_of(ctx: int) -> tuple[float, float]:
+            touched, out = canvas_floor(model, ctx)
+            shape.setdefault("touched_experts_per_layer", {})[ctx] = touched.per_layer
+            return out
+
+        return model, None, canvas_floor_of, shape
     cfg = llada21_mini(layers or 20)
     model = random_moe_model(LLaDA2, cfg, dev)
     rule = make_rule("llada_editing", editing="quality")
@@ -135,7 +195,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", choices=["qwen_dlm", "llada2"], default="qwen_dlm")
+    ap.add_argument(
+        "--model", choices=["qwen_dlm", "llada2", "diffusion_gemma"], default="qwen_dlm"
+    )
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
     ap.add_argument("--layers", type=int, default=None, help="default: the model's own")
@@ -161,7 +223,10 @@ def main() -> None:
         flops, nbytes = floor_of(context)
         floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e3
         for mode in args.modes:
-            ms, rounds = time_mode(model, mode, context, args.iters, rule, args.canvas)
+            if args.model == "diffusion_gemma":
+                ms, rounds = time_canvas_mode(model, mode, context, args.iters)
+            else:
+                ms, rounds = time_mode(model, mode, context, args.iters, rule, args.canvas)
             rows.append(
                 {
                     "context": context,
