@@ -14,16 +14,49 @@ from torch.profiler import ProfilerActivity, profile
 from dlmrt.engine.round import RoundSpec, denoise_round
 
 
+def canvas_step_fn(model, context: int):
+    """One DiffusionGemma decoder step over static buffers after a `context`-token prompt."""
+    from dataclasses import replace
+
+    from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+    from dlmrt.engine.canvas import StaticCanvasEngine
+    from dlmrt.engine.canvas_static import canvas_step
+
+    engine = StaticCanvasEngine(model, model.embed_table.device, "eager")
+    settings = replace(CanvasSettings(), max_denoising_steps=1)
+    prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
+    engine.generate(prompt, settings, max_new_tokens=256, stop_ids=[], ignore_eos=True)
+    runner = engine._runner(settings)
+
+    def step() -> None:
+        with torch.inference_mode():
+            canvas_step(runner.spec, runner.buf, engine.arena)
+
+    return step
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", choices=["qwen_dlm", "llada2"], default="qwen_dlm")
+    ap.add_argument(
+        "--model", choices=["qwen_dlm", "llada2", "diffusion_gemma"], default="qwen_dlm"
+    )
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--canvas", choices=["masks", "random"], default="masks")
     args = ap.parse_args()
     model, rule, _, _ = build(args.model, None)
+    if args.model == "diffusion_gemma":
+        step = canvas_step_fn(model, args.context)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows))
+        return
     if args.model == "qwen_dlm":  # the profiled QwenDLM round runs its ORL rule
         from dlmrt.decoding import make_rule
 

@@ -56,7 +56,7 @@ def _block(model, mode: str, context: int, rule, canvas: str = "masks"):
     engine = Engine(model, dev, torch.bfloat16, mode)
     kv = engine._arena(context + rows)
     engine._prefill(torch.randint(0, 150000, (context,)).tolist(), rows, kv)
-    runner, buf = engine._runner(RoundSpec(model, rule, 0.0, rows), None)
+    runner, buf, _ = engine._runner(RoundSpec(model, rule, 0.0, rows), None)
     masks = torch.full((rows,), cfg.mask_token_id, device=dev)
     if canvas == "random":
         masks = torch.randint(0, 150000, (rows,), device=dev)
