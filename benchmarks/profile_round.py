@@ -20,16 +20,17 @@ def canvas_step_fn(model, context: int):
 
     from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
     from dlmrt.engine.canvas import StaticCanvasEngine
-    from dlmrt.engine.canvas_static import canvas_step
+    from dlmrt.engine.canvas_static import canvas_step, reset_canvas
 
     engine = StaticCanvasEngine(model, model.embed_table.device, "eager")
-    settings = replace(CanvasSettings(), max_denoising_steps=1)
+    settings = replace(CanvasSettings(), max_denoising_steps=2)
     prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
     engine.generate(prompt, settings, max_new_tokens=256, stop_ids=[], ignore_eos=True)
     runner = engine._runner(settings)
 
-    def step() -> None:
+    def step() -> None:  # the first step of a fresh canvas (steps never pass the settings' cap)
         with torch.inference_mode():
+            reset_canvas(runner.spec, runner.buf)
             canvas_step(runner.spec, runner.buf, engine.arena)
 
     return step
