@@ -6,7 +6,7 @@ sort (~26 us on the H200) per layer. One program instead walks the pairs in chun
 (1) per-expert counts (one-hot sums), giving starts (exclusive cumsum) and tile ends (cumsum of
 ceil(count / BM)); (2) each pair's slot = start[e] + pairs of e in earlier chunks + pairs of e
 earlier in this chunk, so one expert's pairs keep pair order (the same `order` as the stable sort
-of `moe_mlp.plan`). Larger passes (prefill) keep the torch plan: one program would be slow there.
+of `moe_mlp.plan`). Larger passes (DiffusionGemma's 2048 pairs, prefill) keep the torch plan: one program is slow there.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_PAIRS = 4096  # above: the torch plan (sort), which parallelises
+MAX_PAIRS = 1024  # above: the torch plan (sort, parallel); measured on the H200: one program
+# groups 256 pairs in 14 us (sort path ~40 us) but 2048 pairs in 88 us
 CHUNK = 64
 
 

@@ -2,8 +2,9 @@
 
 out = w * (x / rms(x)), rounded as transformers does it: the normalised row is cast to the input
 dtype before the gain multiply. With a residual: x = x + residual first (rounded to the dtype),
-and that sum is returned as the new residual stream. Torch twins: `dlmrt.ops.reference.rms_norm`,
-`add_rms_norm`.
+and that sum is returned as the new residual stream. Gemma's variant keeps the gain multiply in
+fp32 and casts once at the end (optionally without a gain). Torch twins: `dlmrt.ops.reference`'s
+`rms_norm`, `add_rms_norm`, `gemma_rms_norm`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def _rms_norm_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    GEMMA: tl.constexpr = False,  # gain in fp32, one cast at the end
+    HAS_W: tl.constexpr = True,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -37,9 +40,12 @@ def _rms_norm_kernel(
         tl.store(res_out_ptr + row * n + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, 0) / n + eps)
-    y = (xf * inv).to(x.dtype).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * n + offs, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+    y = xf * inv
+    if not GEMMA:
+        y = y.to(x.dtype).to(tl.float32)
+    if HAS_W:
+        y = y * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
@@ -62,6 +68,19 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         num_warps=8 if n > 2048 else 4,
     )
     return out, res_out
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x [..., n] (contiguous) -> x / rms(x) * w in fp32, cast once (w None: no gain)."""
+    n = x.shape[-1]
+    flat = x.reshape(-1, n)
+    out = torch.empty_like(flat)
+    _rms_norm_kernel[(flat.shape[0],)](
+        flat, flat, flat if weight is None else weight, out, out, n, n, n, eps,
+        HAS_RES=False, BLOCK=triton.next_power_of_2(n), GEMMA=True, HAS_W=weight is not None,
+        num_warps=8 if n > 2048 else 4,
+    )  # fmt: skip
+    return out.view(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -173,7 +173,9 @@ def test_rng_decision_on_a_graph_mode_llm(ckpt, monkeypatch, caplog):  # noqa: F
     runs the eager reference path (transformers' draws), says "eager", and logs it once."""
     import dlmrt.llm as llm_mod
 
-    monkeypatch.setattr(llm_mod, "select_mode", lambda mode, device: ("block_graph", "test"))
+    monkeypatch.setattr(
+        llm_mod, "select_mode", lambda mode, device, moe=False: ("block_graph", "test")
+    )
     monkeypatch.setattr(llm_mod, "StaticCanvasEngine", _Spy)
     llm = LLM(ckpt[0], device="cpu", dtype="float32")
     plain = LLM(ckpt[0], device="cpu", dtype="float32")  # also patched: compare engines directly

@@ -115,6 +115,29 @@ def test_rms_norm_and_fused_add_match_twins(dtype, rows, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 64), (7, 2816), (256, 16, 256), (33, 2, 512), (5, 1000)])
+@pytest.mark.parametrize("gain", [True, False])
+def test_gemma_rms_norm_matches_twin(dtype, shape, gain):
+    """Gemma's roundings (gain in fp32, one cast) over 2-D and per-head 3-D inputs, with and
+    without a gain; bf16 within one rounding of the twin, and through `ops` on CUDA."""
+    from dlmrt._kernels.rms_norm import gemma_rms_norm
+
+    from dlmrt import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape))
+    x = (3 * torch.randn(*shape, device="cuda", generator=gen)).to(dtype)
+    w = (0.1 * torch.randn(shape[-1], device="cuda", generator=gen)).to(dtype) if gain else None
+    want = reference.gemma_rms_norm(x, w, 1e-6)
+    got = gemma_rms_norm(x, w, 1e-6)
+    assert got.shape == x.shape and got.dtype == dtype
+    tol = TOL[torch.float32] if dtype == torch.float32 else BF16
+    torch.testing.assert_close(got, want, **tol)
+    if dtype == torch.bfloat16:  # mostly the same bits: the kernel differs only in sum order
+        assert (got == want).float().mean() > 0.98
+    torch.testing.assert_close(ops.gemma_rms_norm(x, w, 1e-6), got, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,heads,d", [(1, 2, 64), (256, 8, 128), (13, 32, 128)])
 @pytest.mark.parametrize("at_positions", [False, True])
 def test_qk_norm_rope_matches_twin(dtype, rows, heads, d, at_positions):

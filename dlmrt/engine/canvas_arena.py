@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dlmrt import ops
 from dlmrt.models.diffusion_gemma_config import SLIDING
 from dlmrt.models.layers import proportional_rope_cos_sin
-from dlmrt.ops.reference import gemma_rms_norm
 
 
 class ContextArena:
@@ -80,7 +80,7 @@ def _embed(model, ids: torch.Tensor, sc: torch.Tensor | None, first: torch.Tenso
     probs = F.softmax(sc.float() / 1.0, dim=-1, dtype=torch.float32)  # sc_temperature 1.0
     soft = (probs.to(model.embed_table.dtype) @ model.embed_table) * scale
     conditioned = h + sc_mod.forward(sc_mod.pre_norm(soft))
-    return gemma_rms_norm(torch.where(first, h, conditioned), None, sc_mod.eps)
+    return ops.gemma_rms_norm(torch.where(first, h, conditioned), None, sc_mod.eps)
 
 
 def static_forward(

@@ -26,7 +26,7 @@ from dlmrt.attention import AttnContext, block_attention
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
-from dlmrt.ops.reference import gemma_rms_norm, rotate
+from dlmrt.ops.reference import rotate
 
 
 class Attention(nn.Module):
@@ -59,7 +59,7 @@ class Attention(nn.Module):
         # transformers' roundings: norm (fp32, one cast), then RoPE in the model dtype
         q = rotate(self.q_norm(q), *rope).transpose(0, 1)
         k = rotate(self.k_norm(k), *rope).transpose(0, 1)
-        v = gemma_rms_norm(v, None, self.eps).transpose(0, 1)
+        v = ops.gemma_rms_norm(v, None, self.eps).transpose(0, 1)
         keys, values = k, v
         if callable(past):
             keys, values = past(k, v)
@@ -81,7 +81,7 @@ class Router(nn.Module):
         self.k, self.eps, self.root = cfg.top_k_experts, cfg.rms_norm_eps, cfg.hidden_size**-0.5
 
     def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = gemma_rms_norm(r, None, self.eps) * self.scale * self.root
+        x = ops.gemma_rms_norm(r, None, self.eps) * self.scale * self.root
         return ops.moe_route_softmax(self.proj(x), self.per_expert_scale, self.k)
 
 

@@ -12,7 +12,6 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
-from dlmrt.ops.reference import gemma_rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -39,7 +38,7 @@ class GemmaRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gemma_rms_norm(x, self.weight, self.eps)
+        return ops.gemma_rms_norm(x, self.weight, self.eps)
 
 
 def fuse_weights(*linears: nn.Linear) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 from dlmrt import ops
 from dlmrt.errors import CheckpointError
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, RMSNorm, SwiGLU
-from dlmrt.ops.reference import gemma_rms_norm, rms_normalize
+from dlmrt.ops.reference import rms_normalize
 
 POST_NORM_EPS = 1e-6
 
@@ -125,7 +125,7 @@ class SelfConditioning(GeGLU):
 
     def inject(self, tok_emb: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
         h = tok_emb if soft is None else tok_emb + self.forward(self.pre_norm(soft))
-        return gemma_rms_norm(h, None, self.eps)  # Gemma's roundings (fp32, one cast)
+        return ops.gemma_rms_norm(h, None, self.eps)  # Gemma's roundings (fp32, one cast)
 
 
 def soft_embedding(

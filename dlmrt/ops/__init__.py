@@ -84,6 +84,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return fn(x, weight, eps)
 
 
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm over the last dim (gain in fp32, one cast; None: no gain). Triton on
+    contiguous CUDA tensors (kernels/rms_norm.py), else `reference.gemma_rms_norm`."""
+    if x.is_cuda and x.is_contiguous() and _impl("rms_norm") == "triton":
+        return _resolve("gemma_rms_norm", "rms_norm")(x, weight, eps)
+    return reference.gemma_rms_norm(x, weight, eps)
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
