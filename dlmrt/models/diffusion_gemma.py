@@ -251,11 +251,11 @@ class DiffusionGemma(nn.Module):
         k_pos = pos if cache is None else torch.cat((cache.positions, pos))
         h = self._embed(input_ids, canvas, sc_logits, sc_temperature)
         window = self.cfg.sliding_window
-        full, _, is_canvas = visibility(pos, k_pos, canvas, cached, window)
+        full, sliding, is_canvas = visibility(pos, k_pos, canvas, cached, window)
         # Sliding layers read only the last window - 1 cached rows (the rest are masked anyway):
         # the keys transformers' sliding cache holds, so the attention sums round the same.
         kept = min(cached, window - 1)
-        _, sliding, _ = visibility(pos, k_pos[cached - kept :], canvas, kept, window)
+        sliding = sliding[:, cached - kept :]  # each mask column depends on its own key only
         ropes = {}
         for kind, spec in self.cfg.rope.items():
             dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
