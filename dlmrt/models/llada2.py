@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from dlmrt.attention import AttnContext, block_attention
-from dlmrt.models.layers import RMSNorm, SwiGLU, attend_arena, rope_cos_sin
+from dlmrt.models.block_lm import BlockLM
+from dlmrt.models.layers import RMSNorm, SwiGLU, attend_arena
 from dlmrt.models.llada2_config import LLaDA2Config
 from dlmrt.models.moe import SparseMoE, stacked_slices
 from dlmrt.models.residual import ResidualAdapter
@@ -103,58 +104,19 @@ class Backbone(nn.Module):
         )
 
 
-class LLaDA2(nn.Module):
-    """forward(ids, ctx, z, receives) -> logits [rows, vocab] (None for a KV-only pass).
+class LLaDA2(BlockLM):
+    """LLaDA2 layers (dense, then MoE) under the shared block-diffusion forward (`BlockLM`);
+    partial RoPE over the first `rotary_dim` dims of each head."""
 
-    Same contract as `QwenDLM`: without `z` every row is clean context; with `z`, the last
-    z.shape[0] rows are the block being denoised and get h = post(E[x] + alpha * m * g(z)).
-    """
+    EMBED = "word_embeddings"
 
     def __init__(self, cfg: LLaDA2Config) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        super().__init__(cfg, Backbone(cfg))
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.cfg.rotary_dim
 
     def checkpoint_slices(self) -> dict[str, tuple[str, int]]:
         """Stored tensor name -> (stacked parameter, index): the per-expert checkpoint tensors."""
         return stacked_slices(self)
-
-    def fuse_projections(self) -> None:
-        """gate/up as one GEMM in the dense layers, shared experts and the adapter. After loading."""
-        for module in self.modules():
-            if isinstance(module, SwiGLU):
-                module.fuse()
-
-    def tie_lm_head(self) -> None:
-        self.lm_head.weight = self.model.word_embeddings.weight
-
-    @property
-    def embed_table(self) -> torch.Tensor:
-        return self.model.word_embeddings.weight
-
-    @property
-    def adapter(self) -> ResidualAdapter | None:
-        return self.model.residual_adapter
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [rows]
-        ctx: AttnContext,
-        z: torch.Tensor | None = None,  # [n, hidden] pre-adapter residual of the last n rows
-        receives: torch.Tensor | None = None,  # [n] bool: rows that get alpha * g(z)
-        compute_logits: bool = True,
-        last_logits: int | None = None,  # n: logits of the last n rows only
-    ) -> torch.Tensor | None:
-        h = self.model.word_embeddings(input_ids)
-        if z is not None and self.adapter is not None:
-            h = self.adapter.inject_tail(h, z, receives)
-        rope = rope_cos_sin(ctx.positions, self.cfg.rotary_dim, self.cfg.rope_theta, h.dtype)
-        residual = None
-        for layer in self.model.layers:
-            h, residual = layer(h, residual, rope, ctx)
-        if not compute_logits:
-            return None
-        if last_logits is not None:
-            h, residual = h[-last_logits:], residual[-last_logits:]
-        return self.lm_head(self.model.norm(h, residual)[0])

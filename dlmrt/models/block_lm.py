@@ -1,0 +1,75 @@
+"""BlockLM: the forward QwenDLM and LLaDA2 share (embed -> ORL adapter -> layers -> norm -> head).
+
+Subclasses build `self.model` (a backbone with an embedding named `EMBED`, `layers` taking
+(h, residual, rope, ctx), a fused add-RMSNorm `norm` and an optional `residual_adapter`) and say
+how many leading dims of a head RoPE rotates (`rotary_dim`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dlmrt.attention import AttnContext
+from dlmrt.models.layers import rope_cos_sin
+from dlmrt.models.residual import ResidualAdapter
+
+
+class BlockLM(nn.Module):
+    """forward(ids, ctx, z, receives) -> logits [rows, vocab] (None for a KV-only pass).
+
+    Without `z` every row is clean context (prefill, commit passes). With `z`, the last z.shape[0]
+    rows are the block being denoised and get h = post(E[x] + alpha * m * g(z)).
+    """
+
+    EMBED = "embed_tokens"
+
+    def __init__(self, cfg, backbone: nn.Module) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = backbone
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.cfg.head_dim
+
+    def fuse_projections(self) -> None:
+        """One GEMM for q/k/v and for gate/up wherever a module can fuse. After loading."""
+        for module in self.modules():
+            if hasattr(module, "fuse") and module is not self:
+                module.fuse()
+
+    def tie_lm_head(self) -> None:
+        self.lm_head.weight = self.embed_table
+
+    @property
+    def embed_table(self) -> torch.Tensor:
+        """E: the input embedding table [vocab, hidden], used for the pre-adapter residual z = p^T E."""
+        return getattr(self.model, self.EMBED).weight
+
+    @property
+    def adapter(self) -> ResidualAdapter | None:
+        return self.model.residual_adapter
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [rows]
+        ctx: AttnContext,
+        z: torch.Tensor | None = None,  # [n, hidden] pre-adapter residual of the last n rows
+        receives: torch.Tensor | None = None,  # [n] bool: which of those rows get alpha * g(z)
+        compute_logits: bool = True,
+        last_logits: int | None = None,  # n: logits of the last n rows only
+    ) -> torch.Tensor | None:
+        h = getattr(self.model, self.EMBED)(input_ids)
+        if z is not None and self.adapter is not None:
+            h = self.adapter.inject_tail(h, z, receives)
+        rope = rope_cos_sin(ctx.positions, self.rotary_dim, self.cfg.rope_theta, h.dtype)
+        residual = None
+        for layer in self.model.layers:
+            h, residual = layer(h, residual, rope, ctx)
+        if not compute_logits:
+            return None
+        if last_logits is not None:
+            h, residual = h[-last_logits:], residual[-last_logits:]
+        return self.lm_head(self.model.norm(h, residual)[0])
