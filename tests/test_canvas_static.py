@@ -88,6 +88,18 @@ def test_requests_reuse_the_runner(engines):
     assert first.rounds_per_block == second.rounds_per_block
 
 
+def test_an_empty_prompt(engines, ckpt):  # noqa: F811
+    """No encoder pass before the first canvas (it starts at position 0): the reference path ran
+    the model over zero rows and crashed; both paths now agree and count no prefill forward."""
+    for si, max_new in ((0, 8), (2, 20)):
+        s = ebc.CanvasSettings(**SETTINGS[si])
+        a, b = _both(engines, [], s, max_new, si)
+        _same(a, b)
+        assert a.prefill_forwards == b.prefill_forwards == 0
+    out = LLM(ckpt[0], device="cpu").generate([], max_new_tokens=10, ignore_eos=True)
+    assert len(out.token_ids) == 10 and out.num_prefill_forwards == 0
+
+
 def test_arena_growth_keeps_tokens(ckpt, monkeypatch):  # noqa: F811
     """A small quantum forces growth on a longer request: the runners are dropped and rebuilt
     over the new arena, and tokens still match the reference."""

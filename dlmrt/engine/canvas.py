@@ -52,7 +52,8 @@ class CanvasEngine:
     ) -> EngineResult:
         noise = ebc.make_noise(rng, seed, self.vocab, self.device)
         cache = self.model.new_cache(self.device)
-        self._encode(prompt, 0, cache)
+        if prompt:  # an empty prompt has no encoder pass (the first canvas starts at position 0)
+            self._encode(prompt, 0, cache)
         start = [len(prompt)]
 
         def denoise(index: int) -> tuple[torch.Tensor, int]:
@@ -62,7 +63,9 @@ class CanvasEngine:
             self._encode(canvas, start[0], cache)
             start[0] += self.canvas_length
 
-        return self._loop(denoise, commit, max_new_tokens, stop_ids, ignore_eos, on_block)
+        res = self._loop(denoise, commit, max_new_tokens, stop_ids, ignore_eos, on_block)
+        res.prefill_forwards = int(bool(prompt))
+        return res
 
     def _loop(
         self, denoise, commit, max_new_tokens, stop_ids, ignore_eos, on_block
@@ -193,4 +196,6 @@ class StaticCanvasEngine(CanvasEngine):
         def commit(canvas: list[int]) -> None:
             runner.advance()  # encodes buf.argmax (== canvas) on the device
 
-        return self._loop(denoise, commit, max_new_tokens, stop_ids, ignore_eos, on_block)
+        res = self._loop(denoise, commit, max_new_tokens, stop_ids, ignore_eos, on_block)
+        res.prefill_forwards = int(bool(prompt))
+        return res
