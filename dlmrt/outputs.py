@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 class GenerationOutput:
     """Result of one request.
 
-    tokens_per_forward = generated tokens / (denoising + commit forwards): every forward after the
-    prompt prefill. With commit folding (the default) no commit pass runs on its own (it rides in a
-    denoising forward), so this is tokens per denoising forward; unfolded, the commits count too.
+    tokens_per_forward (TPF) = generated tokens / denoising forwards, the paper's definition (commit
+    and encoder passes are not charged; `num_commit_forwards` counts them). With commit folding (the
+    default) a joint pass counts as one denoising forward: folding a plain commit leaves TPF as it
+    was (the saving shows as num_commit_forwards == 0 and in request_tps); folding an editing
+    rule's post-fill check (one forward instead of two) raises it.
     request_time_s covers tokenisation, prefill, decoding and host overhead (not model loading);
     request_tps = generated tokens / request_time_s.
     """
@@ -33,8 +35,7 @@ class GenerationOutput:
 
     @property
     def tokens_per_forward(self) -> float:
-        forwards = self.num_denoising_forwards + self.num_commit_forwards
-        return len(self.token_ids) / max(forwards, 1)
+        return len(self.token_ids) / max(self.num_denoising_forwards, 1)
 
     @property
     def request_tps(self) -> float:

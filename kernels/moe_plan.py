@@ -28,7 +28,7 @@ def _plan_kernel(
     counts_ptr,
     starts_ptr,
     P,  # runtime (masks): prefill and commit passes vary it
-    P_PAD: tl.constexpr,  # loop bound: P rounded up to 256 (at most 16 compiled variants)
+    P_PAD: tl.constexpr,  # loop bound: P rounded up to 256 (at most 4 compiled variants)
     E: tl.constexpr,
     E_PAD: tl.constexpr,
     CH: tl.constexpr,

@@ -82,3 +82,25 @@ def test_moe_models_fall_back_to_eager_when_the_moe_ops_are_the_twins(monkeypatc
         assert select_mode("auto", CPU, moe=True) == ("block_graph", "ok")
     finally:
         ops.use(None)
+
+
+def test_runner_cache_keeps_the_most_recent_runners(tmp_path):
+    """Per-request settings are graph constants, so each distinct value builds a runner: the
+    cache keeps the MAX_RUNNERS most recently used ones (LRU) and rebuilds an evicted one with
+    the same tokens."""
+    from conftest import write_checkpoint
+
+    from dlmrt.engine.runner_cache import MAX_RUNNERS, RunnerCache
+
+    cache = RunnerCache(2)
+    assert cache.fetch("a", lambda: 1) == 1 and cache.fetch("b", lambda: 2) == 2
+    assert cache.fetch("a", lambda: 0) == 1  # a hit: not rebuilt, now the most recent
+    cache.fetch("c", lambda: 3)
+    assert list(cache) == ["a", "c"]
+    llm = LLM(write_checkpoint(tmp_path / "m"), device="cpu")
+    first = llm.generate([5, 6, 7], max_new_tokens=9, threshold=0.5, ignore_eos=True)
+    for i in range(MAX_RUNNERS + 2):
+        llm.generate([5, 6, 7], max_new_tokens=9, threshold=0.6 + 0.05 * i, ignore_eos=True)
+    assert len(llm.engine._runners) == MAX_RUNNERS
+    again = llm.generate([5, 6, 7], max_new_tokens=9, threshold=0.5, ignore_eos=True)
+    assert again.token_ids == first.token_ids

@@ -24,6 +24,7 @@ from dlmrt.engine.canvas_arena import ContextArena
 from dlmrt.engine.canvas_runners import RUNNERS
 from dlmrt.engine.canvas_static import CanvasBuffers, CanvasSpec, begin, encode
 from dlmrt.engine.engine import BlockCallback, EngineResult
+from dlmrt.engine.runner_cache import RunnerCache
 from dlmrt.errors import GenerationCancelled
 
 
@@ -145,23 +146,25 @@ class StaticCanvasEngine(CanvasEngine):
         super().__init__(model, device)
         self.name = mode
         self.arena: ContextArena | None = None
-        self._runners: dict[ebc.CanvasSettings, object] = {}
+        self._runners = RunnerCache()  # CanvasSettings -> runner (settings are graph constants)
         self._pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
 
     def _arena(self, rows: int) -> ContextArena:
         if self.arena is None or self.arena.max_len < rows:
             size = -(-rows // self.ARENA_QUANTUM) * self.ARENA_QUANTUM
-            self.arena, self._runners = None, {}  # graphs hold pointers into the old arena
+            self.arena = None
+            self._runners.clear()  # graphs hold pointers into the old arena
             self.arena = ContextArena(self.model.cfg, size, self.embed_dtype, self.device)
         return self.arena
 
     def _runner(self, settings: ebc.CanvasSettings):
-        if settings not in self._runners:
+        def build():
             spec = CanvasSpec(self.model, settings)
             buf, cls = CanvasBuffers(spec, self.device), RUNNERS[self.name]
             pool = () if self.name == "eager" else (self._pool,)
-            self._runners[settings] = cls(spec, buf, self.arena, *pool)
-        return self._runners[settings]
+            return cls(spec, buf, self.arena, *pool)
+
+        return self._runners.fetch(settings, build)
 
     @torch.inference_mode()
     def generate(

@@ -27,6 +27,7 @@ from dlmrt.decoding import DecodeRule
 from dlmrt.engine.fold import FoldBuffers, folds_check
 from dlmrt.engine.kv_cache import KVCache
 from dlmrt.engine.round import BlockBuffers, RoundSpec
+from dlmrt.engine.runner_cache import RunnerCache
 from dlmrt.engine.runners import BlockGraphRunner, EagerRunner, RoundGraphRunner
 
 log = logging.getLogger("dlmrt")
@@ -132,13 +133,14 @@ class Engine:
         )
         self.fold_commits = fold_commits  # engine/fold.py: commits ride in the next block's round 0
         self.kv: KVCache | None = None
-        self._runners: dict[tuple, object] = {}  # (block, rule, temperature) -> runner
+        self._runners = RunnerCache()  # (block, rule, temperature) -> (runner, buffers)
         self._pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
 
     def _arena(self, max_len: int) -> KVCache:
         if self.kv is None or self.kv.max_len < max_len:
             size = -(-max_len // ARENA_QUANTUM) * ARENA_QUANTUM
-            self.kv, self._runners = None, {}  # graphs hold pointers into the old arena
+            self.kv = None
+            self._runners.clear()  # graphs hold pointers into the old arena
             c = self.cfg
             self.kv = KVCache(
                 c.num_hidden_layers,
@@ -152,7 +154,8 @@ class Engine:
 
     def _runner(self, spec: RoundSpec, recorder_hook) -> tuple[object, BlockBuffers, FoldBuffers]:
         key = (spec.block_size, spec.rule, spec.temperature)
-        if key not in self._runners:
+
+        def build() -> tuple[object, BlockBuffers, FoldBuffers]:
             buf, fb = BlockBuffers(spec, self.device), FoldBuffers(spec, self.device)
             if self.mode == "block_graph":
                 rounds = spec.rule.max_rounds(spec.block_size)
@@ -163,8 +166,9 @@ class Engine:
                 runner = RoundGraphRunner(spec, buf, self.kv, self._pool)
             else:
                 runner = EagerRunner(spec)
-            self._runners[key] = (runner, buf, fb)
-        runner, buf, fb = self._runners[key]
+            return runner, buf, fb
+
+        runner, buf, fb = self._runners.fetch(key, build)
         if recorder_hook is not None and not isinstance(runner, EagerRunner):
             runner = EagerRunner(spec)  # per-round hooks need the host between rounds
         if isinstance(runner, EagerRunner):
