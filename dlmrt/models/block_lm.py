@@ -1,18 +1,34 @@
 """BlockLM: the forward QwenDLM and LLaDA2 share (embed -> ORL adapter -> layers -> norm -> head).
 
-Subclasses build `self.model` (a backbone with an embedding named `EMBED`, `layers` taking
-(h, residual, rope, ctx), a fused add-RMSNorm `norm` and an optional `residual_adapter`) and say
-how many leading dims of a head RoPE rotates (`rotary_dim`).
+Subclasses give their decoder layer class (called as layer(cfg, index); it takes (h, residual,
+rope, ctx)), the checkpoint's name of the embedding (`EMBED`), and how many leading dims of a head
+RoPE rotates (`rotary_dim`). Parameter names follow the HF checkpoints (`model.<EMBED>.weight`,
+`model.layers.N...`, `model.norm.weight`, `model.residual_adapter.*`, `lm_head.weight`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from dlmrt.attention import AttnContext
-from dlmrt.models.layers import rope_cos_sin
+from dlmrt.models.layers import RMSNorm, rope_cos_sin
 from dlmrt.models.residual import ResidualAdapter
+
+
+class Backbone(nn.Module):
+    """Embedding (named `embed`), decoder layers, final add-RMSNorm, optional ORL adapter."""
+
+    def __init__(self, cfg, embed: str, layer: Callable[..., nn.Module]) -> None:
+        super().__init__()
+        setattr(self, embed, nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.residual_adapter = (
+            ResidualAdapter(cfg.hidden_size, cfg.residual) if cfg.residual is not None else None
+        )
 
 
 class BlockLM(nn.Module):
@@ -24,10 +40,10 @@ class BlockLM(nn.Module):
 
     EMBED = "embed_tokens"
 
-    def __init__(self, cfg, backbone: nn.Module) -> None:
+    def __init__(self, cfg, layer: Callable[..., nn.Module]) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = backbone
+        self.model = Backbone(cfg, self.EMBED, layer)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @property

@@ -22,7 +22,6 @@ from dlmrt.models.block_lm import BlockLM
 from dlmrt.models.layers import RMSNorm, SwiGLU, attend_arena
 from dlmrt.models.llada2_config import LLaDA2Config
 from dlmrt.models.moe import SparseMoE, stacked_slices
-from dlmrt.models.residual import ResidualAdapter
 from dlmrt.ops.reference import rotate
 
 
@@ -93,17 +92,6 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-class Backbone(nn.Module):
-    def __init__(self, cfg: LLaDA2Config) -> None:
-        super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.residual_adapter = (
-            ResidualAdapter(cfg.hidden_size, cfg.residual) if cfg.residual is not None else None
-        )
-
-
 class LLaDA2(BlockLM):
     """LLaDA2 layers (dense, then MoE) under the shared block-diffusion forward (`BlockLM`);
     partial RoPE over the first `rotary_dim` dims of each head."""
@@ -111,7 +99,7 @@ class LLaDA2(BlockLM):
     EMBED = "word_embeddings"
 
     def __init__(self, cfg: LLaDA2Config) -> None:
-        super().__init__(cfg, Backbone(cfg))
+        super().__init__(cfg, DecoderLayer)
 
     @property
     def rotary_dim(self) -> int:

@@ -87,7 +87,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """Gemma's RMSNorm over the last dim (gain in fp32, one cast; None: no gain). Triton on
     contiguous CUDA tensors (kernels/rms_norm.py), else `reference.gemma_rms_norm`."""
-    if x.is_cuda and x.is_contiguous() and _impl("rms_norm") == "triton":
+    if x.is_cuda and x.is_contiguous() and implementation("rms_norm") == "triton":
         return _resolve("gemma_rms_norm", "rms_norm")(x, weight, eps)
     return reference.gemma_rms_norm(x, weight, eps)
 
@@ -96,7 +96,7 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual): the residual add fused into the norm."""
-    if x.is_cuda and x.stride(-1) == 1 and _impl("rms_norm") == "triton":
+    if x.is_cuda and x.stride(-1) == 1 and implementation("rms_norm") == "triton":
         return _resolve("add_rms_norm", "rms_norm")(x, residual, weight, eps)
     return reference.add_rms_norm(x, residual, weight, eps)
 
@@ -168,8 +168,3 @@ def moe_route_softmax(
     fn = _resolve("moe_route_softmax", "moe_route") if logits.is_cuda else None
     fn = fn or reference.moe_route_softmax
     return fn(logits, per_expert_scale, top_k)
-
-
-def _impl(name: str) -> str:
-    _resolve(name)
-    return _IMPL[name]
