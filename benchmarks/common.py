@@ -42,15 +42,23 @@ def qwen_dlm_4b(layers: int = 36) -> ModelConfig:
     )
 
 
-def random_model(cfg: ModelConfig, device: torch.device, dtype=torch.bfloat16) -> QwenDLM:
+def random_model(
+    cfg, device: torch.device, dtype=torch.bfloat16, cls: type[torch.nn.Module] = QwenDLM
+) -> torch.nn.Module:
+    """`cls(cfg)` allocated on the device without initialising, then N(0, 0.02) weights, buffers
+    set (names with "bias": 0, e.g. LLaDA2's expert_bias; others 1: scalars and scales), the LM
+    head tied when the config says so, projections fused."""
     with torch.device("meta"):
-        model = QwenDLM(cfg).to(dtype)
+        model = cls(cfg).to(dtype)
     model = model.to_empty(device=device)
-    model.tie_lm_head()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
+        for name, b in model.named_buffers():
+            b.zero_() if "bias" in name else b.fill_(1)
     model = model.eval().requires_grad_(False)
+    if getattr(cfg, "tie_word_embeddings", False):
+        model.tie_lm_head()
     model.fuse_projections()
     return model
 

@@ -45,25 +45,6 @@ def llada21_mini(layers: int = 20) -> LLaDA2Config:
     )
 
 
-def random_moe_model(
-    cls: type[nn.Module], cfg, device: torch.device, dtype=torch.bfloat16
-) -> nn.Module:
-    """Allocate on the device without initialising, then N(0, 0.02) weights and zero buffers."""
-    with torch.device("meta"):
-        model = cls(cfg).to(dtype)
-    model = model.to_empty(device=device)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-        for name, b in model.named_buffers():
-            b.zero_() if "bias" in name else b.fill_(1)  # expert_bias 0; scalars/scales 1
-    model = model.eval().requires_grad_(False)
-    if getattr(cfg, "tie_word_embeddings", False):
-        model.tie_lm_head()
-    model.fuse_projections()
-    return model
-
-
 class TouchedExperts:
     """Counts, per MoE layer, the distinct experts a forward's routing selects (a forward hook);
     `rows` keeps only passes over that many rows (e.g. the canvas, not the prompt's encoding)."""

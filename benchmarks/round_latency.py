@@ -36,7 +36,6 @@ from moe_models import (
     diffusion_gemma_26b,
     llada21_mini,
     moe_round_floor,
-    random_moe_model,
 )
 
 from dlmrt.decoding import make_rule
@@ -167,7 +166,7 @@ def build(name: str, layers: int | None, canvas: str = "masks"):
         from dlmrt.models.diffusion_gemma import DiffusionGemma
 
         cfg = diffusion_gemma_26b(layers or 30)
-        model = random_moe_model(DiffusionGemma, cfg, dev)
+        model = random_model(cfg, dev, cls=DiffusionGemma)
         shape = {"layers": cfg.num_hidden_layers, "hidden": 2816, "experts": "128x704", "top_k": 8}
         shape |= {"dense": 2112, "vocab": 262144, "rows": 256, "rule": "entropy_bound_canvas"}
 
@@ -178,7 +177,7 @@ def build(name: str, layers: int | None, canvas: str = "masks"):
 
         return model, None, canvas_floor_of, shape
     cfg = llada21_mini(layers or 20)
-    model = random_moe_model(LLaDA2, cfg, dev)
+    model = random_model(cfg, dev, cls=LLaDA2)
     rule = make_rule("llada_editing", editing="quality")
 
     def floor(ctx: int) -> tuple[float, float]:

@@ -73,7 +73,7 @@ def test_moe_round_floor_counts_dense_weights_and_touched_experts():
         moe_intermediate_size=8,
         block_size=4,
     )
-    model = mm.random_moe_model(LLaDA2, cfg, torch.device("cpu"), torch.float32)
+    model = _load("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
     assert all(b.abs().sum() == 0 for n, b in model.named_buffers() if "expert_bias" in n)
     touched = mm.TouchedExperts(model)
     ids = torch.arange(5)
