@@ -28,13 +28,18 @@ def ckpt(tmp_path_factory) -> tuple[Path, object]:
     torch.manual_seed(0)
     hf = dg.DiffusionGemmaForBlockDiffusion(_config()).eval()
     _randomise(hf, 1)
-    path = tmp_path_factory.mktemp("dgc") / "tiny"
+    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgc") / "tiny")
+    return path, dg.DiffusionGemmaForBlockDiffusion.from_pretrained(path).eval()
+
+
+def save_checkpoint(hf, path: Path) -> Path:
+    """Save a transformers DiffusionGemma with the test stop ids and the byte tokenizer."""
     hf.save_pretrained(path)
     gen = json.loads((path / "generation_config.json").read_text())
     gen.update(eos_token_id=list(STOPS), pad_token_id=0)
     (path / "generation_config.json").write_text(json.dumps(gen))
     _byte_tokenizer().save(str(path / "tokenizer.json"))
-    return path, dg.DiffusionGemmaForBlockDiffusion.from_pretrained(path).eval()
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,9 @@ Run on the device machine: pytest -m gpu tests/test_canvas_graph_gpu.py
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from conftest import _byte_tokenizer
-from test_canvas_decoding import SETTINGS, STOPS, _prompt, ckpt  # noqa: F401
+from test_canvas_decoding import SETTINGS, _prompt, ckpt, save_checkpoint  # noqa: F401
 from test_diffusion_gemma import F_, S, _config, _randomise
 
 from dlmrt import LLM
@@ -53,12 +50,7 @@ def checkpoints(ckpt, tmp_path_factory):  # noqa: F811
     cfg.canvas_length = 32
     hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
     _randomise(hf, 2)
-    path = tmp_path_factory.mktemp("dgmid") / "mid"
-    hf.save_pretrained(path)
-    gen = json.loads((path / "generation_config.json").read_text())
-    gen.update(eos_token_id=list(STOPS), pad_token_id=0)
-    (path / "generation_config.json").write_text(json.dumps(gen))
-    _byte_tokenizer().save(str(path / "tokenizer.json"))
+    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgmid") / "mid")
     return {"tiny": ckpt[0], "mid": path}
 
 
