@@ -233,3 +233,14 @@ def write_llada2_checkpoint(
     (out / "chat_template.jinja").write_text(LLADA_CHAT_TEMPLATE)
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     return out
+
+
+def assert_modes_agree(outs: dict, *where: object) -> None:
+    """outs: mode -> GenerationOutput of the same request. Each ran in its mode and equals eager's
+    tokens, rounds per block and finish reason (`where` labels a failure)."""
+    ref = outs["eager"]
+    for mode, out in outs.items():
+        assert out.mode == mode
+        assert out.token_ids == ref.token_ids, (mode, *where)
+        assert out.rounds_per_block == ref.rounds_per_block, (mode, *where)
+        assert out.finish_reason == ref.finish_reason, (mode, *where)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_modes_agree
 from test_canvas_decoding import SETTINGS, _prompt, ckpt, save_checkpoint  # noqa: F401
 from test_diffusion_gemma import F_, S, _config, _randomise
 
@@ -74,12 +75,7 @@ def test_graph_modes_equal_the_static_eager_runner(checkpoints, name, dtype):
                 m: llm.generate(_prompt(plen, seed), max_new_tokens=max_new, seed=seed, **kw)
                 for m, llm in llms.items()
             }
-            ref = outs["eager"]
-            for m, out in outs.items():
-                assert out.mode == m
-                assert out.token_ids == ref.token_ids, (m, k, seed)
-                assert out.rounds_per_block == ref.rounds_per_block, (m, k, seed)
-                assert out.finish_reason == ref.finish_reason
+            assert_modes_agree(outs, k, seed)
 
 
 # Short trajectories only: the padded-arena attention rounds differently from the growing cache

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import residual_config, write_checkpoint
+from conftest import assert_modes_agree, residual_config, write_checkpoint
 
 from dlmrt import LLM, reference
 from dlmrt.decoding import make_rule
@@ -67,11 +67,7 @@ def test_all_modes_give_the_same_tokens(checkpoints, name, dtype):
                 )
                 for m, llm in llms.items()
             }
-            ref = outs["eager"]
-            for m, out in outs.items():
-                assert out.mode == m
-                assert out.token_ids == ref.token_ids, (m, rule, plen)
-                assert out.rounds_per_block == ref.rounds_per_block, (m, rule, plen)
+            assert_modes_agree(outs, rule, plen)
 
 
 def test_cuda_fp32_engine_matches_oracle(checkpoints):
