@@ -20,9 +20,7 @@ once serves every canvas and request until the arena grows (the engine then reca
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from dlmrt import ops
 from dlmrt.models.diffusion_gemma_config import SLIDING
 from dlmrt.models.layers import proportional_rope_cos_sin
 
@@ -72,15 +70,11 @@ def arena_masks(pos: torch.Tensor, max_len: int, window: int, decoder: bool):
 def _embed(model, ids: torch.Tensor, sc: torch.Tensor | None, first: torch.Tensor | None):
     """DiffusionGemma._embed over static buffers: decoder rows (sc given) take self-conditioning
     unless `first` (a device bool) is set, which keeps exactly the `sc_logits=None` input."""
-    scale = model.embed_scale(model.embed_table.dtype)
-    h = model.model.embed_tokens(ids) * scale
+    h = model.model.embed_tokens(ids) * model.embed_scale(model.embed_table.dtype)
     if sc is None:
         return h
-    sc_mod = model.model.self_conditioning
-    probs = F.softmax(sc.float() / 1.0, dim=-1, dtype=torch.float32)  # sc_temperature 1.0
-    soft = (probs.to(model.embed_table.dtype) @ model.embed_table) * scale
-    conditioned = h + sc_mod.forward(sc_mod.pre_norm(soft))
-    return ops.gemma_rms_norm(torch.where(first, h, conditioned), None, sc_mod.eps)
+    soft = model.soft_embedding(sc, 1.0)  # sc_temperature 1.0, as the reference's decoder passes
+    return model.model.self_conditioning.inject(h, soft, first)
 
 
 def static_forward(

@@ -214,16 +214,19 @@ class DiffusionGemma(nn.Module):
     def embed_scale(self, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(self.cfg.hidden_size**0.5, dtype=torch.float32).to(dtype)
 
+    def soft_embedding(self, sc_logits: torch.Tensor, sc_temperature: float) -> torch.Tensor:
+        """softmax(sc_logits / T) @ E * sqrt(hidden), as transformers: softmax in fp32, cast,
+        then @ E (not the fused exp(x - logZ) twin)."""
+        probs = F.softmax(sc_logits.float() / sc_temperature, dim=-1, dtype=torch.float32)
+        scale = self.embed_scale(self.embed_table.dtype)
+        return (probs.to(self.embed_table.dtype) @ self.embed_table) * scale
+
     def _embed(self, ids: torch.Tensor, canvas: int, sc_logits, sc_temperature: float):
         scale = self.embed_scale(self.embed_table.dtype)
         h = self.model.embed_tokens(ids) * scale
         if canvas == 0:
             return h
-        soft = None
-        if sc_logits is not None:
-            # transformers: softmax in fp32, cast, then @ E (not the fused exp(x - logZ) twin)
-            probs = F.softmax(sc_logits.float() / sc_temperature, dim=-1, dtype=torch.float32)
-            soft = (probs.to(self.embed_table.dtype) @ self.embed_table) * scale
+        soft = None if sc_logits is None else self.soft_embedding(sc_logits, sc_temperature)
         tail = self.model.self_conditioning.inject(h[-canvas:], soft)
         return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
 

@@ -123,8 +123,14 @@ class SelfConditioning(GeGLU):
         self.pre_norm = GemmaRMSNorm(hidden_size, eps)
         self.eps = eps
 
-    def inject(self, tok_emb: torch.Tensor, soft: torch.Tensor | None) -> torch.Tensor:
+    def inject(
+        self, tok_emb: torch.Tensor, soft: torch.Tensor | None, first: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`first` (a device bool, for captured graphs): when set, the soft input is ignored,
+        exactly as soft = None."""
         h = tok_emb if soft is None else tok_emb + self.forward(self.pre_norm(soft))
+        if first is not None:
+            h = torch.where(first, tok_emb, h)
         return ops.gemma_rms_norm(h, None, self.eps)  # Gemma's roundings (fp32, one cast)
 
 
