@@ -20,7 +20,7 @@ import torch
 
 from dlmrt.engine.canvas_arena import ContextArena
 from dlmrt.engine.canvas_static import CanvasBuffers, CanvasSpec, advance, canvas_step
-from dlmrt.engine.runners import StopCheck, _capture, _check
+from dlmrt.engine.runners import StopCheck, _capture, _check, _restore, _snapshot
 
 
 class CanvasEagerRunner:
@@ -56,12 +56,12 @@ class CanvasRoundGraphRunner(CanvasEagerRunner):
     def _ensure(self) -> None:
         if self.step_graph is None:
             spec, buf, arena = self.spec, self.buf, self.arena
-            snapshot = buf.snapshot()
+            saved = _snapshot(buf)
             self.step_graph = _capture(
                 lambda: canvas_step(spec, buf, arena), self.stream, self.pool
             )
             self.advance_graph = _capture(lambda: advance(spec, buf, arena), self.stream, self.pool)
-            buf.restore(snapshot)  # undo the warm-up steps
+            _restore(saved)  # undo the warm-up steps
 
     def run_canvas(self, max_steps: int) -> int:
         self._ensure()
@@ -91,7 +91,7 @@ class CanvasBlockGraphRunner(CanvasRoundGraphRunner):
             from dlmrt.engine.conditional import WhileGraph, launch_condition
 
             spec, buf, arena = self.spec, self.buf, self.arena
-            snapshot = buf.snapshot()
+            saved = _snapshot(buf)
             super()._ensure()  # warm-up + the advance graph (and a step graph)
 
             def body(handle: int) -> None:
@@ -99,7 +99,7 @@ class CanvasBlockGraphRunner(CanvasRoundGraphRunner):
                 launch_condition(handle, buf.done, buf.step, self.max_steps)
 
             self.block = WhileGraph(body, self.stream, self.pool)
-            buf.restore(snapshot)
+            _restore(saved)
 
     def run_canvas(self, max_steps: int) -> int:
         self._ensure()

@@ -52,17 +52,6 @@ class CanvasBuffers:
         self.index = torch.zeros((), **long)  # canvas index within the request
         self.seed = torch.zeros((), **long)
 
-    def state(self) -> list[torch.Tensor]:
-        names = ("canvas", "argmax", "sc", "first", "history", "step", "done", "start", "index")
-        return [getattr(self, n) for n in names + ("seed",)]
-
-    def snapshot(self) -> list[torch.Tensor]:
-        return [t.clone() for t in self.state()]
-
-    def restore(self, snapshot: list[torch.Tensor]) -> None:
-        for t, saved in zip(self.state(), snapshot, strict=True):
-            t.copy_(saved)
-
 
 def reset_canvas(spec: CanvasSpec, buf: CanvasBuffers) -> None:
     """A fresh noise canvas at (seed, index): draw step N + 1, as `CanvasEngine._denoise`."""
