@@ -1,4 +1,4 @@
-"""Block layout of one request (SDAR semantics, model-specs §1.3) and the stop rule.
+"""Block layout of one request (SDAR semantics, `docs/block-layout.md`) and the stop rule.
 
 Blocks sit on absolute multiples of the block length B. The floor(P / B) full prompt blocks are
 prefilled; the prompt tail (P mod B tokens) starts the first decode block as already-resolved rows
@@ -17,37 +17,39 @@ import torch
 @dataclass(frozen=True, slots=True)
 class Layout:
     prompt_len: int
-    block: int  # B
+    block_length: int  # B
     num_blocks: int  # blocks covering prompt + max_new_tokens
     first_block: int  # index of the first decode block (= number of full prompt blocks)
     limit: int  # prompt + max_new_tokens: rows at or past this position are not decoded
 
     @property
     def max_len(self) -> int:
-        return self.num_blocks * self.block
+        return self.num_blocks * self.block_length
 
     @property
     def tail(self) -> int:
         """Prompt tokens inside the first decode block."""
-        return self.prompt_len - self.first_block * self.block
+        return self.prompt_len - self.first_block * self.block_length
 
 
-def layout(prompt_len: int, max_new_tokens: int, block: int) -> Layout:
-    num_blocks = -(-(prompt_len + max_new_tokens) // block)
-    return Layout(prompt_len, block, num_blocks, prompt_len // block, prompt_len + max_new_tokens)
+def layout(prompt_len: int, max_new_tokens: int, block_length: int) -> Layout:
+    num_blocks = -(-(prompt_len + max_new_tokens) // block_length)
+    first = prompt_len // block_length
+    return Layout(prompt_len, block_length, num_blocks, first, prompt_len + max_new_tokens)
 
 
 def initial_canvas(
     lay: Layout, index: int, prompt_ids: list[int], mask_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Canvas [B] and unresolved mask [B] of decode block `index` before its first round."""
-    canvas = torch.full((lay.block,), mask_id, dtype=torch.long, device=device)
-    unresolved = torch.ones(lay.block, dtype=torch.bool, device=device)
+    canvas = torch.full((lay.block_length,), mask_id, dtype=torch.long, device=device)
+    unresolved = torch.ones(lay.block_length, dtype=torch.bool, device=device)
     if index == lay.first_block and lay.tail:
-        canvas[: lay.tail] = torch.tensor(prompt_ids[lay.first_block * lay.block :], device=device)
+        tail = prompt_ids[lay.first_block * lay.block_length :]
+        canvas[: lay.tail] = torch.tensor(tail, device=device)
         unresolved[: lay.tail] = False
-    past = lay.limit - index * lay.block  # first row past the requested length, if in this block
-    if past < lay.block:
+    past = lay.limit - index * lay.block_length  # first row past the limit, if in this block
+    if past < lay.block_length:
         unresolved[past:] = False
     return canvas, unresolved
 

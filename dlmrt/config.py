@@ -51,7 +51,7 @@ class EngineConfig:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.role is not None and self.role not in ROLES:
             raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {self.role!r}")
-        from dlmrt.engine.modes import MODES
+        from dlmrt.engine.graph.modes import MODES
 
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")

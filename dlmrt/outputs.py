@@ -1,8 +1,14 @@
-"""GenerationOutput: what one request returns."""
+"""What a request returns (`GenerationOutput`, `EngineResult`), what a round records, and the
+callback types of the engines and `LLM`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +46,40 @@ class GenerationOutput:
     @property
     def request_tps(self) -> float:
         return len(self.token_ids) / self.request_time_s if self.request_time_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """What a block-style round consumed and produced (for the trainer): device tensors, cloned.
+
+    They are created under `torch.inference_mode()`: clone them outside it (or use them as
+    constants, e.g. the stop-gradient z of replay) before they enter an autograd graph.
+    """
+
+    block_index: int
+    round: int
+    canvas: torch.Tensor  # [B] canvas the round saw
+    unresolved: torch.Tensor  # [B] unresolved rows at the start of the round
+    z: torch.Tensor | None  # [B, hidden] pre-adapter residual the round consumed
+    entropy: torch.Tensor  # [B] per-row entropy of this round's prediction
+    accepted: torch.Tensor  # [B] rows accepted this round
+    edited: torch.Tensor | None = None  # [B] resolved rows rewritten this round (editing rules)
+
+
+@dataclass
+class EngineResult:
+    """What an engine returns for one request: token ids, never text (`LLM` decodes them)."""
+
+    token_ids: list[int]
+    finish_reason: str
+    denoising_forwards: int = 0
+    commit_forwards: int = 0
+    prefill_forwards: int = 0
+    rounds_per_block: list[int] = field(default_factory=list)
+    mode: str = "eager"
+
+
+Recorder = Callable[[RoundRecord], None]
+# (block or canvas index, rounds it took, tokens so far)
+BlockCallback = Callable[[int, int, list[int]], None]
+StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)

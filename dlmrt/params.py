@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-RULE_NAMES = ("threshold", "entropy_budget", "fixed_steps", "llada_editing", "entropy_bound_canvas")
+from dlmrt.rules import RULE_NAMES
+
 EDITING_PRESETS = ("quality", "speed")  # thresholds: dlmrt.decoding.llada_editing.PRESETS
 # DecodeParams fields that override a DiffusionGemma checkpoint's canvas-decoder settings.
 CANVAS_FIELDS = (

@@ -187,7 +187,7 @@ def test_recorder_rounds(orl_llm):
     full = torch.tensor(prompt + out.token_ids)
     assert len(full) == 3 * block
     for b in range(3):
-        recs = [r for r in records if r.block == b]
+        recs = [r for r in records if r.block_index == b]
         assert [r.round for r in recs] == list(range(out.rounds_per_block[b]))
         assert not recs[0].z.any()
         assert all(r.z.any() for r in recs[1:])

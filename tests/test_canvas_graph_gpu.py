@@ -1,5 +1,5 @@
 """GPU: DiffusionGemma's canvas graph modes. block_graph == round_graph == the static eager runner,
-token for token (same kernels); == the reference CanvasEngine(rng="counter") in fp32; graphs are
+token for token (same kernels); == the oracle (`reference.canvas`, rng="counter") in fp32; graphs are
 captured once and reused; LLM(path, device="cuda") picks block_graph.
 
 Run on the device machine: pytest -m gpu tests/test_canvas_graph_gpu.py
@@ -13,8 +13,10 @@ from conftest import assert_modes_agree
 from test_canvas_decoding import SETTINGS, _prompt, ckpt, save_checkpoint  # noqa: F401
 from test_diffusion_gemma import F_, S, _config, _randomise
 
-from dlmrt import LLM
-from dlmrt.engine.canvas import StaticCanvasEngine
+from dataclasses import replace
+
+from dlmrt import LLM, reference
+from dlmrt.engine.graph import workspace
 
 pytestmark = [
     pytest.mark.gpu,
@@ -56,10 +58,9 @@ def checkpoints(ckpt, tmp_path_factory):  # noqa: F811
 
 
 def _static_eager(path, dtype: str) -> LLM:
-    """mode eager + the static engine with its eager runner: the graph modes' step, host loop."""
-    llm = LLM(path, device="cuda", dtype=dtype, mode="eager")
-    llm.canvas_static = StaticCanvasEngine(llm.model, llm.device, "eager")
-    return llm
+    """mode eager; its requests pass rng="counter": the static path with the eager runner (the
+    graph modes' step from a host loop)."""
+    return LLM(path, device="cuda", dtype=dtype, mode="eager")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -72,7 +73,9 @@ def test_graph_modes_equal_the_static_eager_runner(checkpoints, name, dtype):
         kw = SETTINGS[k] if k is not None else {}  # None: the checkpoint's defaults (48 steps)
         for seed, (plen, max_new) in enumerate(CASES[name]):
             outs = {
-                m: llm.generate(_prompt(plen, seed), max_new_tokens=max_new, seed=seed, **kw)
+                m: llm.generate(
+                    _prompt(plen, seed), max_new_tokens=max_new, seed=seed, rng="counter", **kw
+                )
                 for m, llm in llms.items()
             }
             assert_modes_agree(outs, k, seed)
@@ -91,29 +94,33 @@ REF_SETTINGS = {
 
 @pytest.mark.parametrize("name", ["tiny", "mid"])
 def test_fp32_block_graph_matches_the_reference_engine(checkpoints, name):
-    """fp32: the padded-arena graph path and CanvasEngine (growing cache) with rng="counter"."""
+    """fp32: the padded-arena graph path and the oracle (growing cache) with rng="counter"."""
     fast = LLM(checkpoints[name], device="cuda", dtype="float32")
-    ref = LLM(checkpoints[name], device="cuda", dtype="float32", mode="eager")
+    stops = sorted(fast.stop_ids)
     for settings in REF_SETTINGS[name]:
+        s = replace(fast.canvas_settings, **settings)
         for seed, (plen, max_new) in enumerate(CASES[name]):
-            kw = dict(max_new_tokens=max_new, seed=seed, **settings)
-            a = fast.generate(_prompt(plen, seed), **kw)
-            b = ref.generate(_prompt(plen, seed), rng="counter", **kw)
+            kw = dict(max_new_tokens=max_new, seed=seed)
+            a = fast.generate(_prompt(plen, seed), **kw, **settings)
+            b = reference.canvas.generate(
+                fast.model, _prompt(plen, seed), s, stop_ids=stops, rng="counter", **kw
+            )
             assert a.mode == "block_graph" and b.mode == "eager"
             assert a.token_ids == b.token_ids and a.rounds_per_block == b.rounds_per_block
 
 
 def test_graphs_are_captured_once_and_reused(checkpoints):
-    """A second request (another prompt length too) reuses the runner and its graphs."""
+    """A second request (another prompt length too) reuses the program and its graphs."""
     llm = LLM(checkpoints["tiny"], device="cuda", mode="block_graph")
     first = llm.generate(_prompt(5, 1), max_new_tokens=20, seed=1, **SETTINGS[2])
-    engine = llm.canvas_static
-    (runner,) = engine._runners.values()
-    graphs = (runner.block, runner.step_graph, runner.advance_graph)
+    programs = llm.engine.workspace.programs
+    (program,) = programs.values()
+    graphs = dict(program.runner.graphs)
+    assert set(graphs) == {"while:steps", "advance"}  # one WHILE graph per loop, one per pass
     other = llm.generate(_prompt(11, 2), max_new_tokens=30, seed=2, **SETTINGS[2])
     again = llm.generate(_prompt(5, 1), max_new_tokens=20, seed=1, **SETTINGS[2])
-    assert list(engine._runners.values()) == [runner]
-    assert (runner.block, runner.step_graph, runner.advance_graph) == graphs
+    assert list(programs.values()) == [program]
+    assert program.runner.graphs == graphs  # the same graph objects: nothing recaptured
     assert again.token_ids == first.token_ids and other.mode == "block_graph"
     assert again.rounds_per_block == first.rounds_per_block
 
@@ -123,16 +130,16 @@ def test_arena_growth_recaptures_with_the_same_tokens(checkpoints, monkeypatch):
     still the static eager runner's tokens (same arena sizes on both sides)."""
     fast = LLM(checkpoints["tiny"], device="cuda", mode="block_graph")
     slow = _static_eager(checkpoints["tiny"], "bfloat16")
-    for llm in (fast, slow):
-        monkeypatch.setattr(llm.canvas_static, "ARENA_QUANTUM", 32)
-    runners = []
+    monkeypatch.setattr(workspace, "ARENA_QUANTUM", 32)
+    programs = []
     for plen, max_new in ((3, 8), (13, 40)):
         a, b = (
-            llm.generate(_prompt(plen, 4), max_new_tokens=max_new, seed=4) for llm in (fast, slow)
+            llm.generate(_prompt(plen, 4), max_new_tokens=max_new, seed=4, rng="counter")
+            for llm in (fast, slow)
         )
         assert a.token_ids == b.token_ids and a.rounds_per_block == b.rounds_per_block
-        runners.append(next(iter(fast.canvas_static._runners.values())))
-    assert runners[0] is not runners[1] and fast.canvas_static.arena.max_len == 64
+        programs.append(next(iter(fast.engine.workspace.programs.values())))
+    assert programs[0] is not programs[1] and fast.engine.workspace.arena.max_len == 64
 
 
 def test_llm_on_cuda_picks_block_graph_and_reports_it(checkpoints):

@@ -1,7 +1,7 @@
 """DiffusionGemma's static canvas path (arena + `canvas_step`, the graph modes' step) on the CPU.
 
-Its eager runner must give the reference `CanvasEngine(rng="counter")`'s tokens in fp32; the GPU
-file test_canvas_graph_gpu.py checks round_graph and block_graph against it.
+Its eager runner must give the oracle's (`reference.canvas.generate(rng="counter")`) tokens in
+fp32; the GPU file test_canvas_graph_gpu.py checks round_graph and block_graph against it.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import torch
 from test_canvas_decoding import SETTINGS, STOPS, _prompt, ckpt  # noqa: F401
 from test_diffusion_gemma import VOCAB
 
-from dlmrt import LLM
+from dlmrt import LLM, reference
 from dlmrt.attention import AttnContext
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.decoding import entropy_bound_canvas as ebc
-from dlmrt.engine.canvas import CanvasEngine, StaticCanvasEngine
-from dlmrt.engine.canvas_arena import ContextArena, static_forward
+from dlmrt.engine import EncoderDecoderEngine
+from dlmrt.engine.graph import workspace
+from dlmrt.engine.kv_cache import ContextArena
 from dlmrt.errors import GenerationCancelled
 
 CPU = torch.device("cpu")
@@ -28,15 +29,14 @@ CASES = [(3, 20), (13, 8), (5, 30)]  # prompt 13 > sliding window 5; 20, 30: not
 @pytest.fixture(scope="module")
 def engines(ckpt):  # noqa: F811
     model = load_checkpoint(ckpt[0], torch.float32, CPU).model
-    return CanvasEngine(model, CPU), StaticCanvasEngine(model, CPU, "eager")
+    return model, EncoderDecoderEngine(model, CPU, "eager")
 
 
 def _both(engines, prompt, settings, max_new, seed, **kw):
-    ref, static = engines
+    model, static = engines
     args = dict(max_new_tokens=max_new, stop_ids=list(STOPS), seed=seed, **kw)
-    return ref.generate(prompt, settings, rng="counter", **args), static.generate(
-        prompt, settings, **args
-    )
+    ref = reference.canvas.generate(model, prompt, settings, rng="counter", **args)
+    return ref, static.generate(prompt, settings, **args)
 
 
 def _same(a, b) -> None:
@@ -47,7 +47,7 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize("settings", range(len(SETTINGS)))
 def test_static_eager_matches_the_reference(engines, settings):
-    """Token for token (and step for step) with CanvasEngine(rng="counter"), fp32, one engine
+    """Token for token (and step for step) with the oracle (rng="counter"), fp32, one engine
     reused across every request (its buffers and arena carry over)."""
     s = ebc.CanvasSettings(**SETTINGS[settings])
     for seed in range(3):
@@ -55,7 +55,7 @@ def test_static_eager_matches_the_reference(engines, settings):
             a, b = _both(engines, _prompt(prompt_len, 10 * settings + seed), s, max_new, seed)
             _same(a, b)
             assert b.mode == "eager"
-    assert s in engines[1]._runners
+    assert s in engines[1].workspace.programs
 
 
 def test_default_settings_and_ignore_eos(engines):
@@ -82,9 +82,9 @@ def test_requests_reuse_the_runner(engines):
     static = engines[1]
     s = ebc.CanvasSettings(**SETTINGS[2])
     first = static.generate(_prompt(6, 3), s, max_new_tokens=17, stop_ids=[], seed=4)
-    runner = static._runner(s)
+    program = static.workspace.programs[s]
     second = static.generate(_prompt(6, 3), s, max_new_tokens=17, stop_ids=[], seed=4)
-    assert static._runner(s) is runner and first.token_ids == second.token_ids
+    assert static.workspace.programs[s] is program and first.token_ids == second.token_ids
     assert first.rounds_per_block == second.rounds_per_block
 
 
@@ -104,16 +104,17 @@ def test_arena_growth_keeps_tokens(ckpt, monkeypatch):  # noqa: F811
     """A small quantum forces growth on a longer request: the runners are dropped and rebuilt
     over the new arena, and tokens still match the reference."""
     model = load_checkpoint(ckpt[0], torch.float32, CPU).model
-    engines = CanvasEngine(model, CPU), StaticCanvasEngine(model, CPU, "eager")
-    monkeypatch.setattr(engines[1], "ARENA_QUANTUM", 16)
+    engines = model, EncoderDecoderEngine(model, CPU, "eager")
+    monkeypatch.setattr(workspace, "ARENA_QUANTUM", 16)
     s = ebc.CanvasSettings(**SETTINGS[0])
+    space = engines[1].workspace
     _same(*_both(engines, _prompt(3, 1), s, 8, 1))
-    small, runner = engines[1].arena, engines[1]._runner(s)
+    small, program = space.arena, space.programs[s]
     assert small.max_len == 32  # 3 + (1 + 1) * 8 = 19 rows, rounded up to 16s
     _same(*_both(engines, _prompt(13, 2), s, 30, 2, ignore_eos=True))
-    assert engines[1].arena.max_len == 64 and engines[1]._runner(s) is not runner
+    assert space.arena.max_len == 64 and space.programs[s] is not program
     _same(*_both(engines, _prompt(4, 3), s, 16, 3))  # smaller again: no shrink
-    assert engines[1].arena.max_len == 64
+    assert space.arena.max_len == 64
 
 
 def test_decoder_pass_over_the_arena_equals_the_cache(ckpt):  # noqa: F811
@@ -127,11 +128,12 @@ def test_decoder_pass_over_the_arena_equals_the_cache(ckpt):  # noqa: F811
         for ids, start in ((prompt, 0), (first, 13)):
             pos = torch.arange(start, start + len(ids))
             model(ids, AttnContext(pos, block_size=1), cache=cache, compute_logits=False)
-            static_forward(model, arena, ids, torch.tensor(start))
+            model(ids, AttnContext(pos, 1, arena), compute_logits=False)
         ctx = AttnContext(torch.arange(21, 29), block_size=1)
+        static = AttnContext(torch.arange(21, 29), 1, arena)
         for sc_in, flag in ((sc, False), (None, True)):
             ref = model(canvas, ctx, 8, sc_in, cache=cache)
-            out = static_forward(model, arena, canvas, torch.tensor(21), sc, torch.tensor(flag))
+            out = model(canvas, static, 8, sc, first=torch.tensor(flag))
             assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -146,10 +148,13 @@ def test_device_scalar_helpers_equal_the_host_ones():
     assert torch.equal(noise.sample(probs, 2, 7), ebc.counter_sample(probs, t(5), t(2), t(7)))
 
 
-def test_static_path_refuses_torch_rng_and_can_be_cancelled(engines):
-    static, s = engines[1], ebc.CanvasSettings(**SETTINGS[0])
-    with pytest.raises(ValueError, match="rng: the static canvas path draws counter noise only"):
-        static.generate([7, 8], s, max_new_tokens=8, stop_ids=[], rng="torch")
+def test_torch_rng_runs_the_oracle_and_the_static_path_can_be_cancelled(engines):
+    (model, static), s = engines, ebc.CanvasSettings(**SETTINGS[0])
+    kw = dict(max_new_tokens=8, stop_ids=[], seed=4)
+    out = static.generate([7, 8], s, rng="torch", **kw)
+    assert out.token_ids == reference.canvas.generate(model, [7, 8], s, rng="torch", **kw).token_ids
+    with pytest.raises(ValueError, match="rng: expected 'torch' or 'counter'"):
+        static.generate([7, 8], s, max_new_tokens=8, stop_ids=[], rng="philox")
     calls = []
     with pytest.raises(GenerationCancelled):
         static.generate(
@@ -161,23 +166,24 @@ def test_static_path_refuses_torch_rng_and_can_be_cancelled(engines):
 def test_cpu_mode_is_eager_with_a_reason(ckpt):  # noqa: F811
     llm = LLM(ckpt[0], device="cpu")
     assert llm.mode == "eager" and "no CUDA graphs" in llm.mode_reason
-    assert llm.canvas_static is None
+    assert isinstance(llm.engine, EncoderDecoderEngine) and llm.engine.mode == "eager"
     out = llm.generate(_prompt(4, 1), max_new_tokens=8, **SETTINGS[1])
     assert out.mode == "eager"
-    with pytest.raises(ValueError, match="round_graph' is not available for .*CUDA graphs"):
+    with pytest.raises(ValueError, match="mode: round_graph needs a CUDA device"):
         LLM(ckpt[0], device="cpu", mode="round_graph")
 
 
-class _Spy(StaticCanvasEngine):
-    """The static engine with its eager runner, standing in for a graph mode on the CPU."""
+class _Spy(EncoderDecoderEngine):
+    """The engine with eager runners, standing in for a graph mode on the CPU; counts the
+    requests that ran its static path (each fetches a program)."""
 
     def __init__(self, model, device, mode):
         super().__init__(model, device, "eager")
-        self.requested_mode, self.calls = mode, 0
+        self.mode, self.calls = mode, 0
 
-    def generate(self, *args, **kwargs):
+    def program(self, *args, **kwargs):
         self.calls += 1
-        return super().generate(*args, **kwargs)
+        return super().program(*args, **kwargs)
 
 
 def test_rng_decision_on_a_graph_mode_llm(ckpt, monkeypatch, caplog):  # noqa: F811
@@ -188,33 +194,20 @@ def test_rng_decision_on_a_graph_mode_llm(ckpt, monkeypatch, caplog):  # noqa: F
     monkeypatch.setattr(
         llm_mod, "select_mode", lambda mode, device, moe=False: ("block_graph", "test")
     )
-    monkeypatch.setattr(llm_mod, "StaticCanvasEngine", _Spy)
+    monkeypatch.setattr(llm_mod, "EncoderDecoderEngine", _Spy)
     llm = LLM(ckpt[0], device="cpu", dtype="float32")
-    plain = LLM(ckpt[0], device="cpu", dtype="float32")  # also patched: compare engines directly
-    assert llm.mode == "block_graph" and llm.canvas_static.requested_mode == "block_graph"
+    assert llm.mode == "block_graph" and llm.engine.mode == "block_graph"
     kw = dict(max_new_tokens=20, seed=2, **SETTINGS[2])
     fast = llm.generate(_prompt(7, 1), **kw)
-    assert llm.canvas_static.calls == 1
-    ref = plain.canvas.generate(
-        _prompt(7, 1),
-        ebc.CanvasSettings(**SETTINGS[2]),
-        max_new_tokens=20,
-        stop_ids=sorted(plain.stop_ids),
-        seed=2,
-        rng="counter",
-    )
+    assert llm.engine.calls == 1
+    s, stops = ebc.CanvasSettings(**SETTINGS[2]), sorted(llm.stop_ids)
+    args = dict(max_new_tokens=20, stop_ids=stops, seed=2)
+    ref = reference.canvas.generate(llm.model, _prompt(7, 1), s, rng="counter", **args)
     assert fast.token_ids == ref.token_ids
     with caplog.at_level(logging.INFO, logger="dlmrt"):
         slow = llm.generate(_prompt(7, 1), rng="torch", **kw)
         again = llm.generate(_prompt(7, 1), rng="torch", **kw)
-    assert llm.canvas_static.calls == 1 and slow.mode == again.mode == "eager"
+    assert llm.engine.calls == 1 and slow.mode == again.mode == "eager"
     assert caplog.text.count("eager reference path") == 1
-    torch_ref = plain.canvas.generate(
-        _prompt(7, 1),
-        ebc.CanvasSettings(**SETTINGS[2]),
-        max_new_tokens=20,
-        stop_ids=sorted(plain.stop_ids),
-        seed=2,
-        rng="torch",
-    )
+    torch_ref = reference.canvas.generate(llm.model, _prompt(7, 1), s, rng="torch", **args)
     assert slow.token_ids == torch_ref.token_ids

@@ -34,11 +34,11 @@ def llms(tmp_path_factory):
 
 def _check(llm: LLM, prompt: list[int], rule: str, **kw) -> object:
     out = llm.generate(prompt, rule=rule, **RULES[rule], **kw)
-    tokens, reason = reference.generate(
+    tokens, reason = reference.block.generate(
         llm.model,
         prompt,
         rule=make_rule(rule, **RULES[rule]),
-        block_size=kw.get("block_length") or llm.model_config.block_size,
+        block_length=kw.get("block_length") or llm.model_config.block_size,
         max_new_tokens=kw["max_new_tokens"],
         mask_id=llm.mask_id,
         stop_ids=llm.stop_ids,

@@ -7,7 +7,7 @@ from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 
 from dlmrt import LLM, reference
 from dlmrt.decoding import make_rule
-from dlmrt.engine import runners
+from dlmrt.engine.block import program
 
 QWEN_ADAPTERS = {
     "base": None,
@@ -67,14 +67,14 @@ def _same(on: LLM, off: LLM, prompt: list[int], **kw):
 def passes(monkeypatch):
     """Every joint pass the eager runner runs: (block b done before it, redo, block b done after)."""
     events: list[tuple[bool, bool, bool]] = []
-    real = runners.joint_pass
+    real = program.joint_pass
 
     def spy(spec, fb, buf, kv, kv_len=None):
         before = bool(fb.done)
         real(spec, fb, buf, kv, kv_len)
         events.append((before, bool(fb.redo), bool(fb.done)))
 
-    monkeypatch.setattr(runners, "joint_pass", spy)
+    monkeypatch.setattr(program, "joint_pass", spy)
     return events
 
 
@@ -95,11 +95,11 @@ def test_qwen_folded_matches_the_oracle(qwen):
         llm = qwen[adapter][0]
         for rule, knob in QWEN_RULES.items():
             out = llm.generate(_prompt(13), rule=rule, max_new_tokens=27, ignore_eos=True, **knob)
-            tokens, reason = reference.generate(
+            tokens, reason = reference.block.generate(
                 llm.model,
                 _prompt(13),
                 rule=make_rule(rule, **knob),
-                block_size=8,
+                block_length=8,
                 max_new_tokens=27,
                 mask_id=llm.mask_id,
                 stop_ids=llm.stop_ids,
@@ -138,11 +138,11 @@ def test_llada_folded_check_repeats_and_matches_the_oracle(llada, passes):
     llm = llada["base"][0]
     for editing in ("quality", "speed"):
         out = llm.generate(_prompt(13), editing=editing, max_new_tokens=29, ignore_eos=True)
-        tokens, reason = reference.generate(
+        tokens, reason = reference.block.generate(
             llm.model,
             _prompt(13),
             rule=make_rule("llada_editing", editing=editing),
-            block_size=8,
+            block_length=8,
             max_new_tokens=29,
             mask_id=llm.mask_id,
             stop_ids=llm.stop_ids,

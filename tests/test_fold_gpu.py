@@ -39,7 +39,7 @@ def checkpoints(tmp_path_factory):
 
 def test_while_init_node_can_skip_the_body():
     """The block_graph round loop's init node: zero rounds when the flags say done at launch."""
-    from dlmrt.engine.conditional import init_self_test
+    from dlmrt.engine.graph.while_graph import init_self_test
 
     init_self_test()
 
@@ -83,11 +83,11 @@ def test_fp32_folded_equals_unfolded_and_the_oracle(checkpoints, mode):
         for rule, knob in KNOBS.items():
             a = on.generate(_prompt(13), rule=rule, max_new_tokens=40, ignore_eos=True, **knob)
             b = off.generate(_prompt(13), rule=rule, max_new_tokens=40, ignore_eos=True, **knob)
-            tokens, _ = reference.generate(
+            tokens, _ = reference.block.generate(
                 on.model,
                 _prompt(13),
                 rule=make_rule(rule, **knob),
-                block_size=8,
+                block_length=8,
                 max_new_tokens=40,
                 mask_id=on.mask_id,
                 stop_ids=on.stop_ids,

@@ -75,11 +75,11 @@ def test_cuda_fp32_engine_matches_oracle(checkpoints):
     llm = LLM(checkpoints["tiny-orl"], device="cuda", dtype="float32", mode="block_graph")
     for rule, knob in KNOBS.items():
         out = llm.generate(_prompt(13), rule=rule, max_new_tokens=40, ignore_eos=True, **knob)
-        tokens, reason = reference.generate(
+        tokens, reason = reference.block.generate(
             llm.model,
             _prompt(13),
             rule=make_rule(rule, **knob),
-            block_size=8,
+            block_length=8,
             max_new_tokens=40,
             mask_id=llm.mask_id,
             stop_ids=llm.stop_ids,
@@ -92,10 +92,12 @@ def test_graphs_are_captured_once_and_reused(checkpoints):
     """A second request with the same block length and rule reuses the captured graphs."""
     llm = LLM(checkpoints["tiny-orl"], device="cuda", mode="block_graph")
     first = llm.generate(_prompt(5), max_new_tokens=20, ignore_eos=True)
-    runners = dict(llm.engine._runners)
+    (program,) = llm.engine.workspace.programs.values()
+    graphs = dict(program.runner.graphs)
+    assert set(graphs) == {"while:rounds", "while:fold"}  # folded commits: no commit graph
     second = llm.generate(_prompt(5), max_new_tokens=20, ignore_eos=True)
-    assert llm.engine._runners == runners and first.token_ids == second.token_ids
-    assert len(runners) == 1
+    assert list(llm.engine.workspace.programs.values()) == [program]
+    assert program.runner.graphs == graphs and first.token_ids == second.token_ids
 
 
 def test_recorder_requests_run_eagerly_with_the_same_tokens(checkpoints):
@@ -110,7 +112,7 @@ def test_recorder_requests_run_eagerly_with_the_same_tokens(checkpoints):
 
 def test_auto_mode_falls_back_when_the_while_self_test_fails(monkeypatch, checkpoints):
     """auto: a failing block_graph self-test gives round_graph, with the failure as the reason."""
-    import dlmrt.engine.modes as modes
+    import dlmrt.engine.graph.modes as modes
 
     def broken():
         raise RuntimeError("no conditional nodes here")
@@ -123,7 +125,7 @@ def test_auto_mode_falls_back_when_the_while_self_test_fails(monkeypatch, checkp
 
 
 def test_auto_mode_picks_block_graph():
-    from dlmrt.engine.modes import select_mode
+    from dlmrt.engine.graph.modes import select_mode
 
     assert select_mode("auto", torch.device("cuda"))[0] == "block_graph"
 

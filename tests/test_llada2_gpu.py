@@ -1,4 +1,4 @@
-"""LLaDA2 on CUDA: eager engine == `reference.generate`; block_graph == round_graph == eager."""
+"""LLaDA2 on CUDA: eager engine == `reference.block.generate`; block_graph == round_graph == eager."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ def test_cuda_engine_matches_oracle(tmp_path, adapter, editing):
     )
     prompt = [(37 * i + 11) % 256 for i in range(11)]
     out = llm.generate(prompt, editing=editing, max_new_tokens=21, ignore_eos=True)
-    tokens, reason = reference.generate(
+    tokens, reason = reference.block.generate(
         llm.model,
         prompt,
         rule=make_rule("llada_editing", editing=editing),
-        block_size=llm.model_config.block_size,
+        block_length=llm.model_config.block_size,
         max_new_tokens=21,
         mask_id=llm.mask_id,
         stop_ids=llm.stop_ids,

@@ -1,4 +1,4 @@
-"""LLaDA2 end to end: the KV-cached engine == `reference.generate` token for token (CPU, fp32),
+"""LLaDA2 end to end: the KV-cached engine == `reference.block.generate` token for token (CPU, fp32),
 both editing presets, Base and ORL (residual adapter on "block" and "masked" rows)."""
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def _prompt(n: int) -> list[int]:
 def _check(llm: LLM, prompt: list[int], editing: str, **kw):
     records = []
     out = llm.generate(prompt, editing=editing, recorder=records.append, **kw)
-    tokens, reason = reference.generate(
+    tokens, reason = reference.block.generate(
         llm.model,
         prompt,
         rule=make_rule("llada_editing", editing=editing),
-        block_size=llm.model_config.block_size,
+        block_length=llm.model_config.block_size,
         max_new_tokens=kw["max_new_tokens"],
         mask_id=llm.mask_id,
         stop_ids=llm.stop_ids,
@@ -73,7 +73,7 @@ def test_edits_happen_and_committed_kv_reflects_final_tokens(llms):
         )
         edited = sum(int(r.edited.sum()) for r in records)
         assert edited > 0, editing
-        first = [r for r in records if r.block == 1]
+        first = [r for r in records if r.block_index == 1]
         assert all(not r.edited[:5].any() for r in first)  # 13 = 8 + 5 prompt-tail rows
         assert max(out.rounds_per_block) > llms["block", 0].model_config.block_size // 2
 

@@ -9,7 +9,7 @@ import torch
 
 from dlmrt import LLM
 from dlmrt.decoding.noise import counter_uniform
-from dlmrt.engine.modes import select_mode
+from dlmrt.engine.graph.modes import select_mode
 
 CPU = torch.device("cpu")
 
@@ -68,7 +68,7 @@ def test_moe_models_fall_back_to_eager_when_the_moe_ops_are_the_twins(monkeypatc
     mode would pass its self-test, a forced graph mode is an error naming the mode, and dense
     models are unaffected."""
     from dlmrt import ops
-    from dlmrt.engine import modes
+    from dlmrt.engine.graph import modes
 
     monkeypatch.setattr(modes, "_select", lambda requested, device: ("block_graph", "ok"))
     ops.use("torch")
@@ -90,7 +90,7 @@ def test_runner_cache_keeps_the_most_recent_runners(tmp_path):
     the same tokens."""
     from conftest import write_checkpoint
 
-    from dlmrt.engine.runner_cache import MAX_RUNNERS, RunnerCache
+    from dlmrt.engine.graph.runner_cache import MAX_RUNNERS, RunnerCache
 
     cache = RunnerCache(2)
     assert cache.fetch("a", lambda: 1) == 1 and cache.fetch("b", lambda: 2) == 2
@@ -101,6 +101,6 @@ def test_runner_cache_keeps_the_most_recent_runners(tmp_path):
     first = llm.generate([5, 6, 7], max_new_tokens=9, threshold=0.5, ignore_eos=True)
     for i in range(MAX_RUNNERS + 2):
         llm.generate([5, 6, 7], max_new_tokens=9, threshold=0.6 + 0.05 * i, ignore_eos=True)
-    assert len(llm.engine._runners) == MAX_RUNNERS
+    assert len(llm.engine.workspace.programs) == MAX_RUNNERS
     again = llm.generate([5, 6, 7], max_new_tokens=9, threshold=0.5, ignore_eos=True)
     assert again.token_ids == first.token_ids

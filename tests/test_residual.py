@@ -161,7 +161,7 @@ def test_base_model_has_no_adapter(tmp_path):
 def test_round_receives_rows_by_positions(tmp_path, positions):
     """'masked': rows unresolved at the start of the round get g(z); 'block': every row."""
     from dlmrt.decoding import make_rule
-    from dlmrt.engine.round import RoundSpec
+    from dlmrt.engine.block.round import RoundSpec
 
     path = write_checkpoint(tmp_path / "m", residual=residual_config(positions))
     spec = RoundSpec(

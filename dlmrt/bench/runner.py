@@ -33,8 +33,8 @@ def bench_command(args: Any) -> int:
 
 
 def _bench(args: Any) -> int:
-    from dlmrt.cli import values
     from dlmrt.config import EngineConfig
+    from dlmrt.flags import values
 
     if args.plot:
         from dlmrt.bench.plot import require_matplotlib

@@ -8,30 +8,42 @@ from dlmrt.decoding.fixed_steps import FixedStepsRule
 from dlmrt.decoding.llada_editing import LLaDAEditingRule
 from dlmrt.decoding.proposal import propose
 from dlmrt.decoding.threshold import ThresholdRule
-from dlmrt.params import RULE_NAMES
+from dlmrt.params import DecodeParams
+from dlmrt.rules import BLOCK, RULES
 
-RULES = RULE_NAMES  # the names live with DecodeParams, which validates them without torch
+_DEFAULTS = DecodeParams()  # the knobs' defaults live on DecodeParams only
 
 
 def make_rule(
     name: str,
     *,
-    threshold: float = 0.9,
-    entropy_budget: float = 0.8,
-    denoising_steps: int = 23,
+    threshold: float = _DEFAULTS.threshold,
+    entropy_budget: float = _DEFAULTS.entropy_budget,
+    denoising_steps: int | None = None,
     editing: str = "quality",
-    max_post_steps: int = 16,
+    max_post_steps: int = _DEFAULTS.max_post_steps,
 ) -> DecodeRule:
-    """Build a rule by name from the per-request knobs (validated by `DecodeParams`)."""
+    """Build a block-style rule by name from the per-request knobs (validated by `DecodeParams`;
+    `dlmrt/rules.py` lists the names). denoising_steps: `fixed_steps` only, required there."""
+    info = RULES.get(name)
+    if info is None:
+        raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})")
+    if info.style != BLOCK:
+        raise ValueError(
+            f"rule: {name!r} is the {info.style}-style decoder ({info.summary}), not a block rule: "
+            "it is configured by CanvasSettings"
+        )
     if name == "threshold":
         return ThresholdRule(threshold)
     if name == "entropy_budget":
         return EntropyBudgetRule(entropy_budget)
     if name == "fixed_steps":
+        if denoising_steps is None:
+            raise ValueError("denoising_steps: rule 'fixed_steps' needs it (rounds per block)")
         return FixedStepsRule(denoising_steps)
     if name == "llada_editing":
         return LLaDAEditingRule.preset(editing, max_post_steps)
-    raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})")
+    raise AssertionError(f"rule {name!r} is registered in dlmrt/rules.py but has no builder")
 
 
 __all__ = ["RULES", "DecodeRule", "Proposal", "RuleOutput", "make_rule", "propose"]

@@ -1,8 +1,14 @@
-"""KVCache: one static contiguous arena per request, allocated once for prompt + max_new_tokens.
+"""The static KV arenas of both styles: allocated by the engine, read and written by the models.
 
-Layout [layers, kv_heads, max_len, head_dim] for K and for V. Rows of the active block are scratch
-while it is denoised (each round writes them) and become permanent with its commit pass. The arena
-starts zeroed so masked-out rows can never inject NaN through 0 * garbage in attention.
+Both start zeroed so masked-out rows can never inject NaN through 0 * garbage in attention, and
+both are plain data: a model's forward writes its rows' K/V at the rows' positions and reads the
+rows its visibility rule allows (`dlmrt/attention/`, `dlmrt/models/diffusion_gemma_context.py`).
+
+KVCache      block style: K and V of [layers, kv_heads, max_len, head_dim]. Rows of the active
+             block are scratch while it is denoised (each round writes them) and become
+             permanent with its commit (a commit pass, or the folded joint pass).
+ContextArena encoder-decoder style: per layer K and V of [kv_heads, max_len, head_dim] (layers
+             differ in head count and head_dim). Arena row j holds position j.
 """
 
 from __future__ import annotations
@@ -31,3 +37,19 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+
+class ContextArena:
+    """Per-layer K/V [kv_heads, max_len, head_dim] for `cfg.kv_heads` / `cfg.head_dims`."""
+
+    def __init__(self, cfg, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        for heads, dim in zip(cfg.kv_heads, cfg.head_dims, strict=True):
+            self.k.append(torch.zeros(heads, max_len, dim, dtype=dtype, device=device))
+            self.v.append(torch.zeros(heads, max_len, dim, dtype=dtype, device=device))
+        self.max_len = max_len
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.k + self.v)

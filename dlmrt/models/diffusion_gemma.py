@@ -1,15 +1,13 @@
 """DiffusionGemma (`DiffusionGemmaForBlockDiffusion`): one Gemma-4 MoE text tower in two modes.
 
-A forward takes [context rows | canvas rows] (the last `canvas` rows are the canvas), or, with a
-`ContextCache`, new context rows alone (encoder pass: their K/V are appended) or the canvas alone
-(decoder pass against the cached K/V); explicit masks give the visibility transformers uses:
-
-- context rows (encoder mode): key k visible to query q iff k is a context row and pos_k <= pos_q;
-  sliding layers also need pos_q - pos_k < sliding_window.
-- canvas rows (decoder mode): every canvas row, plus context rows: full layers all of them; sliding
-  layers those with c0 - pos_k < sliding_window, c0 = position of the first canvas row (the last
-  sliding_window - 1 context positions: what transformers' sliding cache holds). Canvas rows get the
-  self-conditioning input and the decoder copy of `layer_scalar`; context rows never see the canvas.
+One forward for every caller. Its attention context is data (`diffusion_gemma_context.py`): no
+cache (the rows are [context rows | canvas rows], the last `canvas` rows the canvas), a growing
+`ContextCache` (a pass is new context rows, an encoder pass whose K/V are appended, or the canvas
+alone, a decoder pass), or the engine's static arena in `ctx.kv` (device-side positions: graph-
+capturable). Context rows see context keys causally (sliding layers within the window); canvas
+rows see the whole canvas and the context (sliding layers: the last sliding_window - 1 context
+positions before the canvas). Canvas rows get the self-conditioning input and the decoder copy of
+`layer_scalar`; context rows never see the canvas.
 
 Weights: `model.decoder.*` and `model.encoder.language_model.*` map to one set (`checkpoint_name`);
 only `layer_scalar` has separate encoder/decoder copies. The vision tower is skipped (text only).
@@ -24,6 +22,7 @@ from torch import nn
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
+from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops.reference import rotate
@@ -47,11 +46,9 @@ class Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
 
-    def forward(self, x: torch.Tensor, rope, mask: torch.Tensor, pos: torch.Tensor, past=None):
-        """-> (output [rows, hidden], this pass's (K, V) [kv_heads, rows, head_dim]); `past` is
-        the cached context's (K, V), prepended to the keys (mask columns: past keys first), or a
-        callable (k, v) -> (keys, values): the static arena (engine/canvas_arena.py) writes this
-        pass's rows into its fixed-shape K/V and returns the rows to read."""
+    def forward(self, x: torch.Tensor, rope, pos: torch.Tensor, view, layer: int, sliding: bool):
+        """-> output [rows, hidden]; `view` (a context of `diffusion_gemma_context.py`) stores
+        this pass's K/V where its data says and returns the keys to attend and their mask."""
         rows = x.shape[0]
         q = self.q_proj(x).view(rows, self.heads, self.head_dim)
         k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
@@ -60,13 +57,10 @@ class Attention(nn.Module):
         q = rotate(self.q_norm(q), *rope).transpose(0, 1)
         k = rotate(self.k_norm(k), *rope).transpose(0, 1)
         v = ops.gemma_rms_norm(v, None, self.eps).transpose(0, 1)
-        keys, values = k, v
-        if callable(past):
-            keys, values = past(k, v)
-        elif past is not None:
-            keys, values = torch.cat((past[0], k), dim=1), torch.cat((past[1], v), dim=1)
+        keys, values = view.keys(layer, sliding, k, v)
+        mask = view.mask(sliding)
         out = block_attention(q, keys, values, pos, pos, 1, 1.0, mask)  # mask given: pos unused
-        return self.o_proj(out.transpose(0, 1).reshape(rows, -1)), (k, v)
+        return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 
 class Router(nn.Module):
@@ -116,51 +110,13 @@ class Layer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))  # decoder copy
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
-    def forward(self, h, rope, mask, pos, is_canvas: torch.Tensor, past=None):
-        attn, kv = self.self_attn(self.input_layernorm(h), rope, mask, pos, past)
+    def forward(self, h, rope, pos, view, layer: int, sliding: bool):
+        attn = self.self_attn(self.input_layernorm(h), rope, pos, view, layer, sliding)
         r = h + self.post_attention_layernorm(attn)
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(r)))
         moe = self.experts(self.pre_feedforward_layernorm_2(r), *self.router(r))
         out = r + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
-        return out * torch.where(is_canvas, self.layer_scalar, self.encoder_layer_scalar), kv
-
-
-def visibility(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, canvas: int, cached: int, window: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(full mask, sliding mask) bool [rows, keys] and is_canvas [rows, 1].
-
-    Keys are `cached` context rows from the cache, then this pass's rows; the last `canvas` rows
-    of this pass are the canvas. See the module docstring for the rule."""
-    rows = q_pos.shape[0]
-    new = torch.arange(rows, device=q_pos.device)
-    is_canvas = (new >= rows - canvas).unsqueeze(1)
-    key_ctx = torch.cat(
-        (torch.ones(cached, dtype=torch.bool, device=q_pos.device), new < rows - canvas)
-    )
-    q, k, key_ctx = q_pos.unsqueeze(1), k_pos.unsqueeze(0), key_ctx.unsqueeze(0)
-    causal = key_ctx & (k <= q)
-    full = causal | is_canvas
-    dec_sliding = ~key_ctx | (q_pos[rows - canvas] - k < window) if canvas else full
-    sliding = torch.where(is_canvas, dec_sliding, causal & (q - k < window))
-    return full, sliding, is_canvas
-
-
-class ContextCache:
-    """K/V of every encoded context row (the prompt, then each committed canvas), per layer.
-
-    Encoder passes (`canvas=0`) append to it; decoder passes read it. Eager: grows by concatenation."""
-
-    def __init__(self, layers: int, device: torch.device) -> None:
-        self.kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * layers
-        self.positions = torch.empty(0, dtype=torch.long, device=device)
-
-    def __len__(self) -> int:
-        return self.positions.numel()
-
-    def append(self, layer: int, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        old = self.kv[layer]
-        self.kv[layer] = kv if old is None else tuple(torch.cat(p, dim=1) for p in zip(old, kv))
+        return out * torch.where(view.is_canvas, self.layer_scalar, self.encoder_layer_scalar)
 
 
 class Backbone(nn.Module):
@@ -221,17 +177,26 @@ class DiffusionGemma(nn.Module):
         scale = self.embed_scale(self.embed_table.dtype)
         return (probs.to(self.embed_table.dtype) @ self.embed_table) * scale
 
-    def _embed(self, ids: torch.Tensor, canvas: int, sc_logits, sc_temperature: float):
+    def _embed(self, ids: torch.Tensor, canvas: int, sc_logits, sc_temperature: float, first):
         scale = self.embed_scale(self.embed_table.dtype)
         h = self.model.embed_tokens(ids) * scale
         if canvas == 0:
             return h
         soft = None if sc_logits is None else self.soft_embedding(sc_logits, sc_temperature)
-        tail = self.model.self_conditioning.inject(h[-canvas:], soft)
+        tail = self.model.self_conditioning.inject(h[-canvas:], soft, first)
         return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
 
     def new_cache(self, device: torch.device) -> ContextCache:
         return ContextCache(self.cfg.num_hidden_layers, device)
+
+    def _ropes(self, pos: torch.Tensor, dtype: torch.dtype) -> dict:
+        ropes = {}
+        for kind, spec in self.cfg.rope.items():
+            dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
+            ropes[kind] = proportional_rope_cos_sin(
+                pos, dim, spec.theta, spec.rotary_factor, dtype, spec.factor
+            )
+        return ropes
 
     def forward(
         self,
@@ -242,41 +207,29 @@ class DiffusionGemma(nn.Module):
         sc_temperature: float = 1.0,
         compute_logits: bool = True,
         cache: ContextCache | None = None,
+        first: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """With `cache`, the rows are either new context rows (`canvas=0`: encoded, their K/V
-        appended) or the canvas alone (`canvas=rows`: decoded against the cached context)."""
+        appended) or the canvas alone (`canvas=rows`: decoded against the cached context). With
+        an arena in `ctx.kv` (the engine's static path) likewise, at device-side positions.
+        `first` ([] bool on the device, static decoder passes): when set, `sc_logits` is ignored
+        (exactly sc_logits=None), so one captured graph serves a canvas's first step too."""
+        pos, window = ctx.positions, self.cfg.sliding_window
         if ctx.kv is not None:
-            raise NotImplementedError("DiffusionGemma has no KV-arena path yet (kv must be None)")
-        pos = ctx.positions
-        cached = 0 if cache is None else len(cache)
-        if cache is not None and canvas not in (0, pos.shape[0]):
-            raise ValueError("with a cache, a pass is all context rows or all canvas rows")
-        k_pos = pos if cache is None else torch.cat((cache.positions, pos))
-        h = self._embed(input_ids, canvas, sc_logits, sc_temperature)
-        window = self.cfg.sliding_window
-        full, sliding, is_canvas = visibility(pos, k_pos, canvas, cached, window)
-        # Sliding layers read only the last window - 1 cached rows (the rest are masked anyway):
-        # the keys transformers' sliding cache holds, so the attention sums round the same.
-        kept = min(cached, window - 1)
-        sliding = sliding[:, cached - kept :]  # each mask column depends on its own key only
-        ropes = {}
-        for kind, spec in self.cfg.rope.items():
-            dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
-            ropes[kind] = proportional_rope_cos_sin(
-                pos, dim, spec.theta, spec.rotary_factor, h.dtype, spec.factor
-            )
+            if cache is not None or canvas not in (0, pos.shape[0]):
+                raise ValueError(
+                    "with an arena, a pass is all context or all canvas rows, no cache"
+                )
+            view = ArenaContext(ctx.kv, pos, canvas > 0, window)
+        else:
+            view = GrowingContext(cache, pos, canvas, window)
+        h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first)
+        ropes = self._ropes(pos, h.dtype)
         for i, (layer, kind) in enumerate(
             zip(self.model.layers, self.cfg.layer_types, strict=True)
         ):
-            mask = sliding if kind == SLIDING else full
-            past = None if cache is None else cache.kv[i]
-            if past is not None and kind == SLIDING:
-                past = (past[0][:, cached - kept :], past[1][:, cached - kept :])
-            h, kv = layer(h, ropes[kind], mask, pos, is_canvas, past)
-            if cache is not None and canvas == 0:
-                cache.append(i, kv)
-        if cache is not None and canvas == 0:
-            cache.positions = k_pos
+            h = layer(h, ropes[kind], pos, view, i, kind == SLIDING)
+        view.finish()
         if not compute_logits:
             return None
         logits = self.lm_head(self.model.norm(h)).float()

@@ -1,4 +1,4 @@
-"""The ORL residual pathway (DESIGN §3.1, our checkpoint format v1).
+"""The ORL residual pathway (`docs/checkpoint-format.md`: the `orl_residual` block).
 
     z_i  = p_i^T E                         pre-adapter residual from the previous round's logits
     u    = s_in * RMSNorm_w(z)
@@ -89,6 +89,22 @@ class ResidualAdapter(SwiGLU):
     def forward(self, z: torch.Tensor) -> torch.Tensor:  # z: [rows, hidden]
         return self.output_scale * super().forward(self.input_scale * self.norm(z))
 
+    def receives(self, unresolved: torch.Tensor) -> torch.Tensor:
+        """The rows m that get alpha * g(z): the unresolved rows ("masked") or every row of the
+        block ("block"). Device-side, no host sync (graph-capturable)."""
+        if self.cfg.positions == "block":
+            return torch.ones_like(unresolved)
+        return unresolved
+
+    @property
+    def filled_block_is_clean(self) -> bool:
+        """Whether a forward of a block with no unresolved rows is a clean forward (h = E[x]):
+        true for "masked" rows (m = 0 everywhere, so h = E[x] + 0) without a post-norm; false
+        when z enters every row or the post-norm rescales E[x]. Commit folding asks this
+        (`dlmrt/engine/block/fold.py`): only then can an editing rule's post-fill check double as
+        the block's commit."""
+        return self.cfg.positions == "masked" and self.cfg.post_norm_scale is None
+
     def inject(
         self, tok_emb: torch.Tensor, z: torch.Tensor, receives: torch.Tensor
     ) -> torch.Tensor:
@@ -101,7 +117,7 @@ class ResidualAdapter(SwiGLU):
 
     def inject_tail(self, h: torch.Tensor, z: torch.Tensor, receives: torch.Tensor) -> torch.Tensor:
         """`inject` on the last z.shape[0] rows of h: the block being denoised. Rows before it are
-        clean context and keep h = E[x] (DESIGN §3.1)."""
+        clean context and keep h = E[x]."""
         n = z.shape[0]
         tail = self.inject(h[-n:], z, receives)
         return tail if n == h.shape[0] else torch.cat((h[:-n], tail), dim=0)

@@ -38,8 +38,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from dlmrt.cli import values
     from dlmrt.config import EngineConfig
+    from dlmrt.flags import values
     from dlmrt.llm import LLM
     from dlmrt.server.app import build_app
 

@@ -26,7 +26,7 @@ CHOICES = {
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    from dlmrt.cli import add_dataclass_flags
+    from dlmrt.flags import add_dataclass_flags
     from dlmrt.train.config import TrainConfig
 
     train = sub.add_parser("train", help="train a block-diffusion model (SFT on a task)")

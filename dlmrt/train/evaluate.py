@@ -20,24 +20,11 @@ from dlmrt.train.data import is_chat
 
 
 def live_llm(model: torch.nn.Module, run_dir: Path, device: torch.device) -> LLM:
-    """An `LLM` around a live model (its current weights, in their dtype) and `run_dir`'s tokenizer.
-
-    Bypasses `LLM.__init__` (which loads and fuses a checkpoint) and sets the attributes that
-    `LLM.generate` reads; the engine runs eagerly (no graphs: the weights change between calls).
-    """
-    from dlmrt.engine.engine import Engine
+    """An `LLM` around a live model (its current weights, in their dtype) and `run_dir`'s tokenizer;
+    the engine runs eagerly (no graphs: the weights change between calls)."""
     from dlmrt.tokenizer import Tokenizer
 
-    llm = LLM.__new__(LLM)
-    llm.path, llm.model, llm.model_config = run_dir, model, model.cfg
-    llm.device, llm.dtype = device, next(model.parameters()).dtype
-    llm.tokenizer = Tokenizer(run_dir)
-    llm.mask_id = model.cfg.mask_token_id
-    llm.stop_ids = llm.tokenizer.stop_ids or set(model.cfg.eos_token_ids)
-    llm.default_rule = "entropy_budget" if model.cfg.residual is not None else "threshold"
-    llm.mode, llm.mode_reason = "eager", "live training model"
-    llm.engine, llm.canvas = Engine(model, device, llm.dtype, "eager"), None
-    return llm
+    return LLM.from_model(model, Tokenizer(run_dir), path=run_dir, mode="eager")
 
 
 def evaluate(

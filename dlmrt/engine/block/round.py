@@ -32,17 +32,15 @@ class RoundSpec:
     model: torch.nn.Module
     rule: DecodeRule
     temperature: float
-    block_size: int
+    block_length: int
 
     @property
     def has_residual(self) -> bool:
         return getattr(self.model, "adapter", None) is not None
 
     def receives(self, unresolved: torch.Tensor) -> torch.Tensor:
-        """Rows that get alpha * g(z): unresolved rows ("masked") or every row ("block")."""
-        if self.model.adapter.cfg.positions == "block":
-            return torch.ones_like(unresolved)
-        return unresolved
+        """Rows that get alpha * g(z): the adapter decides (`ResidualAdapter.receives`)."""
+        return self.model.adapter.receives(unresolved)
 
     def decide(
         self,
@@ -75,7 +73,7 @@ class BlockBuffers:
     """Static device state of the active block; one set per block length, reused across blocks."""
 
     def __init__(self, spec: RoundSpec, device: torch.device) -> None:
-        rows, model = spec.block_size, spec.model
+        rows, model = spec.block_length, spec.model
         self.canvas = torch.zeros(rows, dtype=torch.long, device=device)
         self.unresolved = torch.zeros(rows, dtype=torch.bool, device=device)
         self.z = None
@@ -134,7 +132,7 @@ class BlockBuffers:
 def _context(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> AttnContext:
     # kv_len (host int, CPU): read that many arena rows. None (CUDA, every mode): visible lengths
     # come from the device-side positions, so a captured graph serves every block.
-    return AttnContext(buf.positions, spec.block_size, kv, kv_len)
+    return AttnContext(buf.positions, spec.block_length, kv, kv_len)
 
 
 def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:

@@ -1,4 +1,4 @@
-"""RunnerCache: the engines' runners (static buffers + captured graphs) per request shape, bounded.
+"""RunnerCache: the engines' programs (static buffers + a runner's captured graphs) per request shape, bounded.
 
 A runner is keyed by what its graphs bake in as constants (block length, rule and its thresholds,
 temperature; DiffusionGemma's canvas settings), so every distinct per-request override builds a new

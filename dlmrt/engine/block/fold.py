@@ -1,4 +1,4 @@
-"""Commit folding (paper §3.3): a finished block's commit rides in the next block's first round.
+"""Commit folding (the ORL paper's engine section): a finished block's commit rides in the next block's first round.
 
 Unfolded, block b ends with a commit pass (a clean forward of its final tokens, h = E[x], that writes
 its K/V) before block b+1's round 0. Folded, ONE forward over 2B rows [block b | block b+1] at
@@ -39,29 +39,26 @@ from __future__ import annotations
 import torch
 
 from dlmrt.attention import AttnContext
-from dlmrt.engine.round import BlockBuffers, RoundSpec, decide_block, store_round
+from dlmrt.engine.block.round import BlockBuffers, RoundSpec, decide_block, store_round
 
 
 def folds_check(spec: RoundSpec) -> bool:
     """Whether an editing rule's post-fill check round can ride in the joint pass (see above)."""
     if not getattr(spec.rule, "edits", False):
         return False
-    if not spec.has_residual:
-        return True
-    cfg = spec.model.adapter.cfg
-    return cfg.positions == "masked" and cfg.post_norm_scale is None
+    return not spec.has_residual or spec.model.adapter.filled_block_is_clean
 
 
 def max_passes(spec: RoundSpec) -> int:
     """Bound on the joint passes of one block pair: post-fill checks + one pure commit."""
-    return spec.rule.max_rounds(spec.block_size) + 1
+    return spec.rule.max_rounds(spec.block_length) + 1
 
 
 class FoldBuffers:
     """Static device state of the finished block b awaiting its (folded) commit and check."""
 
     def __init__(self, spec: RoundSpec, device: torch.device) -> None:
-        rows = spec.block_size
+        rows = spec.block_length
         self.canvas = torch.zeros(rows, dtype=torch.long, device=device)
         self.unresolved = torch.zeros(rows, dtype=torch.bool, device=device)  # all False (filled)
         self.editable = torch.zeros(rows, dtype=torch.bool, device=device)
@@ -93,7 +90,7 @@ def joint_pass(
 ) -> None:
     """One forward over [block b | block b+1]: b's commit (and check), b+1's round 0. In place,
     no host sync (graph-capturable). kv_len: CPU arena rows to read, (b + 2) * B; None on CUDA."""
-    rows, check = spec.block_size, folds_check(spec)
+    rows, check = spec.block_length, folds_check(spec)
     ids = torch.cat((fb.canvas, buf.canvas))
     ctx = AttnContext(fb.positions, rows, kv, kv_len)
     receives = spec.receives(buf.unresolved) if buf.z is not None else None

@@ -1,8 +1,8 @@
 """CUDA conditional WHILE nodes through cuda.bindings (PyTorch 2.11 has no conditional-node API).
 
-The "compose" design (reference/cuda-graph-while.md §4): capture one round with torch (plus the
+The "compose" design: capture one loop body with torch (plus the
 condition kernel from csrc/block_cond.cu, compiled once with NVRTC), then hand-build an outer graph
-WHILE(handle){child(round)} and instantiate it. Imported only on CUDA machines.
+WHILE(handle){child(body)} and instantiate it. Imported only on CUDA machines.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class WhileGraph:
         self.handle = _handle_int(
             ck(cudart.cudaGraphConditionalHandleCreate(self.outer, 1, _assign_default_flag()))
         )
-        self.round_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the body
-        with torch.cuda.graph(self.round_graph, stream=stream, pool=pool):
+        self.body_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the body
+        with torch.cuda.graph(self.body_graph, stream=stream, pool=pool):
             body(self.handle)
         deps = []
         self.init_graph = None
@@ -117,7 +117,7 @@ class WhileGraph:
         else:
             ck(cudart.cudaGraphAddNode(self.outer, deps, len(deps), params))
         inner = params.conditional.phGraph_out[0]
-        ck(cudart.cudaGraphAddChildGraphNode(inner, None, 0, self.round_graph.raw_cuda_graph()))
+        ck(cudart.cudaGraphAddChildGraphNode(inner, None, 0, self.body_graph.raw_cuda_graph()))
         self.exec = ck(cudart.cudaGraphInstantiate(self.outer, 0))
 
     def launch(self) -> None:

@@ -1,7 +1,7 @@
 """The oracle: block-diffusion generation with no KV cache, no graphs, no custom ops.
 
 Every round recomputes the whole sequence (prompt + finished blocks + the active block) under a
-dense block-causal mask, and computes the residual z and its rows m inline from DESIGN §3.1. It
+dense block-causal mask, and computes the residual z and its rows m inline from its definition (`dlmrt/models/residual.py`). It
 shares with the engine the model, the block layout, the proposal and the rules (each tested on its
 own); the engine must produce the same tokens (CPU, fp32). Slow by design: it is the spec.
 With an editing rule (`llada_editing`) a block's tokens may change after they were filled; the
@@ -19,7 +19,7 @@ from dlmrt.decoding.noise import counter_uniform
 
 
 def _residual(model, logits: torch.Tensor) -> torch.Tensor:
-    """z = softmax(logits / T_res) @ E, straight from DESIGN §3.1 (no shared log-normaliser)."""
+    """z = softmax(logits / T_res) @ E, straight as the ORL paper writes it (no shared log-normaliser)."""
     p = torch.softmax(logits.float() / model.adapter.cfg.temperature, dim=-1)
     return (p.to(model.embed_table.dtype) @ model.embed_table).to(model.embed_table.dtype)
 
@@ -30,7 +30,7 @@ def generate(
     prompt_ids: list[int],
     *,
     rule: DecodeRule,
-    block_size: int,
+    block_length: int,
     max_new_tokens: int,
     mask_id: int,
     stop_ids: set[int],
@@ -38,40 +38,38 @@ def generate(
     seed: int = 0,
     ignore_eos: bool = False,
 ) -> tuple[list[int], str]:
-    """Return (generated token ids, finish reason) exactly as `Engine.generate` should."""
+    """Return (generated token ids, finish reason) exactly as `BlockEngine.generate` should."""
     device = model.embed_table.device
-    lay = layout(len(prompt_ids), max_new_tokens, block_size)
+    lay = layout(len(prompt_ids), max_new_tokens, block_length)
     adapter = getattr(model, "adapter", None)
     seed_t = torch.tensor(seed, device=device)
     context = torch.tensor(
-        prompt_ids[: lay.first_block * block_size], dtype=torch.long, device=device
+        prompt_ids[: lay.first_block * block_length], dtype=torch.long, device=device
     )
     generated: list[int] = []
     for b in range(lay.first_block, lay.num_blocks):
         canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, device)
-        # z = 0 on a block's first round: g(0) = 0, but the post-norm still applies (DESIGN §3.1).
-        z = None if adapter is None else torch.zeros_like(model.embed_table[:block_size])
-        positions = torch.arange((b + 1) * block_size, device=device)
+        # z = 0 on a block's first round: g(0) = 0, but the post-norm still applies (`ResidualAdapter.inject`).
+        z = None if adapter is None else torch.zeros_like(model.embed_table[:block_length])
+        positions = torch.arange((b + 1) * block_length, device=device)
         # Editing rules may rewrite the rows this request generates (never the prompt tail).
         editable, post_steps = unresolved.clone(), torch.zeros((), dtype=torch.long, device=device)
         done = False
-        for step in range(rule.max_rounds(block_size)):
+        for step in range(rule.max_rounds(block_length)):
             ids = torch.cat((context, canvas))
             if adapter is None:
-                logits = model(ids, AttnContext(positions, block_size))
+                logits = model(ids, AttnContext(positions, block_length))
             else:
-                receives = (
-                    unresolved if adapter.cfg.positions == "masked" else torch.ones_like(unresolved)
-                )
-                logits = model(ids, AttnContext(positions, block_size), z=z, receives=receives)
-            logits = logits[-block_size:]
+                receives = adapter.receives(unresolved)
+                logits = model(ids, AttnContext(positions, block_length), z=z, receives=receives)
+            logits = logits[-block_length:]
             noise = None
             if temperature > 0:
                 noise = counter_uniform(
                     seed_t,
-                    torch.tensor(b * block_size, device=device),
+                    torch.tensor(b * block_length, device=device),
                     torch.tensor(step, device=device),
-                    block_size,
+                    block_length,
                 )
             prop = propose(logits, temperature, noise)
             out = rule(prop, canvas, unresolved, torch.tensor(step), editable, post_steps)

@@ -24,7 +24,7 @@ def _round_graph_self_test() -> None:
 
 
 def _block_graph_self_test() -> None:
-    from dlmrt.engine.conditional import init_self_test, self_test  # cuda.bindings + NVRTC
+    from dlmrt.engine.graph.while_graph import init_self_test, self_test  # cuda.bindings + NVRTC
 
     self_test()
     init_self_test()  # the init node commit folding puts before the round loop

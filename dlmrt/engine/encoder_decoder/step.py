@@ -1,6 +1,6 @@
 """The static canvas step: DiffusionGemma's denoising step over fixed buffers, graph-capturable.
 
-`canvas_step` is `CanvasEngine._denoise`'s loop body with every per-step value in a device tensor
+`canvas_step` is the oracle's step (`dlmrt/reference/canvas.py`, `_denoise`'s loop body) with every per-step value in a device tensor
 (canvas, self-conditioning logits, argmax, stability history, step counter, done flag) and every
 shape fixed, so the graph modes capture it unchanged: no host sync, no data-dependent shape.
 Noise is the counter RNG (`entropy_bound_canvas.counter_*`: hashed from seed, canvas index and
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
-from dlmrt.engine.canvas_arena import ContextArena, static_forward
+from dlmrt.engine.kv_cache import ContextArena
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +52,11 @@ class CanvasBuffers:
         self.start = torch.zeros((), **long)  # position of the canvas's first row
         self.index = torch.zeros((), **long)  # canvas index within the request
         self.seed = torch.zeros((), **long)
+        self.offsets = torch.arange(rows, device=device)
 
 
 def reset_canvas(spec: CanvasSpec, buf: CanvasBuffers) -> None:
-    """A fresh noise canvas at (seed, index): draw step N + 1, as `CanvasEngine._denoise`."""
+    """A fresh noise canvas at (seed, index): draw step N + 1, as the oracle's `_denoise`."""
     n = spec.settings.max_denoising_steps
     draw = torch.full_like(buf.step, n + 1)
     vocab = spec.model.cfg.vocab_size
@@ -77,7 +79,8 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     """One denoising step in place: forward, T from the step counter (counting N down), softmax,
     counter sample, entropy, acceptance, re-noise, stability + confidence stop, history, step + 1."""
     s = spec.settings
-    logits = static_forward(spec.model, arena, buf.canvas, buf.start, buf.sc, buf.first)
+    ctx = AttnContext(buf.start + buf.offsets, 1, arena)
+    logits = spec.model(buf.canvas, ctx, spec.length, buf.sc, first=buf.first)
     t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
     z = logits / ebc.temperature(s, t_step)
     probs = torch.softmax(z, dim=-1, dtype=torch.float32)
@@ -98,7 +101,8 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
 
 def encode(model, arena: ContextArena, ids: torch.Tensor, start: torch.Tensor) -> None:
     """Encoder pass of `ids` at positions start.. (the prompt eagerly; canvases via `advance`)."""
-    static_forward(model, arena, ids, start)
+    pos = start + torch.arange(ids.shape[0], device=ids.device)
+    model(ids, AttnContext(pos, 1, arena), 0, compute_logits=False)
 
 
 def advance(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> None:

@@ -1,0 +1,188 @@
+"""BlockEngine: the block style's per-request loop (QwenDLM, LLaDA2), in one of three modes.
+
+prefill the full prompt blocks -> for each block: denoising rounds until the rule says done ->
+commit pass (clean tokens, writes the block's KV) -> stop at a stop id or max_new_tokens.
+With `fold_commits` (the default; `fold.py`) a block's commit pass is not a forward of its own: it
+runs as the first half of the next block's round 0, one forward over both blocks (for editing
+rules, with the block's post-fill checks). Same tokens. Counting: every forward is counted once;
+a joint pass is a denoising forward (its logits feed the rule), so `commit_forwards` counts only
+stand-alone commit passes, and `rounds_per_block` the rule's rounds per block as unfolded (a
+joint pass is a round of both blocks it serves, so their sum may exceed denoising_forwards).
+The mode machinery (`dlmrt/engine/graph/`) runs the program's loops; the workspace holds the
+arena, the graph pool and the programs. The engine knows nothing about text: token ids in and out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from dlmrt.attention import AttnContext
+from dlmrt.blocks import Layout, finish, initial_canvas, layout
+from dlmrt.decoding import DecodeRule
+from dlmrt.engine.block.fold import folds_check
+from dlmrt.engine.block.program import BlockProgram, RoundHook
+from dlmrt.engine.block.round import BlockBuffers, RoundSpec
+from dlmrt.engine.graph.loop import EagerRunner
+from dlmrt.engine.graph.workspace import Workspace
+from dlmrt.engine.kv_cache import KVCache
+from dlmrt.outputs import BlockCallback, EngineResult, Recorder, RoundRecord, StopCheck
+
+log = logging.getLogger("dlmrt")
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What decides when a request ends, and who hears about each finished block."""
+
+    lay: Layout
+    stop_ids: set[int]
+    max_new_tokens: int
+    ignore_eos: bool
+    on_block: BlockCallback | None
+    should_stop: StopCheck | None
+
+
+def _emit(res: EngineResult, req: _Request, index: int, rounds: int, canvas: torch.Tensor) -> bool:
+    """Block `index` is final: append its tokens, apply the stop rule; True if the request ended."""
+    res.rounds_per_block.append(rounds)
+    tokens = canvas.tolist()
+    res.token_ids += tokens[req.lay.tail :] if index == req.lay.first_block else tokens
+    res.token_ids, reason = finish(res.token_ids, req.stop_ids, req.max_new_tokens, req.ignore_eos)
+    if req.on_block is not None:
+        req.on_block(index, rounds, list(res.token_ids))
+    if reason is None:
+        return False
+    res.finish_reason = reason
+    return True
+
+
+def _fold(prog: BlockProgram, res: EngineResult, req: _Request, index: int, unsettled: bool):
+    """Joint passes over blocks `index`-1 and `index`; count them. If block index-1 awaited its
+    folded check, its tokens are final now: emit them. True if that block ended the request."""
+    fb = prog.fold_buf
+    prog.runner.run(prog.fold, req.should_stop)
+    if not unsettled:
+        res.denoising_forwards += 1  # one joint pass: a plain commit is never redone
+        return False
+    if bool(fb.redo):
+        raise RuntimeError(f"block {index - 1}: the folded check still edits after the last pass")
+    res.denoising_forwards += int(fb.passes)
+    return _emit(res, req, index - 1, int(fb.step), fb.canvas)
+
+
+class BlockEngine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        dtype: torch.dtype,
+        mode: str = "eager",
+        fold_commits: bool = True,
+    ) -> None:
+        self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
+        self.mode = mode
+        self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
+        self.workspace = Workspace(mode, self._new_arena)
+
+    def _new_arena(self, rows: int) -> KVCache:
+        c = self.cfg
+        heads, dim = c.num_key_value_heads, c.head_dim
+        return KVCache(c.num_hidden_layers, heads, dim, rows, self.dtype, self.device)
+
+    def program(self, spec: RoundSpec, max_len: int, hook: RoundHook | None = None):
+        """The program for `spec` over an arena of at least `max_len` rows (documented for the
+        benchmarks: `program.runner.run(program.rounds)` times a block's rounds). With a `hook`,
+        an uncached eager program that reports every round."""
+        kv = self.workspace.reserve(max_len)
+        if hook is not None:
+            return BlockProgram(spec, kv, EagerRunner(), self.device, hook)
+        key = (spec.block_length, spec.rule, spec.temperature)
+        return self.workspace.program(key, lambda run: BlockProgram(spec, kv, run, self.device))
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        rule: DecodeRule,
+        block_length: int,
+        max_new_tokens: int,
+        mask_id: int,
+        stop_ids: set[int],
+        temperature: float = 0.0,
+        seed: int = 0,
+        ignore_eos: bool = False,
+        recorder: Recorder | None = None,
+        on_block: BlockCallback | None = None,
+        should_stop: StopCheck | None = None,
+    ) -> EngineResult:
+        """Decode one request. A `recorder` runs it eagerly and unfolded: one record per round of
+        the unfolded schedule (what the trainer replays), at the cost of the commit passes."""
+        lay = layout(len(prompt_ids), max_new_tokens, block_length)
+        spec = RoundSpec(self.model, rule, temperature, block_length)
+        req = _Request(lay, stop_ids, max_new_tokens, ignore_eos, on_block, should_stop)
+        with torch.inference_mode():
+            index = [lay.first_block]
+            hook = _record_hook(recorder, index) if recorder else None
+            prog = self.program(spec, lay.max_len, hook)
+            res = EngineResult([], "length", mode=prog.runner.name)
+            if lay.first_block:
+                self._prefill(prompt_ids[: lay.first_block * block_length], block_length, prog.kv)
+                res.prefill_forwards = 1
+            self._blocks(prog, prompt_ids, mask_id, seed, req, res, index, recorder is None)
+        return res
+
+    def _blocks(self, prog, prompt_ids, mask_id, seed, req, res, index, may_fold) -> None:
+        """The block loop of `generate` (index[0]: the block being decoded, for the recorder)."""
+        lay, spec, buf, runner = req.lay, prog.spec, prog.buf, prog.runner
+        fold = self.fold_commits and may_fold
+        check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
+        unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
+        for b in range(lay.first_block, lay.num_blocks):
+            index[0] = b
+            pending = fold and b > lay.first_block  # block b-1 awaits its commit (and check)
+            if pending:
+                prog.fold_buf.stash(buf)
+            canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, self.device)
+            last = b == lay.num_blocks - 1
+            buf.load(canvas, unresolved, b * lay.block_length, seed, check and not last)
+            prog.kv_len = self._kv_len(b, lay.block_length)
+            if pending and _fold(prog, res, req, b, unsettled):
+                return  # block b-1 ended the request: block b's round 0 goes unused
+            runner.run(prog.rounds, req.should_stop)
+            if not bool(buf.halt):
+                raise RuntimeError(
+                    f"block {b} did not finish in {prog.rounds.cap} rounds ({spec.rule.name})"
+                )
+            res.denoising_forwards += int(buf.step) - int(pending)  # the block's one read-back
+            unsettled = check and not last and not bool(buf.done)
+            if unsettled:
+                continue  # block b's tokens are final after its folded check
+            if _emit(res, req, b, int(buf.step), buf.canvas):
+                return  # the last block's commit pass is skipped: nothing reads its KV
+            if not fold:
+                runner.once(prog.commit)
+                res.commit_forwards += 1
+
+    def _kv_len(self, index: int, block_length: int) -> int | None:
+        # On the CPU, attend to the written rows only. On CUDA every mode reads the visible length
+        # from the device, so eager and the graph modes run identical kernels (identical tokens).
+        return (index + 1) * block_length if self.device.type == "cpu" else None
+
+    def _prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
+        """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(len(tokens), device=self.device)
+        kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel
+        self.model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
+
+
+def _record_hook(recorder: Recorder, index: list[int]) -> RoundHook:
+    def hook(r: int, seen: tuple, buf: BlockBuffers) -> None:
+        canvas, unresolved, z = seen
+        entropy, accepted, edited = buf.entropy.clone(), buf.accepted.clone(), buf.edited.clone()
+        recorder(RoundRecord(index[0], r, canvas, unresolved, z, entropy, accepted, edited))
+
+    return hook

@@ -1,0 +1,1 @@
+"""See `dlmrt/engine/__init__.py`."""

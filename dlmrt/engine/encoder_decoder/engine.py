@@ -1,0 +1,127 @@
+"""EncoderDecoderEngine: DiffusionGemma's per-request loop over the static step, in one of three modes.
+
+The request loop is `dlmrt/canvas_loop.py` (shared with the oracle, `dlmrt/reference/canvas.py`);
+here its two callbacks run a `CanvasProgram` through the mode machinery (`dlmrt/engine/graph/`):
+
+    steps    Loop  `canvas_step` while not done and step < max_denoising_steps
+    advance  Pass  commit the finished canvas (encoder pass over its rows), start the next one
+
+The workspace holds one context arena, sized to prompt + whole canvases + one spare canvas (graph
+warm-ups write there) and grown (rarely) to the largest request, the graph pool, and one program
+per `CanvasSettings` (the settings are graph constants). Counter noise only: requests asking for
+torch's draws (`rng="torch"`, transformers' noise, not replayable in a graph) run the oracle,
+which this engine calls for them (logged once; such results say mode "eager").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from dlmrt import reference
+from dlmrt.canvas_loop import canvas_loop
+from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.engine.encoder_decoder.step import (
+    CanvasBuffers,
+    CanvasSpec,
+    advance,
+    begin,
+    canvas_step,
+    encode,
+)
+from dlmrt.engine.graph.loop import Loop, Pass, Runner
+from dlmrt.engine.graph.workspace import Workspace
+from dlmrt.engine.kv_cache import ContextArena
+from dlmrt.outputs import BlockCallback, EngineResult, StopCheck
+
+log = logging.getLogger("dlmrt")
+
+
+class CanvasProgram:
+    """Static buffers of one `CanvasSettings`, its step loop and its advance pass."""
+
+    def __init__(self, spec: CanvasSpec, arena: ContextArena, runner: Runner, device) -> None:
+        self.spec, self.arena, self.runner = spec, arena, runner
+        self.buf = buf = CanvasBuffers(spec, device)
+        cap = spec.settings.max_denoising_steps
+        step = lambda: canvas_step(spec, buf, arena)  # noqa: E731
+        self.steps = Loop("steps", step, buf.done, buf.step, cap, (buf,))
+        self.advance = Pass("advance", lambda: advance(spec, buf, arena), (buf,))
+
+
+class EncoderDecoderEngine:
+    def __init__(self, model: torch.nn.Module, device: torch.device, mode: str = "eager") -> None:
+        self.model, self.device, self.mode = model, device, mode
+        self.canvas_length: int = model.cfg.canvas_length
+        self.embed_dtype = model.embed_table.dtype
+        self.workspace = Workspace(mode, self._new_arena)
+        self._torch_rng_logged = False
+
+    def _new_arena(self, rows: int) -> ContextArena:
+        return ContextArena(self.model.cfg, rows, self.embed_dtype, self.device)
+
+    def program(self, settings: ebc.CanvasSettings, rows: int) -> CanvasProgram:
+        """The program for `settings` over an arena of at least `rows` rows (documented for
+        the benchmarks: `program.runner.run(program.steps)` times a canvas's steps)."""
+        arena = self.workspace.reserve(rows)
+        spec = CanvasSpec(self.model, settings)
+        return self.workspace.program(
+            settings, lambda run: CanvasProgram(spec, arena, run, self.device)
+        )
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: list[int],
+        settings: ebc.CanvasSettings,
+        *,
+        max_new_tokens: int,
+        stop_ids: list[int],
+        seed: int = 0,
+        rng: str = "counter",
+        ignore_eos: bool = False,
+        on_block: BlockCallback | None = None,
+        should_stop: StopCheck | None = None,
+    ) -> EngineResult:
+        """Decode one request (rng: "counter", or "torch" through the oracle)."""
+        kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
+        if rng == "torch":
+            self._log_torch_rng()
+            return reference.canvas.generate(
+                self.model, prompt, settings, seed=seed, rng=rng, on_block=on_block,
+                should_stop=should_stop, **kw,
+            )  # fmt: skip
+        if rng != "counter":
+            raise ValueError(f"rng: expected 'torch' or 'counter', got {rng!r}")
+        length = self.canvas_length
+        canvases = math.ceil(max_new_tokens / length)
+        prog = self.program(settings, len(prompt) + (canvases + 1) * length)
+        if prompt:  # the prompt's encoder pass: eager, variable length
+            ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
+            encode(
+                self.model, prog.arena, ids, torch.zeros((), dtype=torch.long, device=self.device)
+            )
+        begin(prog.spec, prog.buf, len(prompt), seed)
+
+        def denoise(index: int) -> tuple[torch.Tensor, int]:
+            prog.runner.run(prog.steps, should_stop)
+            return prog.buf.argmax, int(prog.buf.step)  # the canvas's one read-back
+
+        def commit(canvas: list[int]) -> None:
+            prog.runner.once(prog.advance)  # encodes buf.argmax (== canvas) on the device
+
+        res = canvas_loop(
+            denoise, commit, canvas_length=length, on_block=on_block, mode=prog.runner.name, **kw
+        )
+        res.prefill_forwards = int(bool(prompt))
+        return res
+
+    def _log_torch_rng(self) -> None:
+        if self.mode != "eager" and not self._torch_rng_logged:
+            log.info(
+                "rng='torch' (transformers' draws) cannot be replayed in a CUDA graph: such "
+                "requests run on the eager reference path (mode 'eager' in their output)"
+            )
+            self._torch_rng_logged = True

@@ -1,0 +1,134 @@
+"""The three execution modes, over one interface that knows nothing of model families.
+
+A style (block, encoder-decoder) describes its work as two kinds of program over static buffers:
+
+    Loop(body, flag, counter, cap)   while not flag and counter < cap: body()
+                                     (the body advances the counter and may set the flag)
+    Pass(body)                       body(), once (a commit, an encoder pass)
+
+and a runner executes them:
+
+    eager        the body from a Python loop; the host reads the flag after every body (CPU, GPU).
+    round_graph  each body captured once as a CUDA graph, replayed from the same host loop.
+    block_graph  a loop is one conditional WHILE node (`while_graph.py`): an init node sets the
+                 condition from (flag, counter, cap), the body graph ends with the condition
+                 kernel; one launch per loop and no host sync inside it. Passes as round_graph.
+
+All three run the same bodies on the same buffers, so they produce the same tokens. Graphs are
+captured lazily, at a program's first use, and kept by the runner until it is dropped (the
+runner cache, or an arena growth: graphs hold pointers into the arena). Bodies must be pure
+device work: no host sync, no shape that depends on data (see `dlmrt/decoding/base.py`).
+`run` never reads device values back in block_graph: the caller reads the counters it needs
+(one sync per block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from dlmrt.engine.graph.capture import capture, check_stop, restore, snapshot, warm_up
+from dlmrt.outputs import StopCheck
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Loop:
+    """A device-side loop: `while not flag and counter < cap: body()`."""
+
+    name: str  # the runner caches its graph under this name
+    body: Callable[[], None]
+    flag: torch.Tensor  # [] bool, set by the body when the loop is done
+    counter: torch.Tensor  # [] int64, advanced by 1 per body
+    cap: int
+    state: tuple[object, ...]  # buffers the body changes: restored after warm-up runs
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Pass:
+    """A body run once per call."""
+
+    name: str
+    body: Callable[[], None]
+    state: tuple[object, ...]
+
+
+class EagerRunner:
+    name = "eager"
+
+    def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
+        n = int(loop.counter)
+        while n < loop.cap and not bool(loop.flag):  # the host reads the flag every body
+            check_stop(should_stop)
+            loop.body()
+            n += 1
+
+    def once(self, program: Pass) -> None:
+        program.body()
+
+
+class RoundGraphRunner:
+    """One CUDA graph per body, replayed from the host loop."""
+
+    name = "round_graph"
+
+    def __init__(self, pool) -> None:
+        self.pool, self.stream = pool, torch.cuda.Stream()
+        self.graphs: dict[str, object] = {}
+
+    def _graph(self, program: Loop | Pass) -> torch.cuda.CUDAGraph:
+        if program.name not in self.graphs:
+            saved = snapshot(program.state)
+            self.graphs[program.name] = capture(program.body, self.stream, self.pool)
+            restore(saved)  # undo the warm-up runs
+        return self.graphs[program.name]
+
+    def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
+        graph = self._graph(loop)
+        n = int(loop.counter)
+        while n < loop.cap and not bool(loop.flag):
+            check_stop(should_stop)
+            graph.replay()
+            n += 1
+
+    def once(self, program: Pass) -> None:
+        self._graph(program).replay()
+
+
+class BlockGraphRunner(RoundGraphRunner):
+    """A loop is one launch of a WHILE graph: [init: condition] -> WHILE { body; condition }."""
+
+    name = "block_graph"
+
+    def _while_graph(self, loop: Loop):
+        key = "while:" + loop.name
+        if key not in self.graphs:
+            from dlmrt.engine.graph.while_graph import WhileGraph, launch_condition
+
+            def body(handle: int) -> None:
+                loop.body()
+                launch_condition(handle, loop.flag, loop.counter, loop.cap)
+
+            def init(handle: int) -> None:  # zero bodies when the loop is already done
+                launch_condition(handle, loop.flag, loop.counter, loop.cap)
+
+            saved = snapshot(loop.state)
+            warm_up(loop.body, self.stream)
+            restore(saved)
+            self.graphs[key] = WhileGraph(body, self.stream, self.pool, init)
+        return self.graphs[key]
+
+    def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
+        graph = self._while_graph(loop)
+        check_stop(should_stop)  # a WHILE node runs the whole loop: check before it
+        graph.launch()
+
+
+RUNNERS = {r.name: r for r in (EagerRunner, RoundGraphRunner, BlockGraphRunner)}
+Runner = EagerRunner | RoundGraphRunner | BlockGraphRunner
+
+
+def make_runner(mode: str, pool) -> Runner:
+    """A fresh runner (no graphs yet) for `mode`, capturing into `pool`."""
+    return EagerRunner() if mode == "eager" else RUNNERS[mode](pool)

@@ -1,0 +1,45 @@
+"""Workspace: an engine's device memory, the same for both styles.
+
+- one arena (the style's KV storage), sized to the largest request so far, rounded up to
+  `ARENA_QUANTUM` rows; a growth drops every program (their graphs hold pointers into the old
+  arena), so the next request recaptures;
+- one CUDA graph memory pool shared by every graph of the engine (they never run concurrently);
+- programs (static buffers + the runner that holds their graphs) per request shape, in a bounded
+  LRU cache (`runner_cache.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from dlmrt.engine.graph.loop import Runner, make_runner
+from dlmrt.engine.graph.runner_cache import RunnerCache
+
+ARENA_QUANTUM = 1024  # the arena grows in steps of this many rows (each growth recaptures graphs)
+A = TypeVar("A")
+
+
+class Workspace(Generic[A]):
+    def __init__(self, mode: str, new_arena: Callable[[int], A]) -> None:
+        self.mode = mode
+        self._new_arena = new_arena  # rows -> a zeroed arena of that many rows
+        self.arena: A | None = None
+        self.arena_rows = 0
+        self.programs = RunnerCache()
+        self.pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
+
+    def reserve(self, rows: int) -> A:
+        """The arena, grown first if it holds fewer than `rows` rows."""
+        if self.arena is None or self.arena_rows < rows:
+            self.arena_rows = -(-rows // ARENA_QUANTUM) * ARENA_QUANTUM
+            self.arena = None  # free the old one before allocating the new one
+            self.programs.clear()  # graphs hold pointers into the old arena
+            self.arena = self._new_arena(self.arena_rows)
+        return self.arena
+
+    def program(self, key: Hashable, build: Callable[[Runner], Any]) -> Any:
+        """The program for `key`, built with a fresh runner of the engine's mode on first use."""
+        return self.programs.fetch(key, lambda: build(make_runner(self.mode, self.pool)))

@@ -1,0 +1,95 @@
+"""The encoder-decoder oracle: DiffusionGemma's canvas decoding exactly as transformers' `generate`.
+
+A growing context cache (the model's `ContextCache`), torch's draws (`rng="torch"`: transformers'
+own noise) or the counter noise (`rng="counter"`: what the engine's static path draws, so the two
+can be compared token for token), one host read of the stop flag per step, no graphs, no static
+buffers. `LLM` also serves requests with `rng="torch"` through it: torch's generator cannot be
+replayed inside a CUDA graph (those requests report mode "eager").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dlmrt.attention import AttnContext
+from dlmrt.canvas_loop import canvas_loop
+from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.errors import GenerationCancelled
+from dlmrt.outputs import BlockCallback, EngineResult, StopCheck
+
+
+@torch.inference_mode()
+def generate(
+    model: torch.nn.Module,
+    prompt: list[int],
+    settings: ebc.CanvasSettings,
+    *,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    seed: int = 0,
+    rng: str = "torch",
+    ignore_eos: bool = False,
+    on_block: BlockCallback | None = None,
+    should_stop: StopCheck | None = None,
+) -> EngineResult:
+    """Decode one request; the result counts forwards as the engine does."""
+    device = model.embed_table.device
+    length = model.cfg.canvas_length
+    noise = ebc.make_noise(rng, seed, model.cfg.vocab_size, device)
+    cache = model.new_cache(device)
+    if prompt:  # an empty prompt has no encoder pass (the first canvas starts at position 0)
+        _encode(model, prompt, 0, cache)
+    start = [len(prompt)]
+
+    def denoise(index: int) -> tuple[torch.Tensor, int]:
+        return _denoise(model, start[0], settings, noise, index, cache, should_stop)
+
+    def commit(canvas: list[int]) -> None:
+        _encode(model, canvas, start[0], cache)
+        start[0] += length
+
+    res = canvas_loop(
+        denoise,
+        commit,
+        canvas_length=length,
+        max_new_tokens=max_new_tokens,
+        stop_ids=stop_ids,
+        ignore_eos=ignore_eos,
+        on_block=on_block,
+        mode="eager",
+    )
+    res.prefill_forwards = int(bool(prompt))
+    return res
+
+
+def _encode(model, ids: list[int], start: int, cache) -> None:
+    device = model.embed_table.device
+    pos = torch.arange(start, start + len(ids), device=device)
+    rows = torch.tensor(ids, dtype=torch.long, device=device)
+    model(rows, AttnContext(pos, 1), 0, compute_logits=False, cache=cache)
+
+
+def _denoise(model, start: int, s: ebc.CanvasSettings, noise, index: int, cache, should_stop):
+    """Refine one canvas; -> (argmax canvas [L] on the device, denoising steps taken)."""
+    length, device = model.cfg.canvas_length, model.embed_table.device
+    ctx = AttnContext(torch.arange(start, start + length, device=device), 1)
+    canvas = noise.canvas(length, index, s.max_denoising_steps + 1)
+    history = torch.full((s.stability_threshold, length), -1, device=device)
+    sc, argmax, taken = None, canvas, 0
+    for step in range(s.max_denoising_steps, 0, -1):
+        if should_stop is not None and should_stop():
+            raise GenerationCancelled("request cancelled")
+        logits = model(canvas, ctx, length, sc, cache=cache)
+        z = logits / ebc.temperature(s, step, device)
+        probs = torch.softmax(z, dim=-1, dtype=torch.float32)
+        sampled = noise.sample(probs, index, step)
+        argmax = torch.argmax(z, dim=-1)
+        entropy = ebc.token_entropy(z)
+        accepted = ebc.accept(entropy, s.entropy_bound)
+        canvas = torch.where(accepted, sampled, noise.canvas(length, index, step))
+        done = ebc.is_stable(history, argmax) & (entropy.mean() < s.confidence_threshold)
+        history = ebc.push(history, argmax)
+        sc, taken = z.to(model.embed_table.dtype), taken + 1
+        if bool(done):  # one host read per step (the engine keeps it on the device)
+            break
+    return argmax, taken

@@ -1,0 +1,71 @@
+"""Per-request checks `LLM.generate` runs before an engine sees a request: each error names the
+parameter that is wrong. Style-specific ones follow the family's decoding style (`dlmrt/rules.py`)."""
+
+from __future__ import annotations
+
+from dlmrt.blocks import layout
+from dlmrt.params import DecodeParams
+from dlmrt.rules import BLOCK, RULES
+
+
+def check_rule_style(params: DecodeParams, style: str, architecture: str) -> None:
+    """Reject rules and knobs of the other decoding style, naming them."""
+    rule = RULES.get(params.rule) if params.rule else None
+    if style == BLOCK:
+        set_ = [k for k, v in params.canvas_overrides().items() if v is not None]
+        if (rule is not None and rule.style != BLOCK) or set_ or params.rng is not None:
+            what = "rule entropy_bound_canvas" if not set_ else ", ".join(set_)
+            raise ValueError(
+                f"{what}: canvas-decoder settings apply to DiffusionGemma checkpoints only, "
+                f"not {architecture}"
+            )
+        return
+    if params.editing is not None:
+        raise ValueError("editing: applies to rule 'llada_editing' only, not to canvas decoding")
+    if rule is not None and rule.style != style:
+        raise ValueError(
+            f"rule: {params.rule!r} does not apply to {architecture} "
+            "(its decoder is entropy_bound_canvas)"
+        )
+
+
+def check_block_length(prompt_len: int, params: DecodeParams, block: int, limit: int) -> None:
+    total = layout(prompt_len, params.max_new_tokens, block).max_len
+    if total > limit:
+        raise ValueError(
+            f"prompt: {prompt_len} prompt tokens + max_new_tokens {params.max_new_tokens} "
+            f"(rounded up to {total}, whole blocks of {block}) exceed the model's "
+            f"max_position_embeddings {limit}"
+        )
+
+
+def check_canvas_request(ids: list[int], params: DecodeParams, length: int, cfg) -> None:
+    if params.temperature or params.block_length not in (None, length):
+        raise ValueError(
+            "temperature, block_length: fixed by DiffusionGemma's decoder (use t_min/t_max; "
+            f"the canvas length is {length})"
+        )
+    images = set(ids) & set(cfg.image_token_ids)
+    if images:
+        raise ValueError(
+            f"prompt: holds image token id {min(images)}; dlmrt runs the text tower only "
+            "(image inputs are not supported)"
+        )
+    total = len(ids) + -(-params.max_new_tokens // length) * length
+    if total > cfg.max_position_embeddings:
+        raise ValueError(
+            f"prompt: {len(ids)} prompt tokens + max_new_tokens {params.max_new_tokens} "
+            f"(rounded up to {total}, whole canvases of {length}) exceed the model's "
+            f"max_position_embeddings {cfg.max_position_embeddings}"
+        )
+
+
+def check_token_ids(prompt: object, vocab: int) -> list[int]:
+    if not isinstance(prompt, list | tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        raise ValueError("prompt: expected a string or a list of token ids (ints)")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return list(prompt)

@@ -1,0 +1,127 @@
+"""The package's import structure: no cycles, and the layers point one way.
+
+Every `import` / `from ... import` of a `dlmrt` module counts, also those inside functions (a lazy
+import is still a dependency; it only defers the cycle to run time). Parent packages a module
+imports implicitly (`dlmrt`, `dlmrt.engine`) are not edges: only what the source names is.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(package: str) -> dict[str, Path]:
+    return {_module_name(p): p for p in (ROOT / package).rglob("*.py")}
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The longest known module that `name` (a module or module.attribute) refers to."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:` (annotations only, never imported)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in ast.walk(child))
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def import_graph(package: str = "dlmrt") -> dict[str, set[str]]:
+    """module -> the package's modules it imports (absolute and relative imports)."""
+    known = _modules(package)
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for mod, path in known.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                names = [f"{base}.{a.name}" for a in node.names]
+            for n in names:
+                target = _resolve(n, known)
+                if target is not None and target != mod:
+                    graph[mod].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n) :] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def _edges_into(graph, source_prefix: str, target_prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if m == source_prefix or m.startswith(source_prefix + ".")
+        for t in targets
+        if any(t == p or t.startswith(p + ".") for p in target_prefixes)
+    )
+
+
+def test_find_cycle_sees_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_inside_dlmrt():
+    assert find_cycle(import_graph()) is None
+
+
+def test_layers_point_one_way():
+    g = import_graph()
+    assert _edges_into(g, "dlmrt.decoding", ("dlmrt.engine", "dlmrt.models")) == []
+    upper = ("dlmrt.llm", "dlmrt.cli", "dlmrt.server", "dlmrt.bench", "dlmrt.train")
+    assert _edges_into(g, "dlmrt.engine", upper) == []
+    assert _edges_into(g, "dlmrt.models", ("dlmrt.engine",) + upper) == []
+    assert _edges_into(g, "dlmrt.reference", ("dlmrt.engine",) + upper) == []
+
+
+def test_kernels_import_nothing_from_dlmrt():
+    kernels = import_graph("kernels")
+    assert kernels  # the graph was built over real files
+    for path in (ROOT / "kernels").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "dlmrt" for a in node.names), path
+            if isinstance(node, ast.ImportFrom):
+                assert (node.module or "").split(".")[0] != "dlmrt", path
