@@ -17,7 +17,7 @@ import torch
 from common import qwen_dlm_4b, random_model, wall_time, write_result
 
 from dlmrt.decoding import make_rule
-from dlmrt.engine.engine import Engine
+from dlmrt.engine import BlockEngine
 
 
 def main() -> None:
@@ -40,13 +40,13 @@ def main() -> None:
     rule = make_rule("fixed_steps", denoising_steps=args.rounds)
     rows, tokens = [], {}
     for mode, fold in [(m, f) for m in args.modes for f in args.fold]:
-        engine = Engine(model, torch.device("cuda"), torch.bfloat16, mode, fold == "on")
+        engine = BlockEngine(model, torch.device("cuda"), torch.bfloat16, mode, fold == "on")
 
-        def request(engine: Engine = engine):
+        def request(engine: BlockEngine = engine):
             return engine.generate(
                 prompt,
                 rule=rule,
-                block_size=256,
+                block_length=256,
                 max_new_tokens=args.new_tokens,
                 mask_id=151669,
                 stop_ids=set(),

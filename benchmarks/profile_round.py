@@ -11,7 +11,7 @@ import torch
 from round_latency import _block, build
 from torch.profiler import ProfilerActivity, profile
 
-from dlmrt.engine.round import RoundSpec, denoise_round
+from dlmrt.engine.block.round import RoundSpec, denoise_round
 
 
 def canvas_step_fn(model, context: int):
@@ -19,19 +19,19 @@ def canvas_step_fn(model, context: int):
     from dataclasses import replace
 
     from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-    from dlmrt.engine.canvas import StaticCanvasEngine
-    from dlmrt.engine.canvas_static import canvas_step, reset_canvas
+    from dlmrt.engine import EncoderDecoderEngine
+    from dlmrt.engine.encoder_decoder.step import canvas_step, reset_canvas
 
-    engine = StaticCanvasEngine(model, model.embed_table.device, "eager")
+    engine = EncoderDecoderEngine(model, model.embed_table.device, "eager")
     settings = replace(CanvasSettings(), max_denoising_steps=2)
     prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
     engine.generate(prompt, settings, max_new_tokens=256, stop_ids=[], ignore_eos=True)
-    runner = engine._runner(settings)
+    prog = engine.program(settings, context + 2 * engine.canvas_length)
 
     def step() -> None:  # the first step of a fresh canvas (steps never pass the settings' cap)
         with torch.inference_mode():
-            reset_canvas(runner.spec, runner.buf)
-            canvas_step(runner.spec, runner.buf, engine.arena)
+            reset_canvas(prog.spec, prog.buf)
+            canvas_step(prog.spec, prog.buf, prog.arena)
 
     return step
 
@@ -64,7 +64,8 @@ def main() -> None:
         rule = make_rule("entropy_budget")
     spec = RoundSpec(model, rule, 0.0, model.cfg.block_size)
     with torch.inference_mode():
-        _, _, buf, kv, start = _block(model, "eager", args.context, rule, args.canvas)
+        _, prog, start = _block(model, "eager", args.context, rule, args.canvas)
+        buf, kv = prog.buf, prog.kv
         start()
         for _ in range(3):
             denoise_round(spec, buf, kv)

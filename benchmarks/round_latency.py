@@ -39,39 +39,40 @@ from moe_models import (
 )
 
 from dlmrt.decoding import make_rule
-from dlmrt.engine.engine import Engine
-from dlmrt.engine.round import RoundSpec, denoise_round
+from dlmrt.engine import BlockEngine, EncoderDecoderEngine
+from dlmrt.engine.block.round import RoundSpec, denoise_round
 from dlmrt.models.llada2 import LLaDA2
 
 ROUNDS = 23  # QwenDLM: forced rounds per 256-row block
 
 
 def _block(model, mode: str, context: int, rule, canvas: str = "masks"):
-    """(engine, runner, buffers, kv, start): a block after `context` prefilled tokens, every row
+    """(engine, program, start): a block after `context` prefilled tokens, every row
     unresolved; canvas "masks" (a first round) or "random" tokens (rows as diverse as in later
     rounds: with random weights, an all-mask block routes every row to the same experts)."""
     dev, cfg = model.embed_table.device, model.cfg
     rows = cfg.block_size
-    engine = Engine(model, dev, torch.bfloat16, mode)
-    kv = engine._arena(context + rows)
-    engine._prefill(torch.randint(0, 150000, (context,)).tolist(), rows, kv)
-    runner, buf, _ = engine._runner(RoundSpec(model, rule, 0.0, rows), None)
+    engine = BlockEngine(model, dev, torch.bfloat16, mode)
+    prog = engine.program(RoundSpec(model, rule, 0.0, rows), context + rows)
+    engine.prefill(torch.randint(0, 150000, (context,)).tolist(), rows, prog.kv)
+    buf = prog.buf
     masks = torch.full((rows,), cfg.mask_token_id, device=dev)
     if canvas == "random":
         masks = torch.randint(0, 150000, (rows,), device=dev)
     unresolved = torch.ones(rows, dtype=torch.bool, device=dev)
-    return engine, runner, buf, kv, lambda: buf.load(masks, unresolved, context, 0)
+    return engine, prog, lambda: buf.load(masks, unresolved, context, 0)
 
 
 def time_mode(model, mode: str, context: int, iters: int, rule, canvas: str) -> tuple[float, int]:
     """(ms per round, rounds per block) over whole blocks."""
     with torch.inference_mode():
-        _, runner, buf, kv, start = _block(model, mode, context, rule, canvas)
+        _, prog, start = _block(model, mode, context, rule, canvas)
         rounds = []
 
         def block() -> None:
             start()
-            rounds.append(runner.run_block(buf, kv, None, rule.max_rounds(model.cfg.block_size)))
+            prog.runner.run(prog.rounds)
+            rounds.append(int(prog.buf.step))
 
         seconds = cuda_time(block, iters)
         return seconds / rounds[-1] * 1e3, rounds[-1]
@@ -80,10 +81,10 @@ def time_mode(model, mode: str, context: int, iters: int, rule, canvas: str) -> 
 def touched_experts(model, context: int, rule, canvas: str) -> TouchedExperts:
     """The experts one (first) round's routing selects, per MoE layer."""
     with torch.inference_mode():
-        _, _, buf, kv, start = _block(model, "eager", context, rule, canvas)
+        _, prog, start = _block(model, "eager", context, rule, canvas)
         start()
         counter = TouchedExperts(model)
-        denoise_round(RoundSpec(model, rule, 0.0, model.cfg.block_size), buf, kv)
+        denoise_round(prog.spec, prog.buf, prog.kv)
         counter.close()
     return counter
 
@@ -120,9 +121,8 @@ def time_canvas_mode(model, mode: str, context: int, iters: int) -> tuple[float,
     """DiffusionGemma: (ms per decoder step, steps) from one-canvas requests of 4 and 20 steps
     (never stopping early): the difference removes the prompt's encoder pass and host set-up."""
     from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-    from dlmrt.engine.canvas import StaticCanvasEngine
 
-    engine = StaticCanvasEngine(model, model.embed_table.device, mode)
+    engine = EncoderDecoderEngine(model, model.embed_table.device, mode)
     prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
     seconds = {}
     for steps in (4, 20):
@@ -141,9 +141,8 @@ def canvas_floor(model, context: int):
     """(FLOPs, bytes) of one decoder step over the 256-row canvas, experts counted from the
     routing of a one-step request (canvas passes only)."""
     from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-    from dlmrt.engine.canvas import StaticCanvasEngine
 
-    engine = StaticCanvasEngine(model, model.embed_table.device, "eager")
+    engine = EncoderDecoderEngine(model, model.embed_table.device, "eager")
     touched = TouchedExperts(model, rows=256)
     prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
     s = replace(CanvasSettings(), max_denoising_steps=1)

@@ -7,13 +7,13 @@ Run on the device machine: pytest -m gpu tests/test_canvas_graph_gpu.py
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import assert_modes_agree
 from test_canvas_decoding import SETTINGS, _prompt, ckpt, save_checkpoint  # noqa: F401
 from test_diffusion_gemma import F_, S, _config, _randomise
-
-from dataclasses import replace
 
 from dlmrt import LLM, reference
 from dlmrt.engine.graph import workspace

@@ -129,7 +129,7 @@ class BlockEngine:
             prog = self.program(spec, lay.max_len, hook)
             res = EngineResult([], "length", mode=prog.runner.name)
             if lay.first_block:
-                self._prefill(prompt_ids[: lay.first_block * block_length], block_length, prog.kv)
+                self.prefill(prompt_ids[: lay.first_block * block_length], block_length, prog.kv)
                 res.prefill_forwards = 1
             self._blocks(prog, prompt_ids, mask_id, seed, req, res, index, recorder is None)
         return res
@@ -171,7 +171,7 @@ class BlockEngine:
         # from the device, so eager and the graph modes run identical kernels (identical tokens).
         return (index + 1) * block_length if self.device.type == "cpu" else None
 
-    def _prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
+    def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
         """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits."""
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(len(tokens), device=self.device)
