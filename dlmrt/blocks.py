@@ -2,9 +2,10 @@
 
 Blocks sit on absolute multiples of the block length B. The floor(P / B) full prompt blocks are
 prefilled; the prompt tail (P mod B tokens) starts the first decode block as already-resolved rows
-that attend bidirectionally to the masks after them. Rows past prompt + max_new_tokens (in the last
-block) stay mask tokens and are never decoded, so no round is spent on tokens nobody asked for.
-The output is cut just after the first stop id.
+that attend bidirectionally to the masks after them. The last block is decoded whole, rows past
+prompt + max_new_tokens included, as the reference decoders (SDAR's, LLaDA2's `generate`) do: those
+rows change what the other rows see, so leaving them masked would change the answer near the end.
+The output is cut to max_new_tokens, and just after the first stop id within them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Layout:
     block_length: int  # B
     num_blocks: int  # blocks covering prompt + max_new_tokens
     first_block: int  # index of the first decode block (= number of full prompt blocks)
-    limit: int  # prompt + max_new_tokens: rows at or past this position are not decoded
+    limit: int  # prompt + max_new_tokens: rows at or past it are decoded, then cut from the output
 
     @property
     def max_len(self) -> int:
@@ -48,9 +49,6 @@ def initial_canvas(
         tail = prompt_ids[lay.first_block * lay.block_length :]
         canvas[: lay.tail] = torch.tensor(tail, device=device)
         unresolved[: lay.tail] = False
-    past = lay.limit - index * lay.block_length  # first row past the limit, if in this block
-    if past < lay.block_length:
-        unresolved[past:] = False
     return canvas, unresolved
 
 

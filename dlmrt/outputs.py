@@ -19,7 +19,9 @@ class GenerationOutput:
     and encoder passes are not charged; `num_commit_forwards` counts them). With commit folding (the
     default) a joint pass counts as one denoising forward: folding a plain commit leaves TPF as it
     was (the saving shows as num_commit_forwards == 0 and in request_tps); folding an editing
-    rule's post-fill check (one forward instead of two) raises it.
+    rule's post-fill check (one forward instead of two) raises it. A limit that ends inside the last
+    block decodes the whole block and counts only the tokens kept (`docs/block-layout.md`), so a
+    short request on a slow model can show TPF < 1.
     request_time_s covers tokenisation, prefill, decoding and host overhead (not model loading);
     request_tps = generated tokens / request_time_s.
     """

@@ -111,7 +111,7 @@ def test_train_save_load_generate_round_trip(tmp_path):
     log = _log(out)
     assert [e["step"] for e in log if "loss" in e] == [1, 2, 3]
     (ev,) = [e["eval"] for e in log if "eval" in e]
-    assert ev["problems"] == 2 and 0.0 <= ev["accuracy"] <= 1.0 and ev["tokens_per_forward"] >= 1
+    assert ev["problems"] == 2 and 0.0 <= ev["accuracy"] <= 1.0 and ev["tokens_per_forward"] > 0
 
     llm = LLM(str(out))  # the run directory is an HF checkpoint, loaded as-is
     assert llm.model_config.block_size == 8 and llm.mask_id == 3 and llm.stop_ids == {0, 2}

@@ -10,6 +10,8 @@ next block always sees the block's final tokens (the whole prefix is recomputed 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dlmrt.attention import AttnContext
@@ -41,47 +43,13 @@ def generate(
     """Return (generated token ids, finish reason) exactly as `BlockEngine.generate` should."""
     device = model.embed_table.device
     lay = layout(len(prompt_ids), max_new_tokens, block_length)
-    adapter = getattr(model, "adapter", None)
-    seed_t = torch.tensor(seed, device=device)
     context = torch.tensor(
         prompt_ids[: lay.first_block * block_length], dtype=torch.long, device=device
     )
     generated: list[int] = []
     for b in range(lay.first_block, lay.num_blocks):
         canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, device)
-        # z = 0 on a block's first round: g(0) = 0, but the post-norm still applies (`ResidualAdapter.inject`).
-        z = None if adapter is None else torch.zeros_like(model.embed_table[:block_length])
-        positions = torch.arange((b + 1) * block_length, device=device)
-        # Editing rules may rewrite the rows this request generates (never the prompt tail).
-        editable, post_steps = unresolved.clone(), torch.zeros((), dtype=torch.long, device=device)
-        done = False
-        for step in range(rule.max_rounds(block_length)):
-            ids = torch.cat((context, canvas))
-            if adapter is None:
-                logits = model(ids, AttnContext(positions, block_length))
-            else:
-                receives = adapter.receives(unresolved)
-                logits = model(ids, AttnContext(positions, block_length), z=z, receives=receives)
-            logits = logits[-block_length:]
-            noise = None
-            if temperature > 0:
-                noise = counter_uniform(
-                    seed_t,
-                    torch.tensor(b * block_length, device=device),
-                    torch.tensor(step, device=device),
-                    block_length,
-                )
-            prop = propose(logits, temperature, noise)
-            out = rule(prop, canvas, unresolved, torch.tensor(step), editable, post_steps)
-            canvas, unresolved = out.canvas, out.unresolved
-            if out.post_steps is not None:
-                post_steps = out.post_steps
-            z = _residual(model, logits) if adapter is not None else None
-            if bool(out.done):
-                done = True
-                break
-        if not done:
-            raise RuntimeError(f"oracle: block {b} did not finish in {step + 1} rounds")
+        canvas = _decode_block(model, context, canvas, unresolved, b, rule, temperature, seed)
         context = torch.cat((context, canvas))
         block = canvas.tolist()
         generated += block[lay.tail :] if b == lay.first_block else block
@@ -89,3 +57,34 @@ def generate(
         if reason is not None:
             return generated, reason
     raise AssertionError("unreachable: the last block always reaches max_new_tokens")
+
+
+def _decode_block(model, context, canvas, unresolved, index: int, rule, temperature, seed):
+    """Rounds of block `index` until the rule says done; -> its final canvas."""
+    device, rows = canvas.device, canvas.shape[0]
+    adapter = getattr(model, "adapter", None)
+    # z = 0 on a block's first round: g(0) = 0, but the post-norm still applies (`inject`).
+    z = None if adapter is None else torch.zeros_like(model.embed_table[:rows])
+    ctx = AttnContext(torch.arange(context.shape[0] + rows, device=device), rows)
+    # Editing rules may rewrite the rows this request generates (never the prompt tail).
+    editable, post_steps = unresolved.clone(), torch.zeros((), dtype=torch.long, device=device)
+    for step in range(rule.max_rounds(rows)):
+        ids = torch.cat((context, canvas))
+        if adapter is None:
+            logits = model(ids, ctx)
+        else:
+            logits = model(ids, ctx, z=z, receives=adapter.receives(unresolved))
+        logits = logits[-rows:]
+        noise = None
+        if temperature > 0:
+            t = functools.partial(torch.tensor, device=device)
+            noise = counter_uniform(t(seed), t(index * rows), t(step), rows)
+        prop = propose(logits, temperature, noise)
+        out = rule(prop, canvas, unresolved, torch.tensor(step), editable, post_steps)
+        canvas, unresolved = out.canvas, out.unresolved
+        if out.post_steps is not None:
+            post_steps = out.post_steps
+        z = _residual(model, logits) if adapter is not None else None
+        if bool(out.done):
+            return canvas
+    raise RuntimeError(f"oracle: block {index} did not finish in {rule.max_rounds(rows)} rounds")
