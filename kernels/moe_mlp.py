@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from .moe_plan import MAX_PAIRS, plan_small  # relative: kernels/ imports nothing from dlmrt
 
 BLOCK_M = 16  # the rows of an expert tile: 32 rows x top-8 over 256 experts is ~1 pair per expert
