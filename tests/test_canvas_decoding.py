@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import _byte_tokenizer
-from test_diffusion_gemma import VOCAB, _config, _randomise
+from dg_helpers import (
+    SETTINGS,
+    STOPS,
+    VOCAB,
+    _expected,
+    _prompt,
+    tiny_checkpoint,
+)
 
 from dlmrt import LLM
 from dlmrt.attention import AttnContext
@@ -19,51 +24,17 @@ from dlmrt.decoding import entropy_bound_canvas as ebc
 dg = pytest.importorskip("transformers.models.diffusion_gemma")
 gen_mod = pytest.importorskip("transformers.models.diffusion_gemma.generation_diffusion_gemma")
 
-STOPS = (1, 5)
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> tuple[Path, object]:
-    torch.manual_seed(0)
-    hf = dg.DiffusionGemmaForBlockDiffusion(_config()).eval()
-    _randomise(hf, 1)
-    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgc") / "tiny")
-    return path, dg.DiffusionGemmaForBlockDiffusion.from_pretrained(path).eval()
-
-
-def save_checkpoint(hf, path: Path) -> Path:
-    """Save a transformers DiffusionGemma with the test stop ids and the byte tokenizer."""
-    hf.save_pretrained(path)
-    gen = json.loads((path / "generation_config.json").read_text())
-    gen.update(eos_token_id=list(STOPS), pad_token_id=0)
-    (path / "generation_config.json").write_text(json.dumps(gen))
-    _byte_tokenizer().save(str(path / "tokenizer.json"))
-    return path
+def ckpt(tmp_path_factory) -> tuple:
+    return tiny_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def llm(ckpt) -> LLM:
     return LLM(ckpt[0], device="cpu")
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(6, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _expected(seq: list[int], max_new: int) -> list[int]:
-    """transformers' new tokens as dlmrt reports them: cut at max_new, kept up to the first stop."""
-    seq = seq[:max_new]
-    stop = next((i for i, t in enumerate(seq) if t in STOPS), None)
-    return seq if stop is None else seq[: stop + 1]
-
-
-SETTINGS = [
-    dict(max_denoising_steps=6, confidence_threshold=50.0),  # step cap
-    dict(stability_threshold=0, confidence_threshold=50.0),  # stops after one step
-    dict(stability_threshold=1, confidence_threshold=50.0, entropy_bound=3.0),  # stable argmax
-    dict(stability_threshold=2, confidence_threshold=50.0, t_min=0.1, t_max=0.3),
-]
 
 
 @pytest.mark.parametrize("settings", range(len(SETTINGS)))

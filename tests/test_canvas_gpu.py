@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_canvas_decoding import SETTINGS, STOPS, _expected, _prompt, ckpt  # noqa: F401
+from dg_helpers import SETTINGS, STOPS, _expected, _prompt, ckpt  # noqa: F401
 
 from dlmrt import LLM
 

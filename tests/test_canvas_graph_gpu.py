@@ -12,8 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import assert_modes_agree
-from test_canvas_decoding import SETTINGS, _prompt, ckpt, save_checkpoint  # noqa: F401
-from test_diffusion_gemma import F_, S, _config, _randomise
+from dg_helpers import F_, SETTINGS, S, _config, _prompt, _randomise, ckpt, save_checkpoint  # noqa: F401
 
 from dlmrt import LLM, reference
 from dlmrt.engine.graph import workspace

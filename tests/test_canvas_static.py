@@ -10,8 +10,7 @@ import logging
 
 import pytest
 import torch
-from test_canvas_decoding import SETTINGS, STOPS, _prompt, ckpt  # noqa: F401
-from test_diffusion_gemma import VOCAB
+from dg_helpers import SETTINGS, STOPS, VOCAB, _prompt, ckpt  # noqa: F401
 
 from dlmrt import LLM, reference
 from dlmrt.attention import AttnContext

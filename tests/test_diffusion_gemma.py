@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dg_helpers import CANVAS, F_, VOCAB, WINDOW, S, _config, _randomise  # noqa: F401
 from safetensors.torch import load_file, save_file
 
 from dlmrt.attention import AttnContext
@@ -16,57 +17,6 @@ from dlmrt.errors import CheckpointError
 dg = pytest.importorskip("transformers.models.diffusion_gemma")
 
 CPU = torch.device("cpu")
-VOCAB, WINDOW, CANVAS = 96, 5, 8
-S, F_ = "sliding_attention", "full_attention"
-
-
-def _config(**text_overrides):
-    text = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=5,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        global_head_dim=16,
-        num_global_key_value_heads=1,
-        sliding_window=WINDOW,
-        layer_types=[S, S, F_, S, F_],
-        num_experts=4,
-        top_k_experts=2,
-        moe_intermediate_size=12,
-        max_position_embeddings=256,
-        initializer_range=0.3,
-        use_bidirectional_attention="vision",
-        rope_parameters={
-            S: {"rope_type": "default", "rope_theta": 10000.0},
-            F_: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e4},
-        },
-    )
-    text.update(text_overrides)
-    vision = dict(
-        model_type="gemma4_vision",
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
-    return dg.DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=CANVAS)
-
-
-def _randomise(model, seed: int) -> None:
-    """Non-trivial norms, router scales and (distinct encoder/decoder) layer scalars."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "scale", "per_expert_scale", "layernorm_1.weight")):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=gen))
 
 
 @pytest.fixture(scope="module")

@@ -73,8 +73,7 @@ def test_the_oracle_decodes_the_whole_last_block_too(block_llms, name):
 def test_canvases_are_decoded_whole_and_cut(tmp_path):
     import torch
     import transformers.models.diffusion_gemma as dg
-    from test_canvas_decoding import save_checkpoint
-    from test_diffusion_gemma import _config, _randomise
+    from dg_helpers import _config, _randomise, save_checkpoint
 
     torch.manual_seed(0)
     hf = dg.DiffusionGemmaForBlockDiffusion(_config()).eval()

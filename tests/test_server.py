@@ -424,12 +424,12 @@ def _healthy(url: str, proc: subprocess.Popen) -> bool:
 def test_diffusion_gemma_served(tmp_path):
     """A DiffusionGemma checkpoint serves: the canvas decoder's knobs arrive as extra fields and
     the text equals a separate LLM's (same seed, torch RNG)."""
-    from test_canvas_decoding import SETTINGS
+    from dg_helpers import SETTINGS
 
     pytest.importorskip("transformers.models.diffusion_gemma")
     import transformers.models.diffusion_gemma as dg
     from conftest import _byte_tokenizer
-    from test_diffusion_gemma import _config, _randomise
+    from dg_helpers import _config, _randomise
 
     torch.manual_seed(0)
     hf = dg.DiffusionGemmaForBlockDiffusion(_config()).eval()
