@@ -45,6 +45,7 @@ class LLM:
         role: str | None = None,
         mode: str = "auto",
         fold_commits: bool = True,
+        skip_weight_check: bool = False,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -55,6 +56,7 @@ class LLM:
             role=role,
             mode=mode,
             fold_commits=fold_commits,
+            skip_weight_check=skip_weight_check,
         )
         if model is None:
             from dlmrt.demo import demo_model_path
@@ -68,7 +70,8 @@ class LLM:
         else:
             path = resolve_model_path(str(model))
         self.device, self.dtype = self.config.torch_device(), self.config.torch_dtype()
-        ckpt = load_checkpoint(path, self.dtype, self.device)
+        check = not self.config.skip_weight_check
+        ckpt = load_checkpoint(path, self.dtype, self.device, check_finite=check)
         self.path, self.model, self.model_config = ckpt.path, ckpt.model, ckpt.config
         is_llada = isinstance(self.model_config, LLaDA2Config)
         self.tokenizer = Tokenizer(path)
