@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
+from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")
 
@@ -177,8 +178,13 @@ def check_tensors(
     return tied
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) -> Checkpoint:
-    """Load `path` (an HF-format directory) into the registered family's model."""
+def load_checkpoint(
+    path: str | Path, dtype: torch.dtype, device: torch.device, *, check_finite: bool = True
+) -> Checkpoint:
+    """Load `path` (an HF-format directory) into the registered family's model.
+
+    check_finite: every floating-point tensor, as stored in `dtype` on `device`, must be free of
+    NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root}: not a checkpoint directory")
@@ -213,20 +219,10 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
     model = model.to_empty(device=device)
     if tied:
         model.tie_lm_head()
-    params = model.state_dict()
-    by_file: dict[Path, list[str]] = {}
-    for name, (f, _) in found.items():
-        by_file.setdefault(f, []).append(name)
-    with tqdm(total=len(found), desc=f"loading {root.name}", unit="tensor", disable=None) as bar:
-        for f, names in by_file.items():
-            with safe_open(str(f), framework="pt", device="cpu") as st:
-                for name in names:
-                    target = params[name] if name not in slices else params[slices[name][0]]
-                    if name in slices:
-                        target = target[slices[name][1]]
-                    with torch.no_grad():
-                        target.copy_(st.get_tensor(source[name]))
-                    bar.update()
+    finite = FiniteCheck() if check_finite else None
+    _stream_weights(model.state_dict(), found, source, slices, root, finite)
+    if finite is not None:
+        finite.raise_if_bad(dtype)
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
@@ -240,6 +236,32 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: torch.device) 
         dtype,
     )
     return Checkpoint(root, model, config, gen_cfg)
+
+
+def _stream_weights(
+    params: dict[str, torch.Tensor],
+    found: dict[str, tuple[Path, tuple[int, ...]]],
+    source: dict[str, str],
+    slices: dict[str, tuple[str, int]],
+    root: Path,
+    finite: FiniteCheck | None,
+) -> None:
+    """Copy every checkpoint tensor into its (allocated) parameter, one file open at a time."""
+    by_file: dict[Path, list[str]] = {}
+    for name, (f, _) in found.items():
+        by_file.setdefault(f, []).append(name)
+    with tqdm(total=len(found), desc=f"loading {root.name}", unit="tensor", disable=None) as bar:
+        for f, names in by_file.items():
+            with safe_open(str(f), framework="pt", device="cpu") as st:
+                for name in names:
+                    target = params[name] if name not in slices else params[slices[name][0]]
+                    if name in slices:
+                        target = target[slices[name][1]]
+                    with torch.no_grad():
+                        target.copy_(st.get_tensor(source[name]))
+                    if finite is not None:
+                        finite.add(f, source[name], target)
+                    bar.update()
 
 
 def resolve_model_path(model: str) -> Path:

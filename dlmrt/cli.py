@@ -64,6 +64,12 @@ def add_serve_parser(sub: Any) -> None:
         "--max-queue", type=int, default=8, help="requests waiting at most (default: 8)"
     )
     srv.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        help="larger request bodies get 413 before they are read (default: 8 MiB)",
+    )
+    srv.add_argument(
         "--served-model-name",
         default=None,
         help="model id of the API (default: the model dir name)",

@@ -45,6 +45,13 @@ class EngineConfig:
             "first half of the next block's first round: one forward less per block, same tokens"
         },
     )
+    skip_weight_check: bool = field(
+        default=False,
+        metadata={
+            "help": "do not check every weight for NaN/Inf while loading (saves a pass over the "
+            "weights of very large models)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:

@@ -52,6 +52,7 @@ class LLM:
         role: str | None = None,
         mode: str = "auto",
         fold_commits: bool = True,
+        skip_weight_check: bool = False,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -62,6 +63,7 @@ class LLM:
             role=role,
             mode=mode,
             fold_commits=fold_commits,
+            skip_weight_check=skip_weight_check,
         )
         if model is None:
             from dlmrt.demo import demo_model_path
@@ -74,7 +76,8 @@ class LLM:
             )
         else:
             path = resolve_model_path(str(model))
-        ckpt = load_checkpoint(path, config.torch_dtype(), config.torch_device())
+        check = not config.skip_weight_check
+        ckpt = load_checkpoint(path, config.torch_dtype(), config.torch_device(), check_finite=check)
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
 
     @classmethod

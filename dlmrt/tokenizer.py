@@ -73,6 +73,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size()
 
+    def longest_token_chars(self) -> int:
+        """Characters of the longest vocabulary entry (added tokens included): one token covers
+        no more text than that (byte-level entries are one character per byte), so a text longer
+        than N times this cannot fit in N tokens (unless the normalizer deletes characters)."""
+        return max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+
     def encode(self, text: str) -> list[int]:
         # Special tokens in the text (e.g. from the chat template) are recognised as such; no BOS
         # is added here: templates and callers add it explicitly.

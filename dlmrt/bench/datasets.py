@@ -29,6 +29,11 @@ TEMPLATES = {
 }
 
 
+# generation_config.json key of a checkpoint's own templates: {"math": "...", "code": "..."}, used
+# with and without the chat template (a small model trained on bare questions needs "{prompt}").
+CHECKPOINT_TEMPLATES = "dlmrt_bench_prompt_templates"
+
+
 @dataclass(frozen=True)
 class Problem:
     id: str
@@ -58,6 +63,25 @@ def load_problems(
     if shuffle:
         random.Random(seed).shuffle(problems)
     return problems[:limit] if limit is not None else problems
+
+
+def pick_template(flag: str | None, model_dir: Path, kind: str, chat: bool) -> tuple[str, str]:
+    """(template, where it came from): --prompt-template, else the checkpoint's template for
+    `kind` (generation_config.json), else the built-in default for (kind, chat)."""
+    if flag is not None:
+        return flag, "--prompt-template"
+    path = Path(model_dir) / "generation_config.json"
+    gen = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    own = gen.get(CHECKPOINT_TEMPLATES) if isinstance(gen, dict) else None
+    if own is not None:
+        where = f"{path}: '{CHECKPOINT_TEMPLATES}'"
+        if not isinstance(own, dict) or not all(isinstance(v, str) for v in own.values()):
+            raise ValueError(f"{where} must map 'math' / 'code' to template strings")
+        if kind in own:
+            if "{prompt}" not in own[kind]:
+                raise ValueError(f"{where}: the {kind!r} template has no '{{prompt}}'")
+            return own[kind], f"checkpoint ({path.name})"
+    return TEMPLATES[(kind, chat)], "default"
 
 
 def render_prompt(problem: Problem, tokenizer: Any, chat: bool, template: str | None) -> str:

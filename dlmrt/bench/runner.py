@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from dlmrt.bench import MissingDependency
-from dlmrt.bench.datasets import TEMPLATES, Problem, load_problems, render_prompt
+from dlmrt.bench.datasets import Problem, load_problems, pick_template, render_prompt
 from dlmrt.bench.report import SCHEMA, format_table, summarize, warmup_info, write_json
 from dlmrt.params import DecodeParams
 
@@ -50,7 +50,9 @@ def _bench(args: Any) -> int:
 
     llm = LLM(**values(args, EngineConfig))
     chat = not args.no_chat
-    prompts = [_render(p, llm, chat, args.prompt_template) for p in problems]
+    template = pick_template(args.prompt_template, llm.path, problems[0].kind, chat)
+    print(f"dlmrt: prompt template ({template[1]}): {template[0]!r}", file=sys.stderr)
+    prompts = [_render(p, llm, chat, template[0]) for p in problems]
     runs = []
     for label, value, params in points:
         label = label or _rule_label(params, llm.default_rule)
@@ -65,7 +67,7 @@ def _bench(args: Any) -> int:
                 "requests": records,
             }
         )
-    report = _report(args, llm, problems, chat, runs)
+    report = _report(args, llm, problems, chat, runs, template)
     print(format_table(report))
     if args.out:
         write_json(report, args.out)
@@ -197,7 +199,9 @@ def _record(i: int, problem: Problem, out: Any, status: str, correct: bool) -> d
     }
 
 
-def _report(args: Any, llm: Any, problems: list[Problem], chat: bool, runs: list) -> dict:
+def _report(
+    args: Any, llm: Any, problems: list[Problem], chat: bool, runs: list, template: tuple[str, str]
+) -> dict:
     from dlmrt import __version__
     from dlmrt.bench.scorers import scorer_name
 
@@ -218,7 +222,8 @@ def _report(args: Any, llm: Any, problems: list[Problem], chat: bool, runs: list
         "limit": args.limit,
         "shuffle": args.shuffle,
         "chat": chat,
-        "prompt_template": args.prompt_template or TEMPLATES[(kind, chat)],
+        "prompt_template": template[0],
+        "prompt_template_source": template[1],  # --prompt-template | checkpoint (...) | default
         "scorer": "humaneval-exec" if kind == "code" else scorer_name(),
         "timeout_s": args.timeout if kind == "code" else None,
         "sweep": {"knob": knob, "values": [r["knob_value"] for r in runs]} if knob else None,

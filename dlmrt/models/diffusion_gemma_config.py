@@ -81,15 +81,42 @@ def _rope(tc: dict[str, Any], path: Path) -> dict[str, RopeSpec]:
     return out
 
 
+def _per_layer_overrides(per_layer: dict[Any, Any], types: list[str], path: Path) -> dict:
+    """`per_layer_config` keyed by layer index: keys in any spelling ("5", "05", 5; transformers
+    5.17 zero-pads them), each in range and given once; every full layer must have one."""
+    where = f"{path}: 'text_config.per_layer_config'"
+    out: dict[int, dict[str, Any]] = {}
+    for key, over in per_layer.items():
+        try:
+            index = int(str(key).strip())
+        except ValueError:
+            raise CheckpointError(f"{where}: key {key!r} is not a layer index") from None
+        if not 0 <= index < len(types):
+            raise CheckpointError(f"{where}: layer {key!r} is outside [0, {len(types)})")
+        if index in out:
+            raise CheckpointError(f"{where}: layer {index} is given twice")
+        if not isinstance(over, dict):
+            raise CheckpointError(f"{where}: layer {key!r} is not an object")
+        out[index] = over
+    missing = [
+        i for i, kind in enumerate(types) if kind == FULL and "head_dim" not in out.get(i, {})
+    ]
+    if missing:
+        raise CheckpointError(f"{where}: no head_dim override for {FULL} layer(s) {missing}")
+    return out
+
+
 def _layer_shapes(tc: dict[str, Any], path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per-layer (head_dim, kv_heads): `per_layer_config` as transformers saves it, else the
     `global_head_dim` / `num_global_key_value_heads` fields on full layers."""
     head_dim, kv = _get(tc, "head_dim", path), _get(tc, "num_key_value_heads", path)
     per_layer = tc.get("per_layer_config")
+    if isinstance(per_layer, dict):
+        overrides = _per_layer_overrides(per_layer, tc["layer_types"], path)
     dims, heads = [], []
     for i, kind in enumerate(tc["layer_types"]):
         if isinstance(per_layer, dict):
-            over = per_layer.get(str(i)) or per_layer.get(i) or {}
+            over = overrides.get(i, {})
         elif kind == FULL:
             over = {"head_dim": _get(tc, "global_head_dim", path)}
             over["num_key_value_heads"] = tc.get("num_global_key_value_heads") or kv

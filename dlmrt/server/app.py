@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlmrt import __version__
 from dlmrt.server import protocol, responses
+from dlmrt.server.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from dlmrt.server.metrics import Metrics
 from dlmrt.server.protocol import APIError, ModelInfo, RequestSpec
 from dlmrt.server.worker import CLIENT_CLOSED, Job, Worker
@@ -32,8 +33,16 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 DISCONNECT_POLL_S = 0.25  # how often a waiting non-streamed request checks its client
 
 
-def build_app(llm: Any, *, served_model_name: str | None = None, max_queue: int = 8) -> FastAPI:
-    """An app serving `llm` (a `dlmrt.LLM`); its worker thread runs while the app's lifespan does."""
+def build_app(
+    llm: Any,
+    *,
+    served_model_name: str | None = None,
+    max_queue: int = 8,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
+    """An app serving `llm` (a `dlmrt.LLM`); its worker thread runs while the app's lifespan does.
+
+    Bodies over `max_request_bytes` are answered 413 before they are read."""
     metrics = Metrics()
     worker = Worker(llm, max_queue, metrics)
     cfg = llm.model_config
@@ -43,6 +52,7 @@ def build_app(llm: Any, *, served_model_name: str | None = None, max_queue: int 
         vocab_size=cfg.vocab_size,
         block_size=cfg.block_size,
         max_positions=cfg.max_position_embeddings,
+        max_prompt_chars=cfg.max_position_embeddings * llm.tokenizer.longest_token_chars(),
     )
 
     @asynccontextmanager
@@ -55,6 +65,12 @@ def build_app(llm: Any, *, served_model_name: str | None = None, max_queue: int 
     app.state.worker, app.state.metrics, app.state.info = worker, metrics, info
     app.state.created = int(time.time())
     _add_error_handlers(app, metrics)
+
+    def rejected(scope: dict[str, Any]) -> None:
+        if scope.get("path") in GENERATION_PATHS:
+            metrics.count_status(413)
+
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, on_reject=rejected)
     _add_generation_routes(app, worker, info)
     _add_info_routes(app, worker, metrics, info)
     return app
@@ -63,11 +79,14 @@ def build_app(llm: Any, *, served_model_name: str | None = None, max_queue: int 
 def _add_generation_routes(app: FastAPI, worker: Worker, info: ModelInfo) -> None:
     @app.post("/v1/completions")
     async def completions(body: protocol.CompletionRequest, request: Request) -> Response:
-        return await _serve(worker, protocol.completion_spec(body, info), request)
+        # Tokenizing (and the chat template) runs off the event loop: /health stays responsive.
+        spec = await asyncio.to_thread(protocol.completion_spec, body, info)
+        return await _serve(worker, spec, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: protocol.ChatCompletionRequest, request: Request) -> Response:
-        return await _serve(worker, protocol.chat_spec(body, info), request)
+        spec = await asyncio.to_thread(protocol.chat_spec, body, info)
+        return await _serve(worker, spec, request)
 
 
 def _add_info_routes(app: FastAPI, worker: Worker, metrics: Metrics, info: ModelInfo) -> None:

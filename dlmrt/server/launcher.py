@@ -35,6 +35,8 @@ def serve_command(args: argparse.Namespace) -> int:
         raise ValueError(f"port: must be in [0, 65535], got {args.port}")
     if args.max_queue < 1:
         raise ValueError(f"max_queue: must be >= 1, got {args.max_queue}")
+    if args.max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes: must be >= 1, got {args.max_request_bytes}")
 
     import uvicorn
 
@@ -44,7 +46,12 @@ def serve_command(args: argparse.Namespace) -> int:
     from dlmrt.server.app import build_app
 
     llm = LLM(**values(args, EngineConfig))
-    app = build_app(llm, served_model_name=args.served_model_name, max_queue=args.max_queue)
+    app = build_app(
+        llm,
+        served_model_name=args.served_model_name,
+        max_queue=args.max_queue,
+        max_request_bytes=args.max_request_bytes,
+    )
     level = "info" if args.verbose else "warning"
     config = uvicorn.Config(
         app,

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from dlmrt.params import CANVAS_FIELDS, DecodeParams
+from dlmrt.server import limits
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
@@ -166,6 +167,7 @@ class ModelInfo:
     vocab_size: int
     block_size: int
     max_positions: int
+    max_prompt_chars: int | None = None  # longer prompts cannot fit: refused before tokenizing
 
 
 def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:
@@ -176,6 +178,7 @@ def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:
             raise APIError(400, "prompt: one prompt per request (batches are not served)", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
+        limits.check_prompt_chars(len(prompt), info.max_prompt_chars)
         ids = info.tokenizer.encode(prompt)
     else:
         ids = list(prompt)
@@ -195,6 +198,7 @@ def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
     messages = [
         {"role": m.role, "content": _text_content(m, i)} for i, m in enumerate(req.messages)
     ]
+    limits.check_prompt_chars(sum(len(m["content"]) for m in messages), info.max_prompt_chars)
     try:
         text = info.tokenizer.apply_chat_template(messages)
     except ValueError as e:

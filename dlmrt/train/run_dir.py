@@ -136,6 +136,12 @@ def open_run(cfg: TrainConfig, out: Path, resume: bool):
     """Check `out` against `resume`, prepare the run directory; return (checkpoint, checkpointer)."""
     config_path = out / "train_config.json"
     ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None and not config_path.is_file():
+        # A typo in --out must not silently start a new full-size run.
+        raise ValueError(
+            f"--resume: {out} holds no run (no train_config.json, no checkpoints); "
+            "drop --resume to start one there"
+        )
     if resume and config_path.is_file():
         check_resume(cfg, TrainConfig.load(config_path))
     elif not resume and (config_path.exists() or (out / "checkpoints").exists()):

@@ -1,0 +1,219 @@
+"""The HumanEval sandbox, host side: pick the isolation, spawn the wrapper, collect the outcome.
+
+Two modes, picked once per process by running a probe program (`isolation()`):
+- "namespaces" (`unshare --user --map-root-user --mount --net --pid ...`, root or not): no network
+  at all, its own PID namespace (everything it starts dies with it, even after `setsid`) and a
+  read-only view of the file system except its private temp dir.
+- "fallback" (no usable `unshare`): an audit hook refuses sockets and ctypes, and every process
+  of the run's session or carrying the run's environment marker is killed at the end.
+Always: its own session, RLIMIT_CPU / AS / FSIZE / CORE / NPROC, a clean environment, a wall
+timeout. The pass secret travels over the wrapper's stdin and comes back over a pipe
+(sandbox_wrapper.py says what that does and does not protect).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import resource
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("dlmrt")
+WRAPPER = Path(__file__).with_name("sandbox_wrapper.py")
+UNSHARE = [
+    "unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child",
+    "--mount-proc",
+]  # fmt: skip
+NPROC_IN_NAMESPACE = 64  # counts only the run's own processes (a fresh user namespace)
+NPROC_MARGIN = 64  # fallback: processes the run may add to the user's current count
+MARKER = "DLMRT_SANDBOX_RUN"
+OUTPUT_TAIL = 2000  # characters of stderr kept
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str  # "namespaces" | "fallback"
+    prefix: tuple[str, ...]  # the command the wrapper runs under
+
+
+NAMESPACES, FALLBACK = Mode("namespaces", tuple(UNSHARE)), Mode("fallback", ())
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_s: int
+    memory_mb: int
+    file_mb: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int | None  # None: killed at the wall timeout
+    elapsed_s: float
+    cpu_s: float  # CPU seconds the run used (reaped descendants)
+    reported: bool  # the wrapper sent the secret back: the program ran to its end
+    stderr_tail: str
+
+
+@functools.cache
+def isolation() -> Mode:
+    """NAMESPACES when a probe runs under them here (read-only view included), else FALLBACK."""
+    with tempfile.TemporaryDirectory(prefix="dlmrt-he-probe-") as tmp:
+        (Path(tmp) / "program.py").write_text("pass\n")
+        try:
+            ok = run(Path(tmp), NAMESPACES, 10.0, Limits(5, 2048, 1)).reported
+        except OSError:  # no unshare binary
+            ok = False
+    if not ok:
+        log.warning(
+            "HumanEval sandbox: user/mount/network/PID namespaces are unavailable (unshare "
+            "failed): sockets and ctypes are refused by an audit hook only, the file system is "
+            "writable, and a program that starts another program can bypass the hook"
+        )
+    return NAMESPACES if ok else FALLBACK
+
+
+def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
+    """Run `workdir/program.py` through the wrapper under `mode`; stdout/stderr go to files."""
+    secret = secrets.token_hex(16).encode()
+    marker = secrets.token_hex(8)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir)}
+    env.update(TMPDIR=str(workdir), LANG="C.UTF-8", OMP_NUM_THREADS="1")
+    env.update(PYTHONDONTWRITEBYTECODE="1", **{MARKER: marker})
+    nproc = NPROC_IN_NAMESPACE if mode is NAMESPACES else _user_tasks() + NPROC_MARGIN
+    argv = [*mode.prefix, sys.executable, "-I", str(WRAPPER), mode.name]
+    read_end, write_end = os.pipe()
+    argv += [str(write_end), str(nproc), str(workdir), str(workdir / "program.py")]
+    try:
+        with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
+            cpu0, t0 = _children_cpu(), time.perf_counter()
+            proc = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                pass_fds=(write_end,),
+                start_new_session=True,  # its own session and process group, killed as a whole
+                preexec_fn=_limits(limits),
+            )
+            os.close(write_end)
+            write_end = -1
+            _send_secret(proc, secret)
+            try:
+                code: int | None = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                _kill_run(proc, marker if mode is FALLBACK else None)
+            elapsed, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+        report = _read_report(read_end)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    tail = (workdir / "stderr").read_text(encoding="utf-8", errors="replace")[-OUTPUT_TAIL:]
+    return Outcome(code, elapsed, cpu, report == secret, tail)
+
+
+def _send_secret(proc: subprocess.Popen, secret: bytes) -> None:
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(secret)
+        proc.stdin.close()
+    except BrokenPipeError:  # it died before reading: it cannot report either
+        pass
+
+
+def _read_report(fd: int) -> bytes:
+    # Every writer is dead by now, but a process that escaped could hold the pipe open: never block.
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 256)
+    except BlockingIOError:
+        return b""
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _limits(limits: Limits):
+    def apply() -> None:  # runs in the child between fork and exec: system calls only
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        memory = limits.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        size = limits.file_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+def _kill_run(proc: subprocess.Popen, marker: str | None) -> None:
+    """SIGKILL the run's process group, then (fallback) its session and marked processes; reap."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    if marker is not None:
+        for _ in range(20):  # a process may fork while we kill: repeat until none is left
+            if not _kill_stragglers(proc.pid, marker):
+                break
+            time.sleep(0.01)
+
+
+def _kill_stragglers(session: int, marker: str) -> int:
+    """SIGKILL our processes in `session` or whose environment carries `marker`; how many."""
+    tag, killed = f"{MARKER}={marker}".encode(), 0
+    for pid in _own_pids():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if stat[0] == "Z":
+                continue  # already dead, waiting for its parent to reap it
+            sid = int(stat[3])
+            marked = tag in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not ours to read
+        if sid == session or marked:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def _own_pids() -> list[int]:
+    uid, me = os.getuid(), os.getpid()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != me:
+            try:
+                if entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _user_tasks() -> int:
+    """Threads of this user now: RLIMIT_NPROC outside a user namespace counts all of them."""
+    total = 0
+    for pid in _own_pids() + [os.getpid()]:
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    return total

@@ -1,0 +1,133 @@
+"""The trusted wrapper the HumanEval sandbox runs (`python -I sandbox_wrapper.py ...`).
+
+Standard library only, no dlmrt import: it runs in a fresh interpreter inside the sandbox.
+
+    sandbox_wrapper.py MODE REPORT_FD NPROC WORKDIR PROGRAM
+
+1. Reads the pass secret from stdin (a pipe the harness writes and closes), then points fd 0 at
+   /dev/null: the secret is never in the program's text, a file, the environment or argv.
+2. MODE "namespaces" (inside `unshare --user --mount ...`): makes every mount read-only except
+   WORKDIR (a private bind mount); MODE "fallback": installs an audit hook refusing sockets (the
+   `socket` and raw `_socket` modules alike) and ctypes.
+3. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
+4. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
+   REPORT_FD and `os._exit(0)`. An early `sys.exit`, `os._exit` or exception never reports.
+
+Residual risk: the program runs in this process, so code that digs through the interpreter's own
+memory (frames, gc, ctypes where allowed, /proc/self/mem) can still find the secret; the harness
+treats a pass as "ran to the end", not as proof against an adversary. Use a container for that.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
+MS_REC, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 21, 1 << 24
+MS_NOSYMFOLLOW = 256
+# Per-mount flags a user namespace locks: a remount must repeat them or it is refused.
+LOCKED = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+    "nosymfollow": MS_NOSYMFOLLOW,
+}
+PSEUDO = ("/proc", "/sys")  # kernel file systems: a refused remount there is tolerated
+BLOCKED_EVENTS = ("socket.", "ctypes.dlopen")
+NO_NETWORK = "network access is disabled in the dlmrt HumanEval sandbox"
+SETUP_FAILED = 3  # exit status: the sandbox could not be set up (the program never ran)
+
+
+def read_secret() -> bytes:
+    chunks = []
+    while chunk := os.read(0, 4096):
+        chunks.append(chunk)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # the program reads an empty stdin, not the (drained) secret pipe
+    os.close(null)
+    return b"".join(chunks)
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """(mount point, its locked flags) from /proc/self/mountinfo, parents first, deduplicated."""
+    seen: dict[str, int] = {}
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
+            opts = fields[5].split(",")
+            flags = sum(v for k, v in LOCKED.items() if k in opts)
+            if not flags & (MS_NOATIME | MS_RELATIME):
+                flags |= MS_STRICTATIME
+            seen[point] = flags  # a later (upper) mount at the same point wins
+    return sorted(seen.items(), key=lambda item: item[0].count("/"))
+
+
+def read_only_view(workdir: str) -> None:
+    """Every mount read-only, `workdir` a writable bind mount of itself (private mount namespace)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source: str | None, target: str, flags: int) -> int:
+        src = None if source is None else source.encode()
+        if libc.mount(src, target.encode(), None, flags, None) == 0:
+            return 0
+        return ctypes.get_errno()
+
+    if err := mount(workdir, workdir, MS_BIND | MS_REC):
+        raise OSError(err, f"bind mount of {workdir}: {os.strerror(err)}")
+    for point, flags in _mount_points():
+        if point == workdir or point.startswith(workdir + "/"):
+            continue
+        err = mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+        if err and not point.startswith(PSEUDO):
+            raise OSError(err, f"read-only remount of {point}: {os.strerror(err)}")
+    if os.access("/", os.W_OK) or not os.access(workdir, os.W_OK):
+        raise OSError(f"read-only view not in effect (/ writable or {workdir} not)")
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event.startswith(BLOCKED_EVENTS):
+        raise OSError(NO_NETWORK + f" ({event})")
+
+
+def setup(mode: str, nproc: int, workdir: str) -> None:
+    if mode == "namespaces":
+        read_only_view(workdir)
+    elif mode == "fallback":
+        sys.addaudithook(_audit)  # cannot be removed; raw `_socket` raises the same events
+    else:
+        raise ValueError(f"mode: expected 'namespaces' or 'fallback', got {mode!r}")
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def main(argv: list[str]) -> None:
+    mode, report_fd, nproc, workdir, program = argv
+    secret = read_secret()
+    try:
+        setup(mode, int(nproc), workdir)
+        with open(program, encoding="utf-8") as f:
+            code = compile(f.read(), program, "exec")
+    except (OSError, ValueError, SyntaxError) as e:
+        print(f"dlmrt sandbox: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        os._exit(SETUP_FAILED if not isinstance(e, SyntaxError) else 1)
+    namespace = {"__name__": "__main__", "__file__": program, "__builtins__": __builtins__}
+    exec(code, namespace)  # an exception or SystemExit leaves without reporting
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # the program may have closed or replaced it
+            pass
+    os.write(int(report_fd), secret)
+    os._exit(0)  # no atexit handlers or lingering threads of the program after the report
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,107 @@
+"""Request-size limits: one big request must not stall the server or grow it without bound.
+
+`BodyLimit` (ASGI middleware) answers 413 before the body is read when Content-Length exceeds
+the limit, and stops reading a chunked body as soon as it does; `check_prompt_chars` refuses a
+prompt that cannot fit the context before it is tokenized (tokenizing runs off the event loop,
+see app.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+# Imported as a module (protocol imports this one too): names resolve at call time.
+from dlmrt.server import protocol
+
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # 8 MiB: far above any prompt a context holds
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class BodyLimit:
+    """Reject HTTP request bodies over `max_bytes` with 413 (OpenAI-style error body)."""
+
+    def __init__(
+        self, app: Any, max_bytes: int, on_reject: Callable[[Scope], None] | None = None
+    ) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_request_bytes: must be >= 1, got {max_bytes}")
+        self.app, self.max_bytes, self.on_reject = app, max_bytes, on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = _content_length(scope)
+        if declared is not None:
+            if declared > self.max_bytes:  # never read: the server discards what follows
+                return await self._reject(scope, send, f"{declared} bytes")
+            return await self.app(scope, receive, send)  # the server enforces Content-Length
+        chunks, size = [], 0
+        while True:  # chunked: buffer up to the limit, then hand the app the whole body
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._reject(scope, send, f"more than {self.max_bytes} bytes")
+            if not message.get("more_body", False):
+                break
+        return await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _reject(self, scope: Scope, send: Send, size: str) -> None:
+        if self.on_reject is not None:
+            self.on_reject(scope)
+        message = (
+            f"request body: {size} exceed the server's limit of {self.max_bytes} bytes "
+            "(dlmrt serve --max-request-bytes)"
+        )
+        body = json.dumps(
+            protocol.error_body(message, "invalid_request_error", None, "request_too_large")
+        )
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),  # the unread body makes the connection unusable
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server rejects a malformed header itself
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return await receive()  # later calls: disconnect detection
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def check_prompt_chars(chars: int, limit: int | None) -> None:
+    """400 before tokenizing when a prompt of `chars` characters cannot fit the context."""
+    if limit is not None and chars > limit:
+        raise protocol.APIError(
+            400,
+            f"prompt: {chars} characters cannot fit the model's context (at most {limit} "
+            "characters: context length x the longest token)",
+            "prompt",
+            "context_length_exceeded",
+        )

@@ -1,0 +1,159 @@
+"""The HumanEval sandbox: an unforgeable pass signal, isolation in both modes (namespaces and the
+audit-hook fallback), a read-only file system, RLIMIT_NPROC and killing what a run left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dlmrt.bench import sandbox
+from dlmrt.bench.humaneval_runner import check_completion, run_program
+
+ADD_PROMPT = 'def add(a, b):\n    """Add."""\n'
+ADD_TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+# A wrong solution that hunts for the pass token everywhere the program can see, prints every
+# candidate and writes it to every open fd, then exits 0 before check() can fail.
+CHEAT = textwrap.dedent("""\
+        return 0
+    import os, re, sys
+    seen = open(__file__).read() + sys.stdin.read()
+    for p in ("/proc/self/cmdline", "/proc/self/environ"):
+        seen += open(p, "rb").read().decode("latin-1")
+    for name in os.listdir(os.path.dirname(os.path.abspath(__file__))):
+        try:
+            seen += open(name, "rb").read().decode("latin-1")
+        except OSError:
+            pass
+    tokens = re.findall(r"dlmrt-done-[0-9a-f]+|[0-9a-f]{16,}", seen)
+    for token in tokens:
+        print(token, flush=True)
+        for fd in range(1, 64):
+            try:
+                os.write(fd, token.encode())
+            except OSError:
+                pass
+    os._exit(0)
+""")
+
+
+@pytest.fixture(params=["namespaces", "fallback"])
+def mode(request, monkeypatch) -> sandbox.Mode:
+    chosen = sandbox.NAMESPACES if request.param == "namespaces" else sandbox.FALLBACK
+    if chosen is sandbox.NAMESPACES and sandbox.isolation() is not sandbox.NAMESPACES:
+        pytest.skip("user/mount/network/PID namespaces are not available here")
+    monkeypatch.setattr(sandbox, "isolation", lambda: chosen)
+    return chosen
+
+
+def test_token_from_the_program_file_does_not_pass(mode):
+    result = check_completion(ADD_PROMPT, CHEAT, ADD_TEST, "add", timeout_s=10)
+    assert result.status == "failed", result
+
+
+def test_correct_and_wrong_solutions(mode):
+    assert check_completion(ADD_PROMPT, "    return a + b\n", ADD_TEST, "add").passed
+    wrong = check_completion(ADD_PROMPT, "    return a - b\n", ADD_TEST, "add")
+    assert wrong.status == "failed" and "AssertionError" in wrong.stderr_tail
+
+
+def test_raw_socket_cannot_reach_a_loopback_listener(mode):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        completion = (
+            "    import _socket\n"
+            "    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+            f"    s.connect(('127.0.0.1', {port}))\n"
+            "    return a + b  # connected: not isolated\n"
+        )
+        result = check_completion(ADD_PROMPT, completion, ADD_TEST, "add")
+    assert result.status == "failed"
+    assert "network access is disabled" in result.stderr_tail or "unreachable" in result.stderr_tail
+
+
+def test_setsid_double_fork_daemon_dies_with_the_run(mode, tmp_path):
+    marker = tmp_path / "escaped"
+    program = textwrap.dedent(f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(1.5)
+                open({str(marker)!r}, "w").write("x")
+            os._exit(0)
+        time.sleep(0.2)
+    """)
+    assert run_program(program).passed
+    time.sleep(2.5)
+    assert not marker.exists()
+
+
+def test_process_count_is_limited(mode):
+    """RLIMIT_NPROC is the run's own budget (namespaces) or a margin over the user's count."""
+    if mode is sandbox.NAMESPACES:
+        bound = sandbox.NPROC_IN_NAMESPACE
+    else:
+        bound = sandbox._user_tasks() + sandbox.NPROC_MARGIN + 32  # slack: other tests' threads
+    program = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)\n"
+        f"assert soft == hard and 0 < soft <= {bound}, (soft, hard)\n"
+    )
+    result = run_program(program)
+    assert result.passed, result.stderr_tail
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="the kernel does not apply RLIMIT_NPROC to root")
+def test_fork_bomb_is_bounded(mode):
+    program = textwrap.dedent("""
+        import os, time
+        children = 0
+        try:
+            while children < 5000:
+                if os.fork() == 0:
+                    time.sleep(5)
+                    os._exit(0)
+                children += 1
+        except OSError:
+            pass
+        assert children < 5000
+    """)
+    assert run_program(program, timeout_s=20).passed
+
+
+def test_file_system_is_read_only_outside_the_temp_dir(tmp_path, monkeypatch):
+    if sandbox.isolation() is not sandbox.NAMESPACES:
+        pytest.skip("user/mount/network/PID namespaces are not available here")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("x")
+    program = textwrap.dedent(f"""
+        import os, shutil
+        shutil.rmtree({str(victim)!r}, ignore_errors=True)
+        try:
+            open({str(tmp_path / "big")!r}, "wb").write(b"0" * 1024)
+        except OSError:
+            pass
+        with open(os.path.join(os.environ["TMPDIR"], "scratch"), "w") as f:
+            f.write("the private temp dir stays writable")
+    """)
+    assert run_program(program).passed
+    assert (victim / "keep").read_text() == "x" and not (tmp_path / "big").exists()
+
+
+def test_unshare_maps_a_user_namespace():
+    """Without --user --map-root-user an ordinary user cannot create the other namespaces."""
+    assert sandbox.UNSHARE[:3] == ["unshare", "--user", "--map-root-user"]
+    assert {"--mount", "--net", "--pid", "--kill-child"} <= set(sandbox.UNSHARE)
+
+
+def test_wrapper_is_standard_library_only():
+    # It runs under `python -I` inside the sandbox, where dlmrt may not be importable.
+    source = Path(sandbox.WRAPPER).read_text()
+    assert "import dlmrt" not in source and "from dlmrt" not in source

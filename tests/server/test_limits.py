@@ -1,0 +1,161 @@
+"""Request-size limits of `dlmrt serve`: a 20 MB body is refused (413) before it is read while
+/health keeps answering, chunked bodies are cut at the limit, over-long prompts are refused before
+tokenizing, and tokenizing runs off the event loop."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import write_checkpoint
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+import dlmrt  # noqa: E402
+from dlmrt.cli import build_parser  # noqa: E402
+from dlmrt.server.app import build_app  # noqa: E402
+
+BIG = 20_000_000
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("limits") / "m")
+
+
+@contextmanager
+def live(llm: dlmrt.LLM, **app_kwargs) -> Iterator[str]:
+    app = build_app(llm, **app_kwargs)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt) -> dlmrt.LLM:
+    return dlmrt.LLM(ckpt, dtype="float32", device="cpu")
+
+
+def _health_latencies(url: str, during: threading.Thread, at_least: int = 5) -> list[float]:
+    """/health response times while `during` (started here, once connected) runs."""
+    times: list[float] = []
+    with httpx.Client() as client:
+        client.get(url + "/health")  # connect once, outside the measurement
+        during.start()
+        time.sleep(0.05)  # let it reach the server
+        while during.is_alive() or len(times) < at_least:
+            t0 = time.perf_counter()
+            assert client.get(url + "/health", timeout=30).status_code == 200
+            times.append(time.perf_counter() - t0)
+            time.sleep(0.01)
+    return times
+
+
+def test_health_answers_while_a_20mb_request_is_rejected(llm):
+    with live(llm) as url:
+        host, port = url.removeprefix("http://").split(":")
+        conn = socket.create_connection((host, int(port)))
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {BIG}\r\n\r\n"
+        )
+        body = b'{"prompt": "' + b"a" * (BIG - 14) + b'"}'
+
+        def upload() -> None:
+            try:
+                conn.sendall(head.encode())
+                for i in range(0, len(body), 1 << 16):
+                    conn.sendall(body[i : i + (1 << 16)])
+            except OSError:  # the server answered and closed: the rest is not read
+                pass
+
+        sender = threading.Thread(target=upload)
+        latencies = _health_latencies(url, sender)
+        sender.join(30)
+        conn.settimeout(10)
+        reply = conn.recv(65536).decode("latin-1")
+        conn.close()
+    assert max(latencies) < 0.1, latencies
+    assert reply.startswith("HTTP/1.1 413")
+    error = json.loads(reply.split("\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "request_too_large" and "--max-request-bytes" in error["message"]
+
+
+def test_chunked_body_over_the_limit(llm):
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(100):
+            yield b"a" * 1000
+        yield b'"}'
+
+    with live(llm, max_request_bytes=10_000) as url:
+        res = httpx.post(url + "/v1/completions", content=chunks(), timeout=30)
+        assert res.status_code == 413 and res.json()["error"]["code"] == "request_too_large"
+        ok = httpx.post(url + "/v1/completions", json={"prompt": "1+1=", "max_tokens": 4})
+        assert ok.status_code == 200
+
+
+def test_too_long_prompt_is_refused_before_tokenizing(llm, monkeypatch):
+    calls: list[int] = []
+    encode = llm.tokenizer.encode
+    monkeypatch.setattr(
+        llm.tokenizer, "encode", lambda text: calls.append(len(text)) or encode(text)
+    )
+    limit = llm.model_config.max_position_embeddings * llm.tokenizer.longest_token_chars()
+    with live(llm) as url:
+        for path, body in [
+            ("/v1/completions", {"prompt": "a" * (limit + 1)}),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "a" * (limit + 1)}]},
+            ),
+        ]:
+            res = httpx.post(url + path, json=body, timeout=30)
+            assert res.status_code == 400, res.text
+            assert res.json()["error"]["code"] == "context_length_exceeded"
+    assert calls == []
+
+
+def test_tokenizing_runs_off_the_event_loop(llm, monkeypatch):
+    encode = llm.tokenizer.encode
+
+    def slow_encode(text: str) -> list[int]:
+        time.sleep(1.0)  # a big prompt: the event loop must not wait for it
+        return encode(text)
+
+    monkeypatch.setattr(llm.tokenizer, "encode", slow_encode)
+    with live(llm) as url:
+        request = threading.Thread(
+            target=httpx.post,
+            args=(url + "/v1/completions",),
+            kwargs={"json": {"prompt": "1+1=", "max_tokens": 2}, "timeout": 30},
+        )
+        latencies = _health_latencies(url, request)
+        request.join(30)
+    assert max(latencies) < 0.1, latencies
+
+
+def test_max_request_bytes_flag():
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).max_request_bytes == 8 * 1024 * 1024
+    assert parser.parse_args(["serve", "--max-request-bytes", "1000"]).max_request_bytes == 1000
