@@ -77,7 +77,9 @@ class LLM:
         else:
             path = resolve_model_path(str(model))
         check = not config.skip_weight_check
-        ckpt = load_checkpoint(path, config.torch_dtype(), config.torch_device(), check_finite=check)
+        ckpt = load_checkpoint(
+            path, config.torch_dtype(), config.torch_device(), check_finite=check
+        )
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
 
     @classmethod
