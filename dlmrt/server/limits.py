@@ -12,8 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-# Imported as a module (protocol imports this one too): names resolve at call time.
-from dlmrt.server import protocol
+from dlmrt.server.errors import error_body
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # 8 MiB: far above any prompt a context holds
 
@@ -60,9 +59,7 @@ class BodyLimit:
             f"request body: {size} exceed the server's limit of {self.max_bytes} bytes "
             "(dlmrt serve --max-request-bytes)"
         )
-        body = json.dumps(
-            protocol.error_body(message, "invalid_request_error", None, "request_too_large")
-        )
+        body = json.dumps(error_body(message, "invalid_request_error", None, "request_too_large"))
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -93,15 +90,3 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
-
-
-def check_prompt_chars(chars: int, limit: int | None) -> None:
-    """400 before tokenizing when a prompt of `chars` characters cannot fit the context."""
-    if limit is not None and chars > limit:
-        raise protocol.APIError(
-            400,
-            f"prompt: {chars} characters cannot fit the model's context (at most {limit} "
-            "characters: context length x the longest token)",
-            "prompt",
-            "context_length_exceeded",
-        )

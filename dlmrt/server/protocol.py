@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from dlmrt.params import CANVAS_FIELDS, DecodeParams
-from dlmrt.server import limits
+from dlmrt.server.errors import APIError, check_prompt_chars, error_body  # noqa: F401
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
@@ -51,35 +51,6 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),  # without tools, "auto" calls none
     "response_format": (None, {"type": "text"}),
 }
-
-
-class APIError(Exception):
-    """An error answered with `status` and {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        *,
-        err_type: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.err_type = err_type or ("invalid_request_error" if status < 500 else "server_error")
-        self.headers = headers
-        self.counted = False  # set once its status has been counted in the metrics
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.err_type, self.param, self.code)
-
-
-def error_body(
-    message: str, err_type: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
 class _Request(BaseModel):
@@ -178,7 +149,7 @@ def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:
             raise APIError(400, "prompt: one prompt per request (batches are not served)", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        limits.check_prompt_chars(len(prompt), info.max_prompt_chars)
+        check_prompt_chars(len(prompt), info.max_prompt_chars)
         ids = info.tokenizer.encode(prompt)
     else:
         ids = list(prompt)
@@ -198,7 +169,7 @@ def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
     messages = [
         {"role": m.role, "content": _text_content(m, i)} for i, m in enumerate(req.messages)
     ]
-    limits.check_prompt_chars(sum(len(m["content"]) for m in messages), info.max_prompt_chars)
+    check_prompt_chars(sum(len(m["content"]) for m in messages), info.max_prompt_chars)
     try:
         text = info.tokenizer.apply_chat_template(messages)
     except ValueError as e:

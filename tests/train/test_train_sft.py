@@ -1,7 +1,7 @@
 """Block-diffusion SFT on the CPU: loss goes down, regression file, LLM round trip, exact resume.
 
 The regression file tests/assets/train_sft_loss.json is written by
-    python tests/test_train_sft.py --update-regression
+    python tests/train/test_train_sft.py --update-regression
 (the fixed tiny run below); never edit it by hand.
 """
 
@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from dlmrt.train.config import TrainConfig
 from dlmrt.train.trainer import train_sft
 
-REGRESSION = Path(__file__).parent / "assets" / "train_sft_loss.json"
+REGRESSION = Path(__file__).parents[1] / "assets" / "train_sft_loss.json"
 TINY = dict(
     device="cpu",
     hidden_size=32,
@@ -49,7 +49,7 @@ def regression_run(out: Path) -> dict:
     cfg = tiny(steps=4)
     res = train_sft(cfg, out, progress=False)
     return {
-        "command": "python tests/test_train_sft.py --update-regression",
+        "command": "python tests/train/test_train_sft.py --update-regression",
         "torch": torch.__version__,
         "config": dataclasses.asdict(cfg),
         "losses": [res.losses[s] for s in range(1, cfg.steps + 1)],
@@ -183,7 +183,7 @@ def test_run_directory_guards(tmp_path):
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--update-regression"]:
-        sys.exit("usage: python tests/test_train_sft.py --update-regression")
+        sys.exit("usage: python tests/train/test_train_sft.py --update-regression")
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """DiffusionGemma's static canvas path (arena + `canvas_step`, the graph modes' step) on the CPU.
 
 Its eager runner must give the oracle's (`reference.canvas.generate(rng="counter")`) tokens in
-fp32; the GPU file test_canvas_graph_gpu.py checks round_graph and block_graph against it.
+fp32; the GPU file test_encoder_decoder_gpu.py checks round_graph and block_graph against it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 token for token (same kernels); == the oracle (`reference.canvas`, rng="counter") in fp32; graphs are
 captured once and reused; LLM(path, device="cuda") picks block_graph.
 
-Run on the device machine: pytest -m gpu tests/test_canvas_graph_gpu.py
+Run on the device machine: pytest -m gpu tests/engine/test_encoder_decoder_gpu.py
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_graph_modes_equal_the_static_eager_runner(checkpoints, name, dtype):
 # (~1e-6 in fp32), the self-conditioning feedback roughly doubles that every step, and random
 # weights give near-uniform predictions whose entropies (ranked by the acceptance rule) are nearly
 # equal, so long trajectories flip a row. On the H200 the tiny model's 6-step setting diverged in
-# the first canvas (2026-11-29); the CPU test compares every SETTINGS entry (test_canvas_static.py).
+# the first canvas (2026-11-29); the CPU test compares every SETTINGS entry (tests/engine/test_encoder_decoder.py).
 REF_SETTINGS = {
     "tiny": [SETTINGS[1], dict(max_denoising_steps=2, confidence_threshold=50.0)],
     "mid": [SETTINGS[1], dict(max_denoising_steps=3, confidence_threshold=50.0)],

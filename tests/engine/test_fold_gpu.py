@@ -1,6 +1,6 @@
 """GPU: commit folding in every execution mode (block_graph == round_graph == eager, folded or not).
 
-Run on the device machine: pytest -m gpu tests/test_fold_gpu.py
+Run on the device machine: pytest -m gpu tests/engine/test_fold_gpu.py
 Folded vs unfolded is compared token for token in fp32 only: the joint pass multiplies 2B rows
 where the unfolded passes multiply B, and cuBLAS may round such shapes differently in bf16.
 """

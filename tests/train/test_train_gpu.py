@@ -1,4 +1,4 @@
-"""SFT on CUDA (run on the device machine: pytest -m gpu tests/test_train_gpu.py).
+"""SFT on CUDA (run on the device machine: pytest -m gpu tests/train/test_train_gpu.py).
 
 flex_attention BlockMask == dense SDPA mask (outputs and gradients); Triton kernels (no autograd)
 are switched off for training and back on after; bf16 + flex training reduces the loss.

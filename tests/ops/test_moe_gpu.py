@@ -1,6 +1,6 @@
 """MoE kernels (routing, grouped expert MLP) vs their torch twins, and CUDA-graph capture.
 
-Device machine: `pytest -m gpu tests/test_moe_gpu.py`. Without CUDA, TRITON_INTERPRET=1 runs the
+Device machine: `pytest -m gpu tests/ops/test_moe_gpu.py`. Without CUDA, TRITON_INTERPRET=1 runs the
 kernel tests on CPU tensors (small shapes; the interpreter's bf16 tl.dot is broken, so bf16 MLP
 cases and the capture tests need CUDA).
 """
