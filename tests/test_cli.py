@@ -45,9 +45,14 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def test_console_script_installed():
-    """`dlmrt` is on PATH (console script of the editable install)."""
+def test_console_script_and_module_entry_point(env):
+    """`dlmrt --help` (the console script) and `python -m dlmrt --help` list every subcommand."""
     assert DLMRT is not None
+    for cmd in ([DLMRT, "--help"], [sys.executable, "-m", "dlmrt", "--help"]):
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        for sub in ("generate", "serve", "bench", "train"):
+            assert sub in res.stdout
 
 
 def test_generate_demo_default(env):

@@ -16,6 +16,16 @@ def require_matplotlib() -> None:
         )
 
 
+def frontier_points(report: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """(clean tokens/s, accuracy, label) per run in sweep order; a run with no clean request
+    (no tokens/s) has no point."""
+    return [
+        (run["summary"]["clean_tokens_per_s"], run["summary"]["accuracy"], run["label"])
+        for run in report["runs"]
+        if run["summary"]["clean_tokens_per_s"] is not None
+    ]
+
+
 def plot_frontier(report: dict[str, Any], path: str | Path) -> None:
     """One point per run (labelled with its sweep value), joined in sweep order."""
     require_matplotlib()
@@ -24,11 +34,7 @@ def plot_frontier(report: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    points = [
-        (run["summary"]["clean_tokens_per_s"], run["summary"]["accuracy"], run["label"])
-        for run in report["runs"]
-        if run["summary"]["clean_tokens_per_s"] is not None
-    ]
+    points = frontier_points(report)
     fig, ax = plt.subplots(figsize=(6, 4.5), dpi=120)
     if points:
         xs, ys, labels = zip(*points)

@@ -137,17 +137,27 @@ def test_bench_sweep(mixed, tmp_path):
     assert all(r["summary"]["n"] == 3 for r in report["runs"])
 
 
-def test_frontier_plot(tmp_path):
-    """--plot: a PNG of accuracy vs clean tokens/s, one point per run (a run with no clean
-    request has no point)."""
-    pytest.importorskip("matplotlib")
-    from dlmrt.bench.plot import plot_frontier
-
+def _frontier_report() -> dict:
     def run(label, acc, tps):
         return {"label": label, "summary": {"accuracy": acc, "clean_tokens_per_s": tps}}
 
     runs = [run("t=0.5", 0.5, 100.0), run("t=0.9", 0.75, 60.0), run("t=1", 0.0, None)]
-    report = {"model": "m", "dataset": "d.jsonl", "sweep": {"knob": "t"}, "runs": runs}
+    return {"model": "m", "dataset": "d.jsonl", "sweep": {"knob": "t"}, "runs": runs}
+
+
+def test_frontier_points():
+    """One point per run with a clean request, in sweep order; a run without one has none."""
+    from dlmrt.bench.plot import frontier_points
+
+    assert frontier_points(_frontier_report()) == [(100.0, 0.5, "t=0.5"), (60.0, 0.75, "t=0.9")]
+
+
+def test_frontier_plot(tmp_path):
+    """--plot: a PNG of those points (accuracy vs clean tokens/s)."""
+    pytest.importorskip("matplotlib")
+    from dlmrt.bench.plot import plot_frontier
+
+    report = _frontier_report()
     png = tmp_path / "sub" / "frontier.png"
     plot_frontier(report, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -45,9 +45,15 @@ def test_cuda_engine_matches_oracle(tmp_path, adapter, editing):
 
 
 def test_cuda_bf16_runs(tmp_path):
-    llm = LLM(write_llada2_checkpoint(tmp_path / "m", seed=1), device="cuda")
-    out = llm.generate([5, 6, 7, 8], max_new_tokens=16, ignore_eos=True)
-    assert len(out.token_ids) == 16 and out.num_denoising_forwards >= 1
+    """The CUDA defaults (bf16, block_graph with the Triton MoE kernels) give the eager bf16
+    engine's tokens and a whole, folded request."""
+    path = write_llada2_checkpoint(tmp_path / "m", seed=1)
+    llm, eager = LLM(path, device="cuda"), LLM(path, device="cuda", mode="eager")
+    assert llm.dtype == torch.bfloat16 and llm.mode == "block_graph"
+    out, ref = (x.generate([5, 6, 7, 8], max_new_tokens=16, ignore_eos=True) for x in (llm, eager))
+    assert out.mode == "block_graph" and out.token_ids == ref.token_ids
+    assert len(out.token_ids) == 16 and out.num_commit_forwards == 0
+    assert out.num_denoising_forwards == ref.num_denoising_forwards >= len(out.rounds_per_block)
 
 
 MODES = ("eager", "round_graph", "block_graph")
