@@ -20,7 +20,7 @@ from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -31,7 +31,45 @@ def main() -> None:
     ap.add_argument("--fold", nargs="+", choices=["on", "off"], default=["on", "off"])
     ap.add_argument("--out", default="benchmarks/results/e2e_tps.json")
     ap.add_argument("--git-revision", default=None)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _measure(model, mode: str, fold: str, prompt: list[int], rule, new_tokens: int):
+    """(result row, token ids) of one warmed-up request in `mode` with folding `fold`."""
+    engine = BlockEngine(model, torch.device("cuda"), torch.bfloat16, mode, fold == "on")
+
+    def request():
+        return engine.generate(
+            prompt, rule=rule, block_length=256, max_new_tokens=new_tokens, mask_id=151669,
+            stop_ids=set(), ignore_eos=True,
+        )  # fmt: skip
+
+    request()  # warm-up: graph capture, cuBLAS handles
+    out: list = []
+    wall = wall_time(lambda: out.append(request()))
+    res = out[0]
+    n, tps = len(res.token_ids), len(res.token_ids) / wall
+    print(
+        f"{mode:>12} fold {fold:>3} {tps:>9.1f} tokens/s  ({res.denoising_forwards} denoising "
+        f"+ {res.commit_forwards} commit forwards, {wall:.3f} s)",
+        flush=True,
+    )
+    row = {
+        "mode": mode,
+        "fold_commits": fold == "on",
+        "tokens": n,
+        "wall_s": round(wall, 4),
+        "tokens_per_s": round(tps, 1),
+        "denoising_forwards": res.denoising_forwards,
+        "commit_forwards": res.commit_forwards,
+        "tokens_per_forward": round(n / res.denoising_forwards, 2),
+        "tokens_per_forward_all": round(n / (res.denoising_forwards + res.commit_forwards), 2),
+    }
+    return row, res.token_ids
+
+
+def main() -> None:
+    args = _args()
     cfg = qwen_dlm_4b()
     model = random_model(cfg, torch.device("cuda"))
     prompt = torch.randint(
@@ -40,46 +78,8 @@ def main() -> None:
     rule = make_rule("fixed_steps", denoising_steps=args.rounds)
     rows, tokens = [], {}
     for mode, fold in [(m, f) for m in args.modes for f in args.fold]:
-        engine = BlockEngine(model, torch.device("cuda"), torch.bfloat16, mode, fold == "on")
-
-        def request(engine: BlockEngine = engine):
-            return engine.generate(
-                prompt,
-                rule=rule,
-                block_length=256,
-                max_new_tokens=args.new_tokens,
-                mask_id=151669,
-                stop_ids=set(),
-                ignore_eos=True,
-            )
-
-        request()  # warm-up: graph capture, cuBLAS handles
-        out: list = []
-        wall = wall_time(lambda out=out, request=request: out.append(request()))
-        res = out[0]
-        tokens[mode, fold] = res.token_ids
-        tps = len(res.token_ids) / wall
-        rows.append(
-            {
-                "mode": mode,
-                "fold_commits": fold == "on",
-                "tokens": len(res.token_ids),
-                "wall_s": round(wall, 4),
-                "tokens_per_s": round(tps, 1),
-                "denoising_forwards": res.denoising_forwards,
-                "commit_forwards": res.commit_forwards,
-                "tokens_per_forward": round(len(res.token_ids) / res.denoising_forwards, 2),
-                "tokens_per_forward_all": round(
-                    len(res.token_ids) / (res.denoising_forwards + res.commit_forwards), 2
-                ),
-            }
-        )
-        print(
-            f"{mode:>12} fold {fold:>3} {tps:>9.1f} tokens/s  ({res.denoising_forwards} denoising "
-            f"+ {res.commit_forwards} commit forwards, {wall:.3f} s)",
-            flush=True,
-        )
-        del engine
+        row, tokens[mode, fold] = _measure(model, mode, fold, prompt, rule, args.new_tokens)
+        rows.append(row)
         torch.cuda.empty_cache()
     base = next(
         (r["tokens_per_s"] for r in rows if r["mode"] == "eager" and not r["fold_commits"]), None

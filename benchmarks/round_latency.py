@@ -189,7 +189,7 @@ def build(name: str, layers: int | None, canvas: str = "masks"):
     return model, rule, floor, shape
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -209,7 +209,11 @@ def main() -> None:
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM-only timing (qwen_dlm)")
     ap.add_argument("--out", default="benchmarks/results/round_latency.json")
     ap.add_argument("--git-revision", default=None)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _args()
     model, rule, floor_of, shape = build(args.model, args.layers, args.canvas)
     shape["canvas"] = args.canvas
     rows, gemm = [], None

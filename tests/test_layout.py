@@ -125,3 +125,23 @@ def test_kernels_import_nothing_from_dlmrt():
                 assert not any(a.name.split(".")[0] == "dlmrt" for a in node.names), path
             if isinstance(node, ast.ImportFrom):
                 assert (node.module or "").split(".")[0] != "dlmrt", path
+
+
+def _oversized(roots: tuple[str, ...]) -> list[str]:
+    found = []
+    for root in roots:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            src = path.read_text()
+            if src.count("\n") > 300:
+                found.append(f"{path.relative_to(ROOT)}: {src.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > 60:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines}")
+    return found
+
+
+def test_files_and_functions_stay_small():
+    """House style: no file over 300 lines, no function over 60 (package, kernels, benchmarks)."""
+    assert _oversized(("dlmrt", "kernels", "benchmarks")) == []

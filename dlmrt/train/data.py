@@ -168,17 +168,9 @@ def pack(
         torch.from_numpy(np.concatenate(noisy)),
         (positions // block).to(torch.int32),
     )
+    n_ex, n_loss, n_cand = len(examples), len(loss_rows), len(cand_t)
     return Batch(
-        input_ids,
-        positions,
-        labels,
-        loss_rows,
-        ratio,
-        response,
-        meta,
-        len(examples),
-        len(loss_rows),
-        len(cand_t),
+        input_ids, positions, labels, loss_rows, ratio, response, meta, n_ex, n_loss, n_cand
     )
 
 

@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import signal
-import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -45,8 +44,10 @@ from dlmrt.train.data import SFTPacks
 from dlmrt.train.evaluate import evaluate, live_llm
 from dlmrt.train.masks import FLEX_TILE, attention_mask
 from dlmrt.train.model import build_model, count_parameters
+from dlmrt.train.progress import progress_bar
 from dlmrt.train.run_dir import open_run, restore, truncate_log
 from dlmrt.train.sft_loss import normalizer, sft_loss
+from dlmrt.train.stop_flag import StopFlag
 from dlmrt.train.tasks import get_task
 
 log = logging.getLogger("dlmrt")
@@ -88,30 +89,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-
-
-class _StopFlag:
-    """SIGINT/SIGTERM set the flag (the loop saves and returns); a second SIGINT interrupts."""
-
-    def __init__(self) -> None:
-        self.set = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.set and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.set = True
-        log.warning("signal %d: saving a checkpoint after this step", signum)
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
 
 
 def resolved(cfg: TrainConfig, device: torch.device) -> TrainConfig:
@@ -186,7 +163,7 @@ def train_sft(
         count_parameters(model) / 1e6, cfg.grad_accum, cfg.pack_rows, cfg.attention,
         "bf16 autocast" if bf16 else "fp32", cfg.data_workers, device,
     )  # fmt: skip
-    with open(out / "log.jsonl", "a") as log_file, _StopFlag() as stop:
+    with open(out / "log.jsonl", "a") as log_file, StopFlag() as stop:
         if ckpt is not None:
             log_file.write(json.dumps({"step": step, "event": "resume"}) + "\n")
         packs = SFTPacks(
@@ -197,7 +174,7 @@ def train_sft(
         ops.use("torch")  # Triton kernels have no autograd: training runs the torch twins
         try:
             step = run.loop(step, train_time, batches_in, log_file, stop, ckpts, result,
-                            _progress(cfg.steps, step, progress), on_step)  # fmt: skip
+                            progress_bar(cfg.steps, step, progress), on_step)  # fmt: skip
         finally:
             ops.use(None)
             del batches_in  # stops the data workers
@@ -317,16 +294,3 @@ def _log_entry(pending, step, result, lr, examples, masked, seconds, train_time)
         "steps_per_s": len(pending) / max(seconds, 1e-9),
         "train_time_s": round(train_time, 3),
     }
-
-
-def _progress(total: int, initial: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        initial=initial,
-        desc="sft",
-        unit="step",
-        disable=not enabled,
-        dynamic_ncols=True,
-    )
