@@ -1,4 +1,4 @@
-"""The decoding-rule contract (DESIGN §4).
+"""The decoding-rule contract (the rules: `docs/decoding.md`).
 
 Vocabulary, for the active block of B rows:
   canvas      [B] long   current token ids (prompt tail, accepted tokens, mask ids)

@@ -6,7 +6,7 @@
 - MLP: layers below `first_k_dense_replace` are dense SwiGLU; the others are the sigmoid-routed,
   group-limited MoE of `models/moe.py` plus the shared expert(s).
 - Embeddings `model.word_embeddings` (no scaling), final `model.norm`, untied `lm_head`.
-- The optional ORL adapter (`model.residual_adapter.*`, DESIGN §3.1) as in QwenDLM.
+- The optional ORL adapter (`model.residual_adapter.*`, `docs/checkpoint-format.md`) as in QwenDLM.
 
 Per-expert checkpoint tensors (`mlp.experts.E.{gate,up,down}_proj.weight`) load into the stacked
 expert parameters through `checkpoint_slices`.

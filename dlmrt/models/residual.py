@@ -124,7 +124,7 @@ class ResidualAdapter(SwiGLU):
 
 
 class SelfConditioning(GeGLU):
-    """DiffusionGemma's native self-conditioning (model-specs §4.2), on every canvas row:
+    """DiffusionGemma's native self-conditioning (transformers' `DiffusionGemma` self-conditioning block), on every canvas row:
 
         u  = RMSNorm_w(soft)                       `pre_norm`, with weight
         sc = W_d[gelu_tanh(W_g u) * (W_u u)]       bias-free GeGLU

@@ -4,7 +4,7 @@ Weighting (`loss_weighting`):
   mean  sum of CE over the masked noisy tokens / their number (the default). TraDo's
         `sft_sdar.py` trains SDAR with unweighted CE on the masked tokens (no 1/t), normalised by
         a constant; a token mean is the same up to the normaliser, and is what the tiny-model
-        feasibility run (trainer-and-data.md §5.3) reached 100% with. Every decoding state
+        feasibility run (the demo model, `dlmrt/assets/demo/README.md`) reached 100% with. Every decoding state
         (block mask ratio) weighs the same, which is what a confidence-threshold decoder needs.
   elbo  MDLM / BD3-LM / SDAR-pretraining weighting: each masked token's CE times 1/t (t = the
         mask ratio of its block), summed and divided by the number of response tokens in the

@@ -1,5 +1,5 @@
 """LLaDA2 (`llada2_moe`): router on hand-computed cases, MoE and the whole model against naive
-per-token loops written here from model-specs §2, checkpoint loading and its errors (CPU, fp32)."""
+per-token loops written here from the model description in `dlmrt/models/llada2.py`, checkpoint loading and its errors (CPU, fp32)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _naive_moe(w, cfg, p, x):
 
 
 def _naive_forward(w, cfg, ids, block):
-    """The whole model, no cache, dense block-causal mask, straight from model-specs §2."""
+    """The whole model, no cache, dense block-causal mask, straight from the description in `dlmrt/models/llada2.py`."""
     n, heads, kv, d = (
         len(ids),
         cfg["num_attention_heads"],
