@@ -33,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--progress", action="store_true", help="print one line per block to stderr")
+    gen.add_argument(
+        "--progress",
+        action="store_true",
+        help="print one line per generated block (numbered from 0) to stderr",
+    )
     gen.add_argument(
         "--stats", action="store_true", help="print forwards, TPF and tokens/s to stderr"
     )
@@ -131,10 +135,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine_kwargs = values(args, EngineConfig)
     params = DecodeParams(**values(args, DecodeParams))  # validate before loading the model
     llm = LLM(**engine_kwargs)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # stdin: a here-string or `echo` adds one trailing newline that is not part of the prompt
+    prompt = sys.stdin.read().removesuffix("\n") if args.prompt == "-" else args.prompt
+    generated = [0]  # blocks numbered from the first generated one (not the absolute index)
 
     def on_block(index: int, rounds: int, tokens: list[int]) -> None:
-        print(f"[block {index}] {rounds} rounds, {len(tokens)} tokens so far", file=sys.stderr)
+        n, generated[0] = generated[0], generated[0] + 1
+        print(f"[block {n}] {rounds} rounds, {len(tokens)} tokens so far", file=sys.stderr)
 
     out = llm.generate(
         prompt,

@@ -33,8 +33,10 @@ def add_dataclass_flags(
         value = argparse.SUPPRESS if keep_absent else f.default
         ann = str(f.type)
         if ann == "bool":  # on by default: --flag / --no-flag
-            action = argparse.BooleanOptionalAction if f.default is True else "store_true"
-            group.add_argument(flag, action=action, default=value, help=help_text)
+            on = f.default is True
+            action = argparse.BooleanOptionalAction if on else "store_true"
+            shown = help_text + (" (default: on)" if on else " (default: off)")
+            group.add_argument(flag, action=action, default=value, help=shown)
             continue
         kind = int if ann.startswith("int") else float if ann.startswith("float") else str
         default = "" if f.default is None else f" (default: {f.default})"

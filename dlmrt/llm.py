@@ -26,7 +26,9 @@ from dlmrt.outputs import BlockCallback, EngineResult, GenerationOutput, Recorde
 from dlmrt.params import DecodeParams
 from dlmrt.request_checks import (
     check_block_length,
+    check_callbacks,
     check_canvas_request,
+    check_not_empty,
     check_rule_style,
     check_token_ids,
 )
@@ -165,8 +167,10 @@ class LLM:
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """
         params = DecodeParams.from_kwargs(**kwargs)
+        check_callbacks(chat, recorder, on_block, should_stop)
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt, chat)
+        check_not_empty(ids, prompt)
         arch = self.model_config.architecture
         check_rule_style(params, self.family.style, arch)
         if self.family.style == BLOCK:

@@ -69,3 +69,19 @@ def check_token_ids(prompt: object, vocab: int) -> list[int]:
     if bad:
         raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
     return list(prompt)
+
+
+def check_callbacks(chat: object, recorder: object, on_block: object, should_stop: object) -> None:
+    """`chat` a bool, the callbacks callables (or None): named errors, not failures mid-request."""
+    if not isinstance(chat, bool):
+        raise TypeError(f"chat: expected True or False, got {chat!r}")
+    for name, fn in (("recorder", recorder), ("on_block", on_block), ("should_stop", should_stop)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name}: expected a callable or None, got {type(fn).__name__}")
+
+
+def check_not_empty(ids: list[int], prompt: object) -> None:
+    """An empty prompt is an error, as in the server (the engines accept one; `LLM` does not)."""
+    if not ids:
+        what = "an empty string" if prompt == "" else "no tokens"
+        raise ValueError(f"prompt: is empty ({what}); give at least one token")

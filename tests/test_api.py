@@ -67,12 +67,23 @@ def test_block_length_override(base_llm, block):
     assert all(1 <= r <= block for r in out.rounds_per_block)
 
 
-@pytest.mark.parametrize("prompt", ["", "12345678", [7] * 16])
-def test_empty_and_block_aligned_prompts(base_llm, prompt):
-    """An empty prompt, or one filling whole blocks (no tail), still generates exactly n tokens."""
+@pytest.mark.parametrize("prompt", ["12345678", [7] * 16])
+def test_block_aligned_prompts(base_llm, prompt):
+    """A prompt filling whole blocks (no tail) still generates exactly n tokens."""
     out = base_llm.generate(prompt, max_new_tokens=9, ignore_eos=True)
-    assert len(out.token_ids) == 9 and out.num_prefill_forwards == (1 if prompt else 0)
+    assert len(out.token_ids) == 9 and out.num_prefill_forwards == 1
     assert len(out.rounds_per_block) == 2
+
+
+def test_the_engine_decodes_an_empty_prompt(base_llm):
+    """`LLM` refuses an empty prompt; the engine itself decodes one (no prefill forward)."""
+    from dlmrt.decoding import make_rule
+
+    out = base_llm.engine.generate(
+        [], rule=make_rule("threshold"), block_length=base_llm.model_config.block_size,
+        max_new_tokens=9, mask_id=base_llm.mask_id, stop_ids=set(), ignore_eos=True,
+    )  # fmt: skip
+    assert len(out.token_ids) == 9 and out.prefill_forwards == 0
 
 
 def test_stop_id_truncates_output(ckpts, tmp_path):
@@ -162,12 +173,29 @@ def test_chat_needs_text_prompt(base_llm):
         ("orl", None, "entropy_budget"),
         ("base", None, "threshold"),
         ("orl", "base", "threshold"),
-        ("base", "orl", "entropy_budget"),
     ],
 )
 def test_default_rule(ckpts, which, role, rule):
     """ORL checkpoints (adapter) default to entropy_budget, Base to threshold; role overrides."""
     assert dlmrt.LLM(ckpts[which], role=role, dtype="float32").default_rule == rule
+
+
+def test_role_orl_needs_an_adapter(ckpts):
+    """role='orl' on a Base QwenDLM checkpoint is an error naming the file (as for LLaDA2)."""
+    with pytest.raises(CheckpointError, match="config.json: role='orl' needs an ORL checkpoint"):
+        dlmrt.LLM(ckpts["base"], role="orl", dtype="float32")
+
+
+def test_request_arguments_are_checked_before_decoding(base_llm):
+    """An empty prompt, a non-bool chat and non-callable callbacks are named errors."""
+    for prompt in ("", []):
+        with pytest.raises(ValueError, match="prompt: is empty"):
+            base_llm.generate(prompt, max_new_tokens=4)
+    with pytest.raises(TypeError, match="chat: expected True or False"):
+        base_llm.generate("hi", chat="yes", max_new_tokens=4)
+    for name in ("recorder", "on_block", "should_stop"):
+        with pytest.raises(TypeError, match=f"{name}: expected a callable"):
+            base_llm.generate("hi", max_new_tokens=4, **{name: 3})
 
 
 def test_sampling_seeded(base_llm):

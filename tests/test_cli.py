@@ -87,6 +87,19 @@ def test_generate_stats_and_progress(model_dir, env):
     assert res.stdout.endswith("\n")
 
 
+def test_progress_numbers_generated_blocks_and_stdin_drops_the_newline(model_dir, env):
+    """A prompt of two full blocks: --progress still numbers the generated blocks from 0; a
+    stdin prompt loses the newline `echo` adds (same answer as the argument form)."""
+    args = ["generate", "--model", str(model_dir), "--max-new-tokens", "12", "--ignore-eos"]
+    res = _run([*args, "--progress", "x" * 17], env)
+    assert res.returncode == 0, res.stderr
+    blocks = re.findall(r"^\[block (\d+)\]", res.stderr, re.M)
+    assert blocks == ["0", "1"]  # 17 + 12 tokens: absolute blocks 2 and 3 of 8
+    piped = _run([*args, "-"], env, input="What is 3+4?\n")
+    direct = _run([*args, "What is 3+4?"], env)
+    assert piped.returncode == direct.returncode == 0 and piped.stdout == direct.stdout
+
+
 def test_generate_help_lists_every_field(env):
     """--help shows a flag for every DecodeParams and EngineConfig field and describes the demo."""
     res = _run(["generate", "--help"], env)
@@ -95,6 +108,8 @@ def test_generate_help_lists_every_field(env):
         for f in dataclasses.fields(cls):
             assert _flag(f.name) in res.stdout, f.name
     assert "embedded demo" in res.stdout and "arithmetic" in res.stdout
+    fold = res.stdout[res.stdout.index("  --fold-commits, --no-fold-commits") :]
+    assert "(default: on)" in fold.split("  --skip-weight-check")[0]  # folding is on by default
 
 
 def test_bad_value_exits_cleanly(env):

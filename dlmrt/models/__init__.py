@@ -26,6 +26,7 @@ class Family:
     base_rule: str  # default rule without an ORL adapter (or role="base")
     orl_rule: str  # default rule with one (or role="orl")
     orl_needs_adapter: bool  # role="orl" on a checkpoint without an adapter is an error
+    # (DiffusionGemma has no adapter: its role "orl" selects recorded decoder settings)
 
     def default_rule(self, role: str | None, has_adapter: bool) -> str:
         """The rule a request gets when it names none; ValueError for an impossible role."""
@@ -53,7 +54,7 @@ QWEN_DLM = Family(
     moe=False,
     base_rule="threshold",
     orl_rule="entropy_budget",
-    orl_needs_adapter=False,
+    orl_needs_adapter=True,
 )
 LLADA2 = Family(
     "LLaDA2",
