@@ -135,6 +135,9 @@ class LLM:
                 f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
                 "mask token such as <|MASK|> in the tokenizer)"
             )
+        self.canvas_settings = (
+            None  # the encoder-decoder style's (same attributes for every family)
+        )
         mode, fold = self.mode, self.config.fold_commits
         self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold)
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
