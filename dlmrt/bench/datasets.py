@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.bench import MissingDependency
+from dlmrt.bench.checks import check_template
 
 HUMANEVAL = "humaneval"
 # "{prompt}" is replaced by the problem text (no other placeholder, so braces are literal).
@@ -69,6 +70,7 @@ def pick_template(flag: str | None, model_dir: Path, kind: str, chat: bool) -> t
     """(template, where it came from): --prompt-template, else the checkpoint's template for
     `kind` (generation_config.json), else the built-in default for (kind, chat)."""
     if flag is not None:
+        check_template(flag)
         return flag, "--prompt-template"
     path = Path(model_dir) / "generation_config.json"
     gen = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -1,0 +1,74 @@
+"""`dlmrt bench` checks its flags before the model loads (output paths, --timeout,
+--prompt-template), warns once about gold answers with no number, and draws an honest frontier
+plot (accuracy on 0-100%, labels inside the frame, tokens/s or TPF on x)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import dlmrt.llm
+from dlmrt.cli import main
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "gsm.jsonl"
+    rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading the model fails the test: every check here must come before it."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(dlmrt.llm, "LLM", load)
+
+
+def _bench(data: Path, *extra: str) -> int:
+    return main(["bench", "--dataset", str(data), "--no-progress", *extra])
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "dlmrt: error: " in err
+    return err
+
+
+def test_out_is_a_directory(data, tmp_path, no_model, capsys):
+    assert _bench(data, "--out", str(tmp_path)) == 2
+    assert f"--out: {tmp_path} is a directory" in _error(capsys)
+
+
+def test_plot_under_a_file(data, tmp_path, no_model, capsys):
+    pytest.importorskip("matplotlib")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    assert _bench(data, "--plot", str(blocker / "sub" / "f.png")) == 2
+    assert f"--plot: {blocker / 'sub' / 'f.png'}: {blocker} is not a directory" in _error(capsys)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_out_in_a_read_only_dir(data, tmp_path, no_model, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    assert _bench(data, "--out", str(ro / "new" / "r.json")) == 2
+    assert f"cannot write in {ro}" in _error(capsys)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_timeout_must_be_positive(data, value, no_model, capsys):
+    assert _bench(data, "--timeout", value) == 2
+    assert "--timeout: must be a number of seconds > 0, got " in _error(capsys)
+
+
+def test_prompt_template_needs_prompt(data, no_model, capsys):
+    assert _bench(data, "--prompt-template", "Question: {question}") == 2
+    assert "--prompt-template: 'Question: {question}' has no '{prompt}'" in _error(capsys)
