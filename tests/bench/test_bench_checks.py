@@ -5,12 +5,14 @@ plot (accuracy on 0-100%, labels inside the frame, tokens/s or TPF on x)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 import pytest
 
 import dlmrt.llm
+from dlmrt.bench.datasets import load_problems
 from dlmrt.cli import main
 
 
@@ -72,3 +74,16 @@ def test_timeout_must_be_positive(data, value, no_model, capsys):
 def test_prompt_template_needs_prompt(data, no_model, capsys):
     assert _bench(data, "--prompt-template", "Question: {question}") == 2
     assert "--prompt-template: 'Question: {question}' has no '{prompt}'" in _error(capsys)
+
+
+def test_gold_answer_without_number_warns_once(tmp_path, caplog):
+    path = tmp_path / "d.jsonl"
+    answers = ["#### 4", "#### ", "four", "#### 1,000", "x\n#### n/a"]
+    rows = [{"question": f"q{i}", "answer": a} for i, a in enumerate(answers)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="dlmrt"):
+        assert len(load_problems(str(path))) == 5
+    warnings = [r.getMessage() for r in caplog.records if "gold answers" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "3 of 5 gold answers hold no number" in warnings[0]
+    assert warnings[0].endswith(f"{path}:2, {path}:3, {path}:5")
