@@ -77,7 +77,7 @@ def _bench(args: Any) -> int:
     if args.plot:
         from dlmrt.bench.plot import plot_frontier
 
-        plot_frontier(report, args.plot)
+        plot_frontier(report, args.plot, getattr(args, "plot_x", "tps"))
         print(f"dlmrt: frontier plot written to {args.plot}", file=sys.stderr)
     return 0
 

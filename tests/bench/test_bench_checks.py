@@ -87,3 +87,75 @@ def test_gold_answer_without_number_warns_once(tmp_path, caplog):
     assert len(warnings) == 1
     assert "3 of 5 gold answers hold no number" in warnings[0]
     assert warnings[0].endswith(f"{path}:2, {path}:3, {path}:5")
+
+
+def _report(points: list[tuple[str, float, float | None, float | None]]) -> dict:
+    runs = [
+        {"label": label, "summary": {"accuracy": acc, "clean_tokens_per_s": tps, "clean_tpf": tpf}}
+        for label, acc, tps, tpf in points
+    ]
+    return {"model": "m", "dataset": "d.jsonl", "sweep": {"knob": "threshold"}, "runs": runs}
+
+
+EDGES = [
+    ("threshold=0.95 (slowest)", 1.0, 10.0, 1.1),
+    ("threshold=0.9", 0.98, 11.0, 1.3),
+    ("threshold=0.1 (fastest)", 0.0, 400.0, 6.0),
+    ("none", 0.5, None, None),
+]
+
+
+@pytest.mark.parametrize("x", ["tps", "tpf"])
+def test_frontier_labels_inside_the_frame(x):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from dlmrt.bench.plot import frontier_figure
+
+    fig = frontier_figure(_report(EDGES), x)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    frame = ax.get_window_extent()
+    labels = [t for t in ax.texts if t.get_text().startswith("threshold")]
+    assert len(labels) == 3
+    for text in labels:
+        box = text.get_window_extent()
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, text.get_text()
+        assert frame.y0 <= box.y0 and box.y1 <= frame.y1, text.get_text()
+    plt.close(fig)
+
+
+def test_frontier_accuracy_axis_is_0_to_100():
+    """Accuracies of 97-99% are not stretched over the whole axis."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from dlmrt.bench.plot import frontier_figure
+
+    fig = frontier_figure(_report([("a", 0.97, 50.0, 2.0), ("b", 0.99, 40.0, 1.5)]))
+    assert fig.axes[0].get_ylim() == (0.0, 100.0)
+    plt.close(fig)
+
+
+def test_frontier_plots_tpf(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from dlmrt.bench.plot import frontier_figure, frontier_points, plot_frontier
+
+    report = _report(EDGES)
+    assert [p[0] for p in frontier_points(report, "tpf")] == [1.1, 1.3, 6.0]
+    fig = frontier_figure(report, "tpf")
+    assert "TPF" in fig.axes[0].get_xlabel()
+    assert list(fig.axes[0].lines[0].get_xdata()) == [1.1, 1.3, 6.0]
+    plt.close(fig)
+    png = tmp_path / "f.png"
+    plot_frontier(report, png, "tpf")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_x_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--plot-x {tps,tpf}" in out and "clean tokens per forward (tpf)" in out
