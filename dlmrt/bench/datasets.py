@@ -8,14 +8,18 @@ Math rows: {"question", "answer"} (GSM8K: the answer ends with "#### <number>") 
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dlmrt.bench import MissingDependency
+from dlmrt.bench.checks import check_template
 
+log = logging.getLogger("dlmrt")
 HUMANEVAL = "humaneval"
+MAX_NAMED = 10  # rows named in a data warning
 # "{prompt}" is replaced by the problem text (no other placeholder, so braces are literal).
 TEMPLATES = {
     (
@@ -60,15 +64,39 @@ def load_problems(
     kinds = {p.kind for p in problems}
     if len(kinds) > 1:
         raise ValueError(f"dataset: {dataset} mixes math and code rows")
+    if kinds == {"math"}:
+        warn_numberless_gold(dataset, problems, [where for _, where in rows])
     if shuffle:
         random.Random(seed).shuffle(problems)
     return problems[:limit] if limit is not None else problems
+
+
+def warn_numberless_gold(dataset: str, problems: list[Problem], wheres: list[str]) -> list[str]:
+    """One data warning naming the rows (the first MAX_NAMED) whose gold answer holds no number:
+    a numeric scorer can never count them correct. Returns those rows."""
+    from dlmrt.bench.scorers import NUMBER, gold_answer
+
+    bad = [w for p, w in zip(problems, wheres) if not NUMBER.search(gold_answer(p.answer or ""))]
+    if bad:
+        named = ", ".join(bad[:MAX_NAMED]) + (
+            f", ... ({len(bad) - MAX_NAMED} more)" if len(bad) > MAX_NAMED else ""
+        )
+        log.warning(
+            "dataset: %s: %d of %d gold answers hold no number (GSM8K: '#### <number>'), so no "
+            "answer can match them numerically: %s",
+            dataset,
+            len(bad),
+            len(problems),
+            named,
+        )
+    return bad
 
 
 def pick_template(flag: str | None, model_dir: Path, kind: str, chat: bool) -> tuple[str, str]:
     """(template, where it came from): --prompt-template, else the checkpoint's template for
     `kind` (generation_config.json), else the built-in default for (kind, chat)."""
     if flag is not None:
+        check_template(flag)
         return flag, "--prompt-template"
     path = Path(model_dir) / "generation_config.json"
     gen = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

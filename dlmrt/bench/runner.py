@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from dlmrt.bench import MissingDependency
+from dlmrt.bench.checks import check_bench_args
 from dlmrt.bench.datasets import Problem, load_problems, pick_template, render_prompt
 from dlmrt.bench.report import SCHEMA, format_table, summarize, warmup_info, write_json
 from dlmrt.params import DecodeParams
@@ -36,6 +37,7 @@ def _bench(args: Any) -> int:
     from dlmrt.config import EngineConfig
     from dlmrt.flags import values
 
+    check_bench_args(args)  # output paths, --timeout, --prompt-template: before the run
     if args.plot:
         from dlmrt.bench.plot import require_matplotlib
 
@@ -75,7 +77,7 @@ def _bench(args: Any) -> int:
     if args.plot:
         from dlmrt.bench.plot import plot_frontier
 
-        plot_frontier(report, args.plot)
+        plot_frontier(report, args.plot, getattr(args, "plot_x", "tps"))
         print(f"dlmrt: frontier plot written to {args.plot}", file=sys.stderr)
     return 0
 

@@ -11,6 +11,7 @@ import importlib.util
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("dlmrt")
@@ -61,22 +62,26 @@ def serve_command(args: argparse.Namespace) -> int:
         access_log=args.verbose,
         timeout_graceful_shutdown=GRACE_S,
     )
-    server = _server_class(uvicorn)(config, app.state.worker)
-    print(
-        f"dlmrt: serving {app.state.info.name!r} on http://{args.host}:{args.port}/v1 "
-        f"(queue {args.max_queue}); Ctrl-C stops",
-        file=sys.stderr,
-        flush=True,
+    name, queue = app.state.info.name, args.max_queue
+    server = _server_class(uvicorn)(
+        config, app.state.worker, lambda port: serving_line(name, args.host, port, queue)
     )
     # uvicorn re-raises the signal it caught once it has shut down; with these no-op handlers
     # installed that re-raise is harmless, so a graceful shutdown exits with status 0.
     previous = {s: signal.signal(s, _ignore) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run()
+    except SystemExit as e:  # uvicorn exits with status 3 when it cannot bind (logged above)
+        print(f"dlmrt: error: could not serve on {args.host}:{args.port}", file=sys.stderr)
+        return e.code if isinstance(e.code, int) and e.code else 1
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def serving_line(name: str, host: str, port: int, max_queue: int) -> str:
+    return f"dlmrt: serving {name!r} on http://{host}:{port}/v1 (queue {max_queue}); Ctrl-C stops"
 
 
 def _ignore(signum: int, frame: Any) -> None:
@@ -85,11 +90,20 @@ def _ignore(signum: int, frame: Any) -> None:
 
 def _server_class(uvicorn: Any) -> type:
     class GracefulServer(uvicorn.Server):
-        """uvicorn.Server that also tells the worker to stop when a signal arrives."""
+        """uvicorn.Server that also tells the worker to stop when a signal arrives, and prints
+        `banner(port)` once the port is bound (not before: a port in use prints no "serving")."""
 
-        def __init__(self, config: Any, worker: Any) -> None:
+        def __init__(
+            self, config: Any, worker: Any, banner: Callable[[int], str] | None = None
+        ) -> None:
             super().__init__(config)
-            self.worker = worker
+            self.worker, self.banner = worker, banner
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and self.banner is not None:
+                port = self.servers[0].sockets[0].getsockname()[1] if self.servers else 0
+                print(self.banner(port), file=sys.stderr, flush=True)
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             self.worker.begin_shutdown()  # a flag: safe inside a signal handler

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dlmrt.params import CANVAS_FIELDS, DecodeParams
 from dlmrt.server.errors import APIError, check_prompt_chars, error_body  # noqa: F401
+from dlmrt.server.messages import include_usage, message_text
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
@@ -167,7 +168,11 @@ def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
     if not req.messages:
         raise APIError(400, "messages: must contain at least one message", "messages")
     messages = [
-        {"role": m.role, "content": _text_content(m, i)} for i, m in enumerate(req.messages)
+        {
+            "role": m.role,
+            "content": message_text(m.role, m.content, "content" in m.model_fields_set, i),
+        }
+        for i, m in enumerate(req.messages)
     ]
     check_prompt_chars(sum(len(m["content"]) for m in messages), info.max_prompt_chars)
     try:
@@ -177,22 +182,6 @@ def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
     ids = info.tokenizer.encode(text)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return _spec("chat", req, ids, limit, DecodeParams().max_new_tokens, info)
-
-
-def _text_content(message: ChatMessage, index: int) -> str:
-    content = message.content
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise APIError(
-                400,
-                f"messages[{index}].content: only text parts are supported, got {part.get('type')!r}",
-                "messages",
-            )
-        parts.append(part["text"])
-    return "".join(parts)
 
 
 def check_model(model: str | None, info: ModelInfo) -> None:
@@ -228,7 +217,6 @@ def _spec(
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings", "stop")
-    options = req.stream_options or {}
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     return RequestSpec(
         kind=kind,  # type: ignore[arg-type]
@@ -237,7 +225,7 @@ def _spec(
         params=params,
         stop=stop,
         stream=req.stream,
-        include_usage=bool(req.stream and options.get("include_usage")),
+        include_usage=include_usage(req.stream_options, req.stream),
         request_id=f"{prefix}-{uuid.uuid4().hex}",
         created=int(time.time()),
     )
