@@ -19,7 +19,7 @@ def main() -> None:
     # A completion with dlmrt's decode knobs as extra body fields.
     r = client.completions.create(
         model=model,
-        prompt="The capital of France is",
+        prompt="Tom has 23 apples. He buys 15 more and gives away 9. How many apples now?",
         max_tokens=32,
         extra_body={"rule": "threshold", "threshold": 0.9},
     )

@@ -1,6 +1,6 @@
 """Offline generation with the Python API.
 
-python examples/offline_generate.py                      # embedded demo model (random weights)
+python examples/offline_generate.py                      # the embedded demo model (trained on arithmetic word problems)
 python examples/offline_generate.py /models/QwenDLM-4B-ORL "Write a prime checker."
 """
 
