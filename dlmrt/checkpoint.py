@@ -1,10 +1,10 @@
 """Load an HF-format checkpoint directory: config.json -> family -> model, weights streamed in.
 
 Strict: an unsupported architecture, a missing/unexpected/wrongly shaped tensor, a missing or
-out-of-range config field (sizes >= 1, stop ids in the vocabulary) or an unreadable file raises
-`CheckpointError` naming the file and the tensor or field.
-Headers are checked before any weight is read; the model is built on the meta device, allocated
-once, and filled one tensor at a time, so the weights are never held twice.
+out-of-range config field (sizes >= 1, stop ids in the vocabulary), an integer or bool tensor where
+a float weight belongs, or an unreadable file raises `CheckpointError` naming the file and the
+tensor or field. Headers are checked before any weight is read; the model is built on the meta
+device, allocated once, and filled one tensor at a time, so the weights are never held twice.
 """
 
 from __future__ import annotations
@@ -261,8 +261,14 @@ def _stream_weights(
                     target = params[name] if name not in slices else params[slices[name][0]]
                     if name in slices:
                         target = target[slices[name][1]]
+                    tensor = st.get_tensor(source[name])
+                    if target.is_floating_point() and not tensor.is_floating_point():
+                        raise CheckpointError(
+                            f"{f}: tensor '{source[name]}' has dtype "
+                            f"{str(tensor.dtype).removeprefix('torch.')}, expected a float weight"
+                        )
                     with torch.no_grad():
-                        target.copy_(st.get_tensor(source[name]))
+                        target.copy_(tensor)
                     if finite is not None:
                         finite.add(f, source[name], target)
                     bar.update()

@@ -1,5 +1,5 @@
-"""Config values checked at load: sizes >= 1, stop ids in the vocabulary; each error names the
-field and the file."""
+"""Config values and tensor dtypes checked at load: sizes >= 1, stop ids in the vocabulary, float
+weights stored as floats; each error names the field (or tensor) and the file."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import VOCAB, write_checkpoint, write_llada2_checkpoint
+from safetensors.torch import load_file, save_file
 
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
@@ -83,3 +84,34 @@ def test_stop_ids_inside_the_vocabulary_load(family_ckpt, tmp_path) -> None:
         _copy(family_ckpt, tmp_path), "generation_config.json", eos_token_id=[0, VOCAB - 1]
     )
     _load(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_integer_tensor_for_a_float_weight_is_named(family_ckpt, tmp_path, dtype) -> None:
+    path = _copy(family_ckpt, tmp_path)
+    weights = load_file(str(path / "model.safetensors"))
+    name = "model.norm.weight"
+    weights[name] = torch.ones_like(weights[name], dtype=dtype)
+    save_file(weights, str(path / "model.safetensors"))
+    short = str(dtype).removeprefix("torch.")
+    message = f"{path / 'model.safetensors'}: tensor '{name}' has dtype {short}, expected a float"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        _load(path)
+
+
+def test_float16_weights_still_load(family_ckpt, tmp_path) -> None:
+    path = _copy(family_ckpt, tmp_path)
+    weights = load_file(str(path / "model.safetensors"))
+    save_file({k: v.half() for k, v in weights.items()}, str(path / "model.safetensors"))
+    _load(path)
+
+
+def test_integer_expert_slice_is_named(tmp_path) -> None:
+    """LLaDA2's per-expert tensors fill slices of one stacked parameter: checked the same way."""
+    path = write_llada2_checkpoint(tmp_path / "m")
+    weights = load_file(str(path / "model.safetensors"))
+    name = "model.layers.1.mlp.experts.3.up_proj.weight"
+    weights[name] = weights[name].to(torch.int64)
+    save_file(weights, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=re.escape(f"tensor '{name}' has dtype int64")):
+        _load(path)
