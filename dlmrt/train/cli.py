@@ -118,6 +118,8 @@ def _eval(args: argparse.Namespace) -> int:
     from dlmrt.train.evaluate import evaluate
     from dlmrt.train.tasks import get_task
 
+    if args.out:
+        check_out_file(Path(args.out))  # before the run, not after it
     llm = LLM(args.model, dtype=args.dtype, device=args.device, mode=args.mode)
     params = {
         "rule": args.rule,
@@ -139,3 +141,11 @@ def _eval(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text + "\n")
     print(text)
     return 0
+
+
+def check_out_file(path: Path) -> None:
+    """A result file's path: not a directory, in a directory that exists."""
+    if path.is_dir():
+        raise ValueError(f"--out: {path} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"--out: {path}: directory {path.parent} does not exist")

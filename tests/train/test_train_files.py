@@ -1,5 +1,7 @@
-"""The files `dlmrt train` writes: every file of a run, its checkpoints and an export is readable
-like any new file (0o644 under umask 022; safetensors alone would make the weights 0o600)."""
+"""The files `dlmrt train` writes and the paths it is given: every file of a run, its checkpoints
+and an export is readable like any new file (0o644 under umask 022; safetensors alone would make
+the weights 0o600); an `--out` that is a file is a clear error (`train eval --out`: checked
+before the run)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 from test_train_sft import tiny
 
+from dlmrt.cli import main
 from dlmrt.train.export import export
 from dlmrt.train.trainer import train_sft
 
@@ -33,3 +36,23 @@ def test_run_checkpoint_and_export_files_get_the_umask_mode(tmp_path, umask) -> 
         is_dir = any(other.startswith(name + "/") for other in modes)
         expected = (0o777 if is_dir else 0o666) & ~umask
         assert mode == expected, f"{name}: {oct(mode)}, expected {oct(expected)}"
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_sft_out_that_is_a_file_is_an_error(tmp_path, capsys, resume) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("keep me\n")
+    for out in (path, path / "run"):  # the file itself, or a directory under it
+        argv = ["train", "sft", "--out", str(out), "--steps", "1", "--no-progress"]
+        assert main(argv + ["--resume"] * resume) == 2
+        assert f"--out: {path} is a file, not a directory" in capsys.readouterr().err
+    assert path.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("out", ["dir", "missing/result.json"])
+def test_eval_out_is_checked_before_the_run(tmp_path, capsys, out) -> None:
+    (tmp_path / "dir").mkdir()
+    argv = ["train", "eval", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--out: {tmp_path / out}" in err and "no-model" not in err  # before loading the model
