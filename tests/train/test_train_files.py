@@ -1,17 +1,18 @@
 """The files `dlmrt train` writes and the paths it is given: every file of a run, its checkpoints
 and an export is readable like any new file (0o644 under umask 022; safetensors alone would make
 the weights 0o600); an `--out` that is a file is a clear error (`train eval --out`: checked
-before the run)."""
+before the run); `train eval --help` shows the defaults."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import pytest
 from test_train_sft import tiny
 
-from dlmrt.cli import main
+from dlmrt.cli import build_parser, main
 from dlmrt.train.export import export
 from dlmrt.train.trainer import train_sft
 
@@ -56,3 +57,25 @@ def test_eval_out_is_checked_before_the_run(tmp_path, capsys, out) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"--out: {tmp_path / out}" in err and "no-model" not in err  # before loading the model
+
+
+def _subparser(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParser:
+    for name in names:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return parser
+
+
+def test_eval_help_shows_every_default(capsys) -> None:
+    """Every optional flag that takes a value says its default (as the other subcommands do)."""
+    ev = _subparser(build_parser(), "train", "eval")
+    takes_value = [a for a in ev._actions if a.option_strings and a.nargs != 0 and not a.required]
+    assert {"--task", "--threshold", "--device", "--mode"} <= {
+        a.option_strings[0] for a in takes_value
+    }
+    with pytest.raises(SystemExit):
+        main(["train", "eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for action in takes_value:
+        assert action.help and "(default" in action.help, f"{action.option_strings[0]}: no default"
+        assert " ".join(action.help.split()) in text
