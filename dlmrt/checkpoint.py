@@ -1,9 +1,10 @@
 """Load an HF-format checkpoint directory: config.json -> family -> model, weights streamed in.
 
-Strict: an unsupported architecture, a missing/unexpected/wrongly shaped tensor, a missing config
-field or an unreadable file raises `CheckpointError` naming the file and the tensor or field.
-Headers are checked before any weight is read; the model is built on the meta device, allocated
-once, and filled one tensor at a time, so the weights are never held twice.
+Strict: an unsupported architecture, a missing/unexpected/wrongly shaped tensor, a missing or
+out-of-range config field (sizes >= 1, stop ids in the vocabulary), an integer or bool tensor where
+a float weight belongs, or an unreadable file raises `CheckpointError` naming the file and the
+tensor or field. Headers are checked before any weight is read; the model is built on the meta
+device, allocated once, and filled one tensor at a time, so the weights are never held twice.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
+from dlmrt.models.config import eos_ids
 from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")
@@ -204,7 +206,9 @@ def load_checkpoint(
             f"(supported: {', '.join(models.supported_architectures())})"
         ) from None
     config = parse(raw, cfg_path)
-    gen_cfg = read_json(root / "generation_config.json", required=False) or {}
+    gen_path = root / "generation_config.json"
+    gen_cfg = read_json(gen_path, required=False) or {}
+    eos_ids(gen_cfg.get("eos_token_id"), gen_path, config.vocab_size)  # stop ids in the vocabulary
 
     with torch.device("meta"):
         model = model_cls(config).to(dtype)  # free on meta: the one allocation below is in `dtype`
@@ -257,8 +261,14 @@ def _stream_weights(
                     target = params[name] if name not in slices else params[slices[name][0]]
                     if name in slices:
                         target = target[slices[name][1]]
+                    tensor = st.get_tensor(source[name])
+                    if target.is_floating_point() and not tensor.is_floating_point():
+                        raise CheckpointError(
+                            f"{f}: tensor '{source[name]}' has dtype "
+                            f"{str(tensor.dtype).removeprefix('torch.')}, expected a float weight"
+                        )
                     with torch.no_grad():
-                        target.copy_(st.get_tensor(source[name]))
+                        target.copy_(tensor)
                     if finite is not None:
                         finite.add(f, source[name], target)
                     bar.update()

@@ -45,19 +45,35 @@ class Tokenizer:
         gen_cfg = read_json(root / "generation_config.json", required=False) or {}
         self.chat_template = self._load_template(root)
         self.mask_token_id = self._mask_id(model_cfg)
-        stop = eos_ids(gen_cfg.get("eos_token_id")) or eos_ids(model_cfg.get("eos_token_id"))
+        stop = eos_ids(gen_cfg.get("eos_token_id"), root / "generation_config.json") or eos_ids(
+            model_cfg.get("eos_token_id"), root / "config.json"
+        )
         eos_text = _token_text(self.config.get("eos_token"))
         if not stop and eos_text is not None and self._tok.token_to_id(eos_text) is not None:
             stop = (self._tok.token_to_id(eos_text),)
         self.stop_ids: set[int] = set(stop)
 
     def _load_template(self, root: Path) -> str | None:
-        jinja_file = root / "chat_template.jinja"
-        if jinja_file.is_file():
-            return jinja_file.read_text(encoding="utf-8")
-        template = self.config.get("chat_template")
+        """The chat template, compiled once here so that a broken one fails at load, naming
+        its file (chat_template.jinja, else tokenizer_config.json)."""
+        source = root / "chat_template.jinja"
+        if source.is_file():
+            template = source.read_text(encoding="utf-8")
+        else:
+            source, template = root / "tokenizer_config.json", self.config.get("chat_template")
         if isinstance(template, list):  # list of {"name", "template"}: take "default"
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+            named = (t for t in template if isinstance(t, dict) and t.get("name") == "default")
+            template = next((t.get("template") for t in named), None)
+        if template is None:
+            return None
+        if not isinstance(template, str):
+            raise CheckpointError(f"{source}: 'chat_template' must be a string")
+        try:
+            _environment().from_string(template)
+        except jinja2.TemplateSyntaxError as e:
+            raise CheckpointError(
+                f"{source}: the chat template does not compile (line {e.lineno}: {e.message})"
+            ) from e
         return template
 
     def _mask_id(self, model_cfg: dict[str, Any]) -> int | None:
@@ -93,17 +109,26 @@ class Tokenizer:
         """Render the checkpoint's chat template (jinja2, sandboxed) to a prompt string."""
         if not self.chat_template:
             raise ValueError("chat: this checkpoint has no chat template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=_token_text(self.config.get("bos_token")) or "",
-                eos_token=_token_text(self.config.get("eos_token")) or "",
+            return (
+                _environment()
+                .from_string(self.chat_template)
+                .render(
+                    messages=messages,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=_token_text(self.config.get("bos_token")) or "",
+                    eos_token=_token_text(self.config.get("eos_token")) or "",
+                )
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat: the chat template failed to render ({e})") from e
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The sandboxed jinja2 environment chat templates compile and render in (as transformers')."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    return env
 
 
 def _raise(message: str) -> None:

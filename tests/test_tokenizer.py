@@ -121,6 +121,38 @@ def test_template_raise_exception(ckpt: Path) -> None:
         Tokenizer(ckpt).apply_chat_template(USER_HI)
 
 
+@pytest.mark.parametrize(
+    "template, error",
+    [
+        ("{% for m in messages %}{{ m['content'] }}", "line 1: Unexpected end of template"),
+        ("{{ messages[0]['content'] | no_such_filter }}", "No filter named 'no_such_filter'"),
+        ("hi\n{{ messages[0]['content'] }\n", "line 2:"),
+    ],
+    ids=["unclosed-block", "unknown-filter", "unclosed-expression"],
+)
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_template_that_does_not_compile_fails_at_load(
+    ckpt: Path, template: str, error: str, where: str
+) -> None:
+    """A chat template with a jinja2 syntax error is a CheckpointError at load naming its file
+    (not a failure at the first chat request)."""
+    if where == "chat_template.jinja":
+        (ckpt / where).write_text(template)
+    else:
+        edit_json(ckpt / where, chat_template=[{"name": "default", "template": template}])
+    message = re.escape(f"{ckpt / where}: the chat template does not compile (") + ".*"
+    with pytest.raises(CheckpointError, match=message + re.escape(error)):
+        Tokenizer(ckpt)
+    with pytest.raises(CheckpointError, match=re.escape(str(ckpt / where))):
+        LLM(ckpt, device="cpu")
+
+
+def test_template_that_is_not_a_string_fails_at_load(ckpt: Path) -> None:
+    edit_json(ckpt / "tokenizer_config.json", chat_template=5)
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: 'chat_template' must be"):
+        Tokenizer(ckpt)
+
+
 # ---------------------------------------------------------------- mask token id
 
 

@@ -64,6 +64,28 @@ def _field(cfg: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
         ) from e
 
 
+def positive(value: int, name: str, path: Path) -> int:
+    """A size that must be >= 1 (a zero or negative size is a config error naming the field)."""
+    if value < 1:
+        raise CheckpointError(f"{path}: config field '{name}' = {value} must be >= 1")
+    return value
+
+
+def _size(cfg: dict[str, Any], name: str, path: Path, default: int | None = None) -> int:
+    """A required (or, with `default`, optional) integer size field, >= 1."""
+    if default is not None and cfg.get(name) is None:
+        return positive(default, name, path)
+    return positive(_field(cfg, name, path), name, path)
+
+
+def check_heads(heads: int, kv_heads: int, path: Path) -> None:
+    if heads % kv_heads:
+        raise CheckpointError(
+            f"{path}: 'num_attention_heads' = {heads} is not a multiple of "
+            f"'num_key_value_heads' = {kv_heads}"
+        )
+
+
 def _rope_theta(cfg: dict[str, Any], path: Path) -> float:
     # transformers >= 5 nests RoPE under `rope_parameters`; older configs have top-level `rope_theta`.
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -75,8 +97,9 @@ def _rope_theta(cfg: dict[str, Any], path: Path) -> float:
     return _field(cfg, "rope_theta", path, float)
 
 
-def eos_ids(value: Any, path: Path | None = None) -> tuple[int, ...]:
-    """Normalise an `eos_token_id` field (int, list of ints or None) to a tuple."""
+def eos_ids(value: Any, path: Path | None = None, vocab: int | None = None) -> tuple[int, ...]:
+    """Normalise an `eos_token_id` field (int, list of ints or None) to a tuple; with `vocab`,
+    every id must be a token id in [0, vocab)."""
     if value is None:
         return ()
     items = [value] if isinstance(value, int) else value
@@ -85,6 +108,11 @@ def eos_ids(value: Any, path: Path | None = None) -> tuple[int, ...]:
     ):
         raise CheckpointError(
             f"{path or 'config'}: 'eos_token_id' must be an int or a list of ints, got {value!r}"
+        )
+    outside = [v for v in items if vocab is not None and not 0 <= v < vocab]
+    if outside:
+        raise CheckpointError(
+            f"{path or 'config'}: 'eos_token_id' {outside} is not a token id in [0, {vocab})"
         )
     return tuple(items)
 
@@ -100,36 +128,31 @@ def _optional_id(cfg: dict[str, Any], name: str, vocab: int, path: Path) -> int 
 
 def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
     """Parse a QwenDLM/SDAR/Qwen3 `config.json` dict (read from `path`)."""
-    hidden = _field(cfg, "hidden_size", path)
-    heads = _field(cfg, "num_attention_heads", path)
-    head_dim = cfg.get("head_dim") or hidden // heads
+    hidden = _size(cfg, "hidden_size", path)
+    heads = _size(cfg, "num_attention_heads", path)
+    kv_heads = _size(cfg, "num_key_value_heads", path, heads)
+    check_heads(heads, kv_heads, path)
+    head_dim = _size(cfg, "head_dim", path, hidden // heads)
     residual = cfg.get("orl_residual")
     tie = cfg.get("tie_word_embeddings")
     if tie is not None and not isinstance(tie, bool):
         raise CheckpointError(f"{path}: 'tie_word_embeddings' must be true or false, got {tie!r}")
-    vocab = _field(cfg, "vocab_size", path)
-    block = (
-        _field(cfg, "block_size", path)
-        if cfg.get("block_size") is not None
-        else DEFAULT_BLOCK_LENGTH
-    )
-    if block < 1:
-        raise CheckpointError(f"{path}: 'block_size' must be >= 1, got {block}")
+    vocab = _size(cfg, "vocab_size", path)
     return ModelConfig(
         architecture=(cfg.get("architectures") or ["?"])[0],
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=_field(cfg, "intermediate_size", path),
-        num_hidden_layers=_field(cfg, "num_hidden_layers", path),
+        intermediate_size=_size(cfg, "intermediate_size", path),
+        num_hidden_layers=_size(cfg, "num_hidden_layers", path),
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
         rms_norm_eps=_field(cfg, "rms_norm_eps", path, float),
         rope_theta=_rope_theta(cfg, path),
-        max_position_embeddings=_field(cfg, "max_position_embeddings", path),
+        max_position_embeddings=_size(cfg, "max_position_embeddings", path),
         tie_word_embeddings=tie,
         mask_token_id=_optional_id(cfg, "mask_token_id", vocab, path),
-        block_size=block,
-        eos_token_ids=eos_ids(cfg.get("eos_token_id"), path),
+        block_size=_size(cfg, "block_size", path, DEFAULT_BLOCK_LENGTH),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id"), path, vocab),
         residual=None if residual is None else ResidualConfig.from_hf(residual, path),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.errors import CheckpointError
-from dlmrt.models.config import _field, eos_ids
+from dlmrt.models.config import _field, eos_ids, positive
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_SOFTCAP = 30.0  # transformers' DiffusionGemmaTextConfig class default (not serialised)
@@ -64,6 +64,11 @@ def _get(tc: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
     return _field(tc, name, path, kind)
 
 
+def _size(tc: dict[str, Any], name: str, path: Path) -> int:
+    """A required `text_config` size, >= 1."""
+    return positive(_get(tc, name, path), f"text_config.{name}", path)
+
+
 def _rope(tc: dict[str, Any], path: Path) -> dict[str, RopeSpec]:
     params = tc.get("rope_parameters")
     out = {}
@@ -109,7 +114,7 @@ def _per_layer_overrides(per_layer: dict[Any, Any], types: list[str], path: Path
 def _layer_shapes(tc: dict[str, Any], path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Per-layer (head_dim, kv_heads): `per_layer_config` as transformers saves it, else the
     `global_head_dim` / `num_global_key_value_heads` fields on full layers."""
-    head_dim, kv = _get(tc, "head_dim", path), _get(tc, "num_key_value_heads", path)
+    head_dim, kv = _size(tc, "head_dim", path), _size(tc, "num_key_value_heads", path)
     per_layer = tc.get("per_layer_config")
     if isinstance(per_layer, dict):
         overrides = _per_layer_overrides(per_layer, tc["layer_types"], path)
@@ -124,6 +129,9 @@ def _layer_shapes(tc: dict[str, Any], path: Path) -> tuple[tuple[int, ...], tupl
             over = {}
         dims.append(int(over.get("head_dim", head_dim)))
         heads.append(int(over.get("num_key_value_heads", kv)))
+    for i, (dim, kv_heads) in enumerate(zip(dims, heads, strict=True)):
+        positive(dim, f"text_config.head_dim of layer {i}", path)
+        positive(kv_heads, f"text_config.num_key_value_heads of layer {i}", path)
     return tuple(dims), tuple(heads)
 
 
@@ -134,38 +142,44 @@ def diffusion_gemma_config_from_hf(cfg: dict[str, Any], path: Path) -> Diffusion
     types = tc.get("layer_types")
     if not isinstance(types, list) or not types or set(types) - {SLIDING, FULL}:
         raise CheckpointError(f"{path}: 'text_config.layer_types' must list {SLIDING}/{FULL}")
-    if len(types) != _get(tc, "num_hidden_layers", path):
+    if len(types) != _size(tc, "num_hidden_layers", path):
         raise CheckpointError(f"{path}: 'text_config.layer_types' length != num_hidden_layers")
     if tc.get("hidden_activation") != "gelu_pytorch_tanh" or tc.get("attention_bias"):
         raise CheckpointError(f"{path}: only gelu_pytorch_tanh, bias-free models are supported")
     if tc.get("use_bidirectional_attention") not in (None, "vision"):
         raise CheckpointError(f"{path}: use_bidirectional_attention='all' is not supported")
     dims, heads = _layer_shapes(tc, path)
+    n_heads = _size(tc, "num_attention_heads", path)
     tie = cfg.get("tie_word_embeddings", tc.get("tie_word_embeddings"))
     softcap = tc.get("final_logit_softcapping", DEFAULT_SOFTCAP)
-    inter = _get(tc, "intermediate_size", path)
+    inter = _size(tc, "intermediate_size", path)
+    vocab = _size(tc, "vocab_size", path)
     return DiffusionGemmaConfig(
         architecture=(cfg.get("architectures") or ["?"])[0],
-        vocab_size=_get(tc, "vocab_size", path),
-        hidden_size=_get(tc, "hidden_size", path),
+        vocab_size=vocab,
+        hidden_size=_size(tc, "hidden_size", path),
         intermediate_size=inter,
-        self_conditioning_size=int(tc.get("self_conditioning_size") or inter),
-        num_attention_heads=_get(tc, "num_attention_heads", path),
+        self_conditioning_size=positive(
+            int(tc.get("self_conditioning_size") or inter),
+            "text_config.self_conditioning_size",
+            path,
+        ),
+        num_attention_heads=n_heads,
         layer_types=tuple(types),
         head_dims=dims,
         kv_heads=heads,
         rope=_rope(tc, path),
-        sliding_window=_get(tc, "sliding_window", path),
+        sliding_window=_size(tc, "sliding_window", path),
         rms_norm_eps=_get(tc, "rms_norm_eps", path, float),
-        num_experts=_get(tc, "num_experts", path),
-        top_k_experts=_get(tc, "top_k_experts", path),
-        moe_intermediate_size=_get(tc, "moe_intermediate_size", path),
+        num_experts=_size(tc, "num_experts", path),
+        top_k_experts=_size(tc, "top_k_experts", path),
+        moe_intermediate_size=_size(tc, "moe_intermediate_size", path),
         final_logit_softcapping=None if softcap is None else float(softcap),
-        max_position_embeddings=_get(tc, "max_position_embeddings", path),
-        canvas_length=_field(cfg, "canvas_length", path),
+        max_position_embeddings=_size(tc, "max_position_embeddings", path),
+        canvas_length=positive(_field(cfg, "canvas_length", path), "canvas_length", path),
         tie_word_embeddings=tie if isinstance(tie, bool) else None,
         pad_token_id=tc.get("pad_token_id"),
-        eos_token_ids=eos_ids(cfg.get("eos_token_id", tc.get("eos_token_id")), path),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id", tc.get("eos_token_id")), path, vocab),
         image_token_ids=tuple(
             int(cfg[k]) for k in ("image_token_id", "boi_token_id", "eoi_token_id") if k in cfg
         ),

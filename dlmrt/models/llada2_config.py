@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.errors import CheckpointError
-from dlmrt.models.config import ModelConfig, _field, _optional_id, eos_ids
+from dlmrt.models.config import ModelConfig, _field, _optional_id, _size, check_heads, eos_ids
 from dlmrt.models.residual import ResidualConfig
 
 # LLaDA2 trains and decodes with 32-token blocks (official `generate` default `block_length=32`);
@@ -96,40 +96,38 @@ def _check_moe(c: LLaDA2Config, path: Path) -> None:
 def llada2_config_from_hf(cfg: dict[str, Any], path: Path) -> LLaDA2Config:
     """Parse a `llada2_moe` `config.json` dict (read from `path`)."""
     _check_supported(cfg, path)
-    hidden = _field(cfg, "hidden_size", path)
-    heads = _field(cfg, "num_attention_heads", path)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    vocab = _field(cfg, "vocab_size", path)
+    hidden = _size(cfg, "hidden_size", path)
+    heads = _size(cfg, "num_attention_heads", path)
+    kv_heads = _size(cfg, "num_key_value_heads", path, heads)
+    check_heads(heads, kv_heads, path)
+    head_dim = _size(cfg, "head_dim", path, hidden // heads)
+    vocab = _size(cfg, "vocab_size", path)
     tie = cfg.get("tie_word_embeddings")
     if tie is not None and not isinstance(tie, bool):
         raise CheckpointError(f"{path}: 'tie_word_embeddings' must be true or false, got {tie!r}")
-    block = cfg.get("block_size")
-    block = DEFAULT_BLOCK_LENGTH if block is None else _field(cfg, "block_size", path)
-    if block < 1:
-        raise CheckpointError(f"{path}: 'block_size' must be >= 1, got {block}")
     residual = cfg.get("orl_residual")
     out = LLaDA2Config(
         architecture=(cfg.get("architectures") or ["?"])[0],
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=_field(cfg, "intermediate_size", path),
-        num_hidden_layers=_field(cfg, "num_hidden_layers", path),
+        intermediate_size=_size(cfg, "intermediate_size", path),
+        num_hidden_layers=_size(cfg, "num_hidden_layers", path),
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+        num_key_value_heads=kv_heads,
         head_dim=head_dim,
         rotary_dim=_rotary_dim(cfg, head_dim, path),
         rms_norm_eps=_field(cfg, "rms_norm_eps", path, float),
         rope_theta=_field(cfg, "rope_theta", path, float),
-        max_position_embeddings=_field(cfg, "max_position_embeddings", path),
+        max_position_embeddings=_size(cfg, "max_position_embeddings", path),
         tie_word_embeddings=tie,
         mask_token_id=_optional_id(cfg, "mask_token_id", vocab, path),
-        block_size=block,
-        eos_token_ids=eos_ids(cfg.get("eos_token_id"), path),
-        num_experts=_field(cfg, "num_experts", path),
+        block_size=_size(cfg, "block_size", path, DEFAULT_BLOCK_LENGTH),
+        eos_token_ids=eos_ids(cfg.get("eos_token_id"), path, vocab),
+        num_experts=_size(cfg, "num_experts", path),
         top_k=_field(cfg, "num_experts_per_tok", path),
         n_group=_field(cfg, "n_group", path),
         topk_group=_field(cfg, "topk_group", path),
-        moe_intermediate_size=_field(cfg, "moe_intermediate_size", path),
+        moe_intermediate_size=_size(cfg, "moe_intermediate_size", path),
         num_shared_experts=int(cfg.get("num_shared_experts") or 0),
         first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
         routed_scaling_factor=_field(cfg, "routed_scaling_factor", path, float),

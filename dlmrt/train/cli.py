@@ -48,25 +48,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     # absent flags keep the config's (or, on --resume, the run's) value
     add_dataclass_flags(sft, TrainConfig, "training (TrainConfig)", CHOICES, keep_absent=True)
 
-    ev = tsub.add_parser(
-        "eval",
-        help="accuracy and tokens per forward of a model on held-out task problems",
-        description="Run `LLM.generate` on the first N held-out problems of a task (chat or raw "
-        "prompt by seed, as in training) and check each answer; prints one JSON object.",
-    )
-    ev.add_argument("--model", required=True, help="model directory")
-    ev.add_argument("--task", default="arithmetic", choices=CHOICES["task"])
-    ev.add_argument("--problems", type=int, default=200, help="held-out problems (default: 200)")
-    ev.add_argument("--chat-fraction", type=float, default=0.5, help="(default: 0.5)")
-    ev.add_argument("--rule", default=None, help="decoder rule (default: the checkpoint's)")
-    ev.add_argument("--threshold", type=float, default=None)
-    ev.add_argument("--entropy-budget", type=float, default=None)
-    ev.add_argument("--max-new-tokens", type=int, default=128, help="(default: 128)")
-    ev.add_argument("--device", default=None)
-    ev.add_argument("--dtype", default=None)
-    ev.add_argument("--mode", default="auto")
-    ev.add_argument("--out", default=None, help="also write the JSON result to this file")
-    ev.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    _add_eval_parser(tsub)
 
     ex = tsub.add_parser(
         "export",
@@ -76,6 +58,55 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("dest", help="new model directory")
     ex.add_argument("--dtype", default="bfloat16", help="weights dtype (default: bfloat16)")
     ex.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+
+
+def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
+    ev = tsub.add_parser(
+        "eval",
+        help="accuracy and tokens per forward of a model on held-out task problems",
+        description="Run `LLM.generate` on the first N held-out problems of a task (chat or raw "
+        "prompt by seed, as in training) and check each answer; prints one JSON object.",
+    )
+    ev.add_argument("--model", required=True, help="model directory")
+    ev.add_argument(
+        "--task", default="arithmetic", choices=CHOICES["task"], help="task (default: arithmetic)"
+    )
+    ev.add_argument("--problems", type=int, default=200, help="held-out problems (default: 200)")
+    ev.add_argument(
+        "--chat-fraction",
+        type=float,
+        default=0.5,
+        help="share of problems asked through the chat template (default: 0.5)",
+    )
+    ev.add_argument("--rule", default=None, help="acceptance rule (default: the checkpoint's)")
+    ev.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="`threshold` rule: accept rows with confidence > tau (default: 0.9)",
+    )
+    ev.add_argument(
+        "--entropy-budget",
+        type=float,
+        default=None,
+        help="`entropy_budget` rule: gamma, in nats (default: 0.8)",
+    )
+    ev.add_argument("--max-new-tokens", type=int, default=128, help="per problem (default: 128)")
+    ev.add_argument(
+        "--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available, else cpu)"
+    )
+    ev.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    ev.add_argument(
+        "--mode", default="auto", help="auto | block_graph | round_graph | eager (default: auto)"
+    )
+    ev.add_argument(
+        "--out", default=None, help="also write the JSON result to this file (default: none)"
+    )
+    ev.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -118,6 +149,8 @@ def _eval(args: argparse.Namespace) -> int:
     from dlmrt.train.evaluate import evaluate
     from dlmrt.train.tasks import get_task
 
+    if args.out:
+        check_out_file(Path(args.out))  # before the run, not after it
     llm = LLM(args.model, dtype=args.dtype, device=args.device, mode=args.mode)
     params = {
         "rule": args.rule,
@@ -139,3 +172,11 @@ def _eval(args: argparse.Namespace) -> int:
         Path(args.out).write_text(text + "\n")
     print(text)
     return 0
+
+
+def check_out_file(path: Path) -> None:
+    """A result file's path: not a directory, in a directory that exists."""
+    if path.is_dir():
+        raise ValueError(f"--out: {path} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"--out: {path}: directory {path.parent} does not exist")

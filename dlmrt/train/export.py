@@ -13,6 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from dlmrt.config import DTYPES
@@ -27,6 +28,20 @@ def generation_config(specials: dict[str, int]) -> dict:
         "eos_token_id": [specials["<|im_end|>"], specials["<|endoftext|>"]],
         "pad_token_id": specials["<|endoftext|>"],
     }
+
+
+def new_file_mode() -> int:
+    """The mode `open()` gives a new file: 0o666 less the process umask (0o644 under 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """`save_file`, readable like the run's other files: safetensors writes a private (0o600)
+    temporary file and renames it, so the mode is set to a new file's afterwards."""
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    os.chmod(path, new_file_mode())
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -75,7 +90,7 @@ def export(src: str | Path, dest: str | Path, dtype: str = "bfloat16") -> Path:
     tensors = {
         k: v.to(DTYPES[dtype]).contiguous() for k, v in load_file(str(src / WEIGHTS)).items()
     }
-    save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    save_tensors(tensors, tmp / WEIGHTS)
     cfg = json.loads((tmp / "config.json").read_text())
     cfg["torch_dtype"] = dtype
     write_json(tmp / "config.json", cfg)

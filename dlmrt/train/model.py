@@ -12,10 +12,11 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dlmrt.models.config import ModelConfig
 from dlmrt.models.qwen_dlm import QwenDLM
+from dlmrt.train.export import save_tensors
 
 INIT_STD = 0.02
 
@@ -59,7 +60,7 @@ def state_tensors(model: QwenDLM, dtype: torch.dtype = torch.float32) -> dict[st
 
 
 def save_weights(model: QwenDLM, path: Path, dtype: torch.dtype = torch.float32) -> None:
-    save_file(state_tensors(model, dtype), str(path), metadata={"format": "pt"})
+    save_tensors(state_tensors(model, dtype), path)
 
 
 @torch.no_grad()

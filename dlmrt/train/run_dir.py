@@ -132,8 +132,16 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_out_dir(out: Path) -> None:
+    """`out`, or the nearest of its parents that exists, must be a directory (not a file)."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ValueError(f"--out: {existing} is a file, not a directory")
+
+
 def open_run(cfg: TrainConfig, out: Path, resume: bool):
     """Check `out` against `resume`, prepare the run directory; return (checkpoint, checkpointer)."""
+    check_out_dir(out)
     config_path = out / "train_config.json"
     ckpt = latest_checkpoint(out) if resume else None
     if resume and ckpt is None and not config_path.is_file():

@@ -4,6 +4,7 @@ test does not depend on the installed version): `per_layer_config` keys in any s
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,46 @@ def test_a_full_layer_without_override_is_named(tmp_path):
 def test_bad_per_layer_keys_are_named(per_layer, message, tmp_path):
     with pytest.raises(CheckpointError, match=message):
         _parse(json.dumps(_config(per_layer)), tmp_path)
+
+
+DG_SIZES = [
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "sliding_window", "num_experts", "top_k_experts",
+    "moe_intermediate_size", "max_position_embeddings",
+]  # fmt: skip
+
+
+def _full_layers() -> dict:
+    return {"5": FULL_OVERRIDE, "11": FULL_OVERRIDE}
+
+
+@pytest.mark.parametrize("value", [0, -2])
+@pytest.mark.parametrize("field", DG_SIZES)
+def test_non_positive_text_config_size_is_named(field, value, tmp_path):
+    cfg = _config(_full_layers())
+    cfg["text_config"][field] = value
+    message = f"config.json: config field 'text_config.{field}' = {value} must be >= 1"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        _parse(json.dumps(cfg), tmp_path)
+
+
+@pytest.mark.parametrize("key", ["head_dim", "num_key_value_heads"])
+def test_non_positive_per_layer_size_is_named(key, tmp_path):
+    cfg = _config({"5": FULL_OVERRIDE, "11": {**FULL_OVERRIDE, key: 0}})
+    with pytest.raises(CheckpointError, match=f"'text_config.{key} of layer 11' = 0"):
+        _parse(json.dumps(cfg), tmp_path)
+
+
+def test_non_positive_canvas_length_is_named(tmp_path):
+    cfg = {**_config(_full_layers()), "canvas_length": 0}
+    with pytest.raises(CheckpointError, match="config field 'canvas_length' = 0 must be >= 1"):
+        _parse(json.dumps(cfg), tmp_path)
+
+
+@pytest.mark.parametrize("eos", [96, [1, 200], -1])
+def test_stop_id_outside_the_vocabulary_is_named(eos, tmp_path):
+    cfg = {**_config(_full_layers()), "eos_token_id": eos}
+    with pytest.raises(
+        CheckpointError, match=r"'eos_token_id' \[.*\] is not a token id in \[0, 96\)"
+    ):
+        _parse(json.dumps(cfg), tmp_path)
