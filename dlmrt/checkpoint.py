@@ -187,9 +187,7 @@ def load_checkpoint(
 
     check_finite: every floating-point tensor, as stored in `dtype` on `device`, must be free of
     NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"{root}: not a checkpoint directory")
+    root = _directory(Path(path))
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)
     archs = raw.get("architectures") or []
@@ -291,4 +289,12 @@ def resolve_model_path(model: str) -> Path:
             f"{model}: not a local directory, and not in the Hugging Face cache at {hub} "
             "(dlmrt never downloads weights; fetch them first, e.g. `hf download`)"
         )
-    raise CheckpointError(f"{path}: not a checkpoint directory")
+    return _directory(path)
+
+
+def _directory(path: Path) -> Path:
+    """`path` if it is a directory; else a CheckpointError saying what it is."""
+    if not path.is_dir():
+        what = "not a checkpoint directory" if path.exists() else "path does not exist"
+        raise CheckpointError(f"{path}: {what}")
+    return path

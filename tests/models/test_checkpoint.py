@@ -288,10 +288,16 @@ def test_no_safetensors(base_ckpt: Path) -> None:
 
 
 def test_not_a_directory(base_ckpt: Path) -> None:
-    """A file or a nonexistent path is not a checkpoint directory."""
-    for path in (base_ckpt / "config.json", base_ckpt / "nope"):
-        with pytest.raises(CheckpointError, match=names(path, "not a checkpoint directory")):
+    """A file is not a checkpoint directory; a missing path says so (loader and resolver)."""
+    cases = (
+        (base_ckpt / "config.json", "not a checkpoint directory"),
+        (base_ckpt / "nope", "path does not exist"),
+    )
+    for path, what in cases:
+        with pytest.raises(CheckpointError, match=names(path, what)):
             load(path)
+        with pytest.raises(CheckpointError, match=names(path, what)):
+            resolve_model_path(str(path))
 
 
 def test_resolve_local_directory(base_ckpt: Path) -> None:
