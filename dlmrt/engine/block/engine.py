@@ -23,12 +23,12 @@ from dlmrt.attention import AttnContext
 from dlmrt.blocks import Layout, finish, initial_canvas, layout
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine.block.fold import folds_check
-from dlmrt.engine.block.program import BlockProgram, RoundHook
-from dlmrt.engine.block.round import BlockBuffers, RoundSpec
+from dlmrt.engine.block.program import BlockProgram
+from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.graph.loop import EagerRunner
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache
-from dlmrt.outputs import BlockCallback, EngineResult, Recorder, RoundRecord, StopCheck
+from dlmrt.outputs import BlockCallback, EngineResult, Recorder, StopCheck
 
 log = logging.getLogger("dlmrt")
 
@@ -92,13 +92,13 @@ class BlockEngine:
         heads, dim = c.num_key_value_heads, c.head_dim
         return KVCache(c.num_hidden_layers, heads, dim, rows, self.dtype, self.device)
 
-    def program(self, spec: RoundSpec, max_len: int, hook: RoundHook | None = None):
+    def program(self, spec: RoundSpec, max_len: int, recorder: Recorder | None = None):
         """The program for `spec` over an arena of at least `max_len` rows (documented for the
-        benchmarks: `program.runner.run(program.rounds)` times a block's rounds). With a `hook`,
-        an uncached eager program that reports every round."""
+        benchmarks: `program.runner.run(program.rounds)` times a block's rounds). With a
+        `recorder`, an uncached eager program that reports every round."""
         kv = self.workspace.reserve(max_len)
-        if hook is not None:
-            return BlockProgram(spec, kv, EagerRunner(), self.device, hook)
+        if recorder is not None:
+            return BlockProgram(spec, kv, EagerRunner(), self.device, recorder)
         key = (spec.block_length, spec.rule, spec.temperature)
         return self.workspace.program(key, lambda run: BlockProgram(spec, kv, run, self.device))
 
@@ -124,24 +124,21 @@ class BlockEngine:
         spec = RoundSpec(self.model, rule, temperature, block_length)
         req = _Request(lay, stop_ids, max_new_tokens, ignore_eos, on_block, should_stop)
         with torch.inference_mode():
-            index = [lay.first_block]
-            hook = _record_hook(recorder, index) if recorder else None
-            prog = self.program(spec, lay.max_len, hook)
+            prog = self.program(spec, lay.max_len, recorder)
             res = EngineResult([], "length", mode=prog.runner.name)
             if lay.first_block:
                 self.prefill(prompt_ids[: lay.first_block * block_length], block_length, prog.kv)
                 res.prefill_forwards = 1
-            self._blocks(prog, prompt_ids, mask_id, seed, req, res, index, recorder is None)
+            self._blocks(prog, prompt_ids, mask_id, seed, req, res, recorder is None)
         return res
 
-    def _blocks(self, prog, prompt_ids, mask_id, seed, req, res, index, may_fold) -> None:
-        """The block loop of `generate` (index[0]: the block being decoded, for the recorder)."""
+    def _blocks(self, prog, prompt_ids, mask_id, seed, req, res, may_fold) -> None:
+        """The block loop of `generate`."""
         lay, spec, buf, runner = req.lay, prog.spec, prog.buf, prog.runner
         fold = self.fold_commits and may_fold
         check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
         unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
         for b in range(lay.first_block, lay.num_blocks):
-            index[0] = b
             pending = fold and b > lay.first_block  # block b-1 awaits its commit (and check)
             if pending:
                 prog.fold_buf.stash(buf)
@@ -156,11 +153,12 @@ class BlockEngine:
                 raise RuntimeError(
                     f"block {b} did not finish in {prog.rounds.cap} rounds ({spec.rule.name})"
                 )
-            res.denoising_forwards += int(buf.step) - int(pending)  # the block's one read-back
+            steps = int(buf.step)  # rounds run in this block (incl. a joint pass's round 0)
+            res.denoising_forwards += steps - int(pending)
             unsettled = check and not last and not bool(buf.done)
             if unsettled:
                 continue  # block b's tokens are final after its folded check
-            if _emit(res, req, b, int(buf.step), buf.canvas):
+            if _emit(res, req, b, steps, buf.canvas):
                 return  # the last block's commit pass is skipped: nothing reads its KV
             if not fold:
                 runner.once(prog.commit)
@@ -177,12 +175,3 @@ class BlockEngine:
         positions = torch.arange(len(tokens), device=self.device)
         kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel
         self.model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
-
-
-def _record_hook(recorder: Recorder, index: list[int]) -> RoundHook:
-    def hook(r: int, seen: tuple, buf: BlockBuffers) -> None:
-        canvas, unresolved, z = seen
-        entropy, accepted, edited = buf.entropy.clone(), buf.accepted.clone(), buf.edited.clone()
-        recorder(RoundRecord(index[0], r, canvas, unresolved, z, entropy, accepted, edited))
-
-    return hook

@@ -20,9 +20,7 @@ from dlmrt.engine.block.fold import FoldBuffers, joint_pass, max_passes
 from dlmrt.engine.block.round import BlockBuffers, RoundSpec, commit_pass, denoise_round
 from dlmrt.engine.graph.loop import EagerRunner, Loop, Pass, Runner
 from dlmrt.engine.kv_cache import KVCache
-
-# (round index, (canvas, unresolved, z) the round consumed, buffers after the round)
-RoundHook = Callable[[int, tuple, BlockBuffers], None]
+from dlmrt.outputs import Recorder, RoundRecord
 
 
 class BlockProgram:
@@ -32,10 +30,10 @@ class BlockProgram:
         kv: KVCache,
         runner: Runner,
         device: torch.device,
-        hook: RoundHook | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
-        """hook: report every round to it (the trainer's recorder); needs an `EagerRunner`."""
-        if hook is not None and not isinstance(runner, EagerRunner):
+        """recorder: gets every round's `RoundRecord` (the trainer); needs an `EagerRunner`."""
+        if recorder is not None and not isinstance(runner, EagerRunner):
             raise ValueError("a round hook needs the host between rounds: use an EagerRunner")
         self.spec, self.kv, self.runner = spec, kv, runner
         self.kv_len: int | None = None
@@ -44,7 +42,9 @@ class BlockProgram:
         max_rounds = spec.rule.max_rounds(spec.block_length)
         self.rounds = Loop(
             "rounds",
-            self._recorded(hook) if hook else lambda: denoise_round(spec, buf, kv, self.kv_len),
+            self._recorded(recorder)
+            if recorder
+            else lambda: denoise_round(spec, buf, kv, self.kv_len),
             buf.halt,
             buf.step,
             max_rounds,
@@ -60,15 +60,16 @@ class BlockProgram:
         )
         self.commit = Pass("commit", lambda: commit_pass(spec, buf, kv, self.kv_len), (buf,))
 
-    def _recorded(self, hook: RoundHook) -> Callable[[], None]:
-        """A round body that hands `hook` what the round consumed and the buffers after it."""
+    def _recorded(self, recorder: Recorder) -> Callable[[], None]:
+        """A round body that hands `recorder` what the round consumed and produced."""
         spec, buf = self.spec, self.buf
 
         def body() -> None:
-            r = int(buf.step)
+            index, r = int(buf.block_start) // spec.block_length, int(buf.step)
             z = None if buf.z is None else buf.z.clone()
-            seen = (buf.canvas.clone(), buf.unresolved.clone(), z)
+            canvas, unresolved = buf.canvas.clone(), buf.unresolved.clone()
             denoise_round(spec, buf, self.kv, self.kv_len)
-            hook(r, seen, buf)
+            after = buf.entropy.clone(), buf.accepted.clone(), buf.edited.clone()
+            recorder(RoundRecord(index, r, canvas, unresolved, z, *after))
 
         return body

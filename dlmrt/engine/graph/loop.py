@@ -54,15 +54,20 @@ class Pass:
     state: tuple[object, ...]
 
 
+def host_loop(loop: Loop, step: Callable[[], None], should_stop: StopCheck | None) -> None:
+    """`loop`'s condition evaluated on the host, `step` (its body, or the body's graph) between."""
+    n = int(loop.counter)
+    while n < loop.cap and not bool(loop.flag):  # the host reads the flag every body
+        check_stop(should_stop)
+        step()
+        n += 1
+
+
 class EagerRunner:
     name = "eager"
 
     def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
-        n = int(loop.counter)
-        while n < loop.cap and not bool(loop.flag):  # the host reads the flag every body
-            check_stop(should_stop)
-            loop.body()
-            n += 1
+        host_loop(loop, loop.body, should_stop)
 
     def once(self, program: Pass) -> None:
         program.body()
@@ -85,12 +90,7 @@ class RoundGraphRunner:
         return self.graphs[program.name]
 
     def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
-        graph = self._graph(loop)
-        n = int(loop.counter)
-        while n < loop.cap and not bool(loop.flag):
-            check_stop(should_stop)
-            graph.replay()
-            n += 1
+        host_loop(loop, self._graph(loop).replay, should_stop)
 
     def once(self, program: Pass) -> None:
         self._graph(program).replay()

@@ -26,18 +26,16 @@ class Workspace(Generic[A]):
     def __init__(self, mode: str, new_arena: Callable[[int], A]) -> None:
         self.mode = mode
         self._new_arena = new_arena  # rows -> a zeroed arena of that many rows
-        self.arena: A | None = None
-        self.arena_rows = 0
+        self.arena: A | None = None  # KVCache or ContextArena: both have `max_len`
         self.programs = RunnerCache()
         self.pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
 
     def reserve(self, rows: int) -> A:
         """The arena, grown first if it holds fewer than `rows` rows."""
-        if self.arena is None or self.arena_rows < rows:
-            self.arena_rows = -(-rows // ARENA_QUANTUM) * ARENA_QUANTUM
+        if self.arena is None or self.arena.max_len < rows:
             self.arena = None  # free the old one before allocating the new one
             self.programs.clear()  # graphs hold pointers into the old arena
-            self.arena = self._new_arena(self.arena_rows)
+            self.arena = self._new_arena(-(-rows // ARENA_QUANTUM) * ARENA_QUANTUM)
         return self.arena
 
     def program(self, key: Hashable, build: Callable[[Runner], Any]) -> Any:
