@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +249,25 @@ def assert_modes_agree(outs: dict, *where: object) -> None:
         assert out.token_ids == ref.token_ids, (mode, *where)
         assert out.rounds_per_block == ref.rounds_per_block, (mode, *where)
         assert out.finish_reason == ref.finish_reason, (mode, *where)
+
+
+@contextmanager
+def serve_in_thread(app) -> Iterator[str]:
+    """uvicorn serving `app` in a background thread on a free loopback port; yields its URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

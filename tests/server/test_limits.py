@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import write_checkpoint
+from conftest import serve_in_thread, write_checkpoint
 
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -33,22 +33,8 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def live(llm: dlmrt.LLM, **app_kwargs) -> Iterator[str]:
-    app = build_app(llm, **app_kwargs)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_in_thread(build_app(llm, **app_kwargs)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import residual_config, write_checkpoint
+from conftest import residual_config, serve_in_thread, write_checkpoint
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-import uvicorn  # noqa: E402
 
 import dlmrt  # noqa: E402
 from dlmrt.server.app import build_app  # noqa: E402
@@ -64,21 +63,8 @@ def live_server(ckpt: Path, max_queue: int = 8) -> Iterator[tuple[str, object]]:
     """uvicorn serving a fresh LLM in a background thread on a free loopback port."""
     llm = dlmrt.LLM(ckpt, dtype="float32", device="cpu")
     app = build_app(llm, served_model_name=NAME, max_queue=max_queue)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_in_thread(app) as url:
+        yield url, app
 
 
 @pytest.fixture(scope="module")
