@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,16 @@ from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
 from dlmrt.errors import CheckpointError
-from dlmrt.outputs import BlockCallback, EngineResult, GenerationOutput, Recorder, StopCheck
+from dlmrt.draft_stream import DraftStream
+from dlmrt.drafts import DraftBuilder, DraftCallback
+from dlmrt.outputs import (
+    BlockCallback,
+    CanvasRecorder,
+    EngineResult,
+    GenerationOutput,
+    Recorder,
+    StopCheck,
+)
 from dlmrt.params import DecodeParams
 from dlmrt.request_checks import (
     check_block_length,
@@ -157,20 +167,26 @@ class LLM:
         prompt: str | list[int],
         *,
         chat: bool = False,
-        recorder: Recorder | None = None,
+        recorder: Recorder | CanvasRecorder | None = None,
         on_block: BlockCallback | None = None,
         should_stop: StopCheck | None = None,
+        on_round: DraftCallback | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
         """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
-        `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
+        `recorder` receives every round's `RoundRecord` (canvas style: every step's
+        `CanvasStepRecord`); `on_block(index, rounds, tokens)` each block; `on_round(draft)` every
+        round's `Draft` (`dlmrt/drafts.py`), a block at a time, before that block's `on_block`.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """
         params = DecodeParams.from_kwargs(**kwargs)
-        check_callbacks(chat, recorder, on_block, should_stop)
+        check_callbacks(chat, recorder, on_block, should_stop, on_round)
+        if on_round is not None:
+            builder = DraftBuilder(on_round, on_block)
+            recorder, on_block = _both(recorder, builder.record), builder.on_block
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt, chat)
         check_not_empty(ids, prompt)
@@ -179,10 +195,13 @@ class LLM:
         if self.family.style == BLOCK:
             res = self._generate_blocks(ids, params, recorder, on_block, should_stop)
         else:
-            if recorder is not None:
-                raise ValueError("recorder: not supported for canvas (DiffusionGemma) decoding")
-            res = self._generate_canvases(ids, params, on_block, should_stop)
+            res = self._generate_canvases(ids, params, recorder, on_block, should_stop)
         return self._output(ids, res, t0)
+
+    def stream(self, prompt: str | list[int], *, chat: bool = False, **kwargs: Any) -> DraftStream:
+        """Iterate the request's `Draft`s (a block at a time); afterwards `.output` holds its
+        `GenerationOutput`. Leaving early (`close()`, a `with` block) cancels the request."""
+        return DraftStream(self.generate, prompt, dict(chat=chat, **kwargs))
 
     def _generate_blocks(self, ids, params: DecodeParams, recorder, on_block, should_stop):
         block = params.block_length or self.model_config.block_size
@@ -202,7 +221,7 @@ class LLM:
             on_block=on_block, should_stop=should_stop,
         )  # fmt: skip
 
-    def _generate_canvases(self, ids, params: DecodeParams, on_block, should_stop):
+    def _generate_canvases(self, ids, params: DecodeParams, recorder, on_block, should_stop):
         check_canvas_request(ids, params, self.engine.canvas_length, self.model_config)
         overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
         return self.engine.generate(
@@ -210,6 +229,7 @@ class LLM:
             stop_ids=sorted(self.stop_ids), seed=params.seed or 0,
             rng=params.rng or ("counter" if self.mode != "eager" else "torch"),
             ignore_eos=params.ignore_eos, on_block=on_block, should_stop=should_stop,
+            recorder=recorder,
         )  # fmt: skip
 
     def _output(self, ids: list[int], res: EngineResult, t0: float) -> GenerationOutput:
@@ -234,3 +254,15 @@ class LLM:
         if chat:
             raise ValueError("chat: needs a text prompt, got token ids")
         return check_token_ids(prompt, self.model_config.vocab_size)
+
+
+def _both(first: Callable | None, second: Callable) -> Callable:
+    """A recorder that calls the user's (if any), then the draft builder's."""
+    if first is None:
+        return second
+
+    def both(record) -> None:
+        first(record)
+        second(record)
+
+    return both

@@ -1,5 +1,5 @@
-"""What a request returns (`GenerationOutput`, `EngineResult`), what a round records, and the
-callback types of the engines and `LLM`."""
+"""What a request returns (`GenerationOutput`, `EngineResult`), what a round (block style) or a
+denoising step (canvas style) records, and the callback types of the engines and `LLM`."""
 
 from __future__ import annotations
 
@@ -81,7 +81,22 @@ class EngineResult:
     mode: str = "eager"
 
 
+@dataclass(frozen=True, slots=True)
+class CanvasStepRecord:
+    """What one canvas-style denoising step (DiffusionGemma) produced: device tensors, cloned.
+
+    The engine writes them into device-side history buffers inside the (captured) step and hands
+    them over after the canvas, so recording never adds a host sync inside a canvas."""
+
+    canvas_index: int
+    step: int  # steps already taken in this canvas (0 for its first)
+    argmax: torch.Tensor  # [L] long: the step's argmax canvas (the canvas's output if it is the last)
+    confidence: torch.Tensor  # [L] float32: the argmax's probability (at the step's temperature)
+    accepted: torch.Tensor  # [L] bool: rows whose sample is kept (the others are re-noised)
+
+
 Recorder = Callable[[RoundRecord], None]
+CanvasRecorder = Callable[[CanvasStepRecord], None]
 # (block or canvas index, rounds it took, tokens so far)
 BlockCallback = Callable[[int, int, list[int]], None]
 StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)

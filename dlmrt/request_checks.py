@@ -71,11 +71,14 @@ def check_token_ids(prompt: object, vocab: int) -> list[int]:
     return list(prompt)
 
 
-def check_callbacks(chat: object, recorder: object, on_block: object, should_stop: object) -> None:
+def check_callbacks(
+    chat: object, recorder: object, on_block: object, should_stop: object, on_round: object = None
+) -> None:
     """`chat` a bool, the callbacks callables (or None): named errors, not failures mid-request."""
     if not isinstance(chat, bool):
         raise TypeError(f"chat: expected True or False, got {chat!r}")
-    for name, fn in (("recorder", recorder), ("on_block", on_block), ("should_stop", should_stop)):
+    named = ("recorder", recorder), ("on_block", on_block), ("should_stop", should_stop)
+    for name, fn in (*named, ("on_round", on_round)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name}: expected a callable or None, got {type(fn).__name__}")
 

@@ -15,7 +15,7 @@ from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.errors import GenerationCancelled
-from dlmrt.outputs import BlockCallback, EngineResult, StopCheck
+from dlmrt.outputs import BlockCallback, CanvasRecorder, CanvasStepRecord, EngineResult, StopCheck
 
 
 @torch.inference_mode()
@@ -31,8 +31,10 @@ def generate(
     ignore_eos: bool = False,
     on_block: BlockCallback | None = None,
     should_stop: StopCheck | None = None,
+    recorder: CanvasRecorder | None = None,
 ) -> EngineResult:
-    """Decode one request; the result counts forwards as the engine does."""
+    """Decode one request; the result counts forwards as the engine does. `recorder` gets each
+    step's `CanvasStepRecord` as the step runs."""
     device = model.embed_table.device
     length = model.cfg.canvas_length
     noise = ebc.make_noise(rng, seed, model.cfg.vocab_size, device)
@@ -42,7 +44,7 @@ def generate(
     start = [len(prompt)]
 
     def denoise(index: int) -> tuple[torch.Tensor, int]:
-        return _denoise(model, start[0], settings, noise, index, cache, should_stop)
+        return _denoise(model, start[0], settings, noise, index, cache, should_stop, recorder)
 
     def commit(canvas: list[int]) -> None:
         _encode(model, canvas, start[0], cache)
@@ -69,7 +71,9 @@ def _encode(model, ids: list[int], start: int, cache) -> None:
     model(rows, AttnContext(pos, 1), 0, compute_logits=False, cache=cache)
 
 
-def _denoise(model, start: int, s: ebc.CanvasSettings, noise, index: int, cache, should_stop):
+def _denoise(
+    model, start: int, s: ebc.CanvasSettings, noise, index: int, cache, should_stop, recorder
+):
     """Refine one canvas; -> (argmax canvas [L] on the device, denoising steps taken)."""
     length, device = model.cfg.canvas_length, model.embed_table.device
     ctx = AttnContext(torch.arange(start, start + length, device=device), 1)
@@ -89,6 +93,9 @@ def _denoise(model, start: int, s: ebc.CanvasSettings, noise, index: int, cache,
         canvas = torch.where(accepted, sampled, noise.canvas(length, index, step))
         done = ebc.is_stable(history, argmax) & (entropy.mean() < s.confidence_threshold)
         history = ebc.push(history, argmax)
+        if recorder is not None:
+            conf = probs.gather(-1, argmax[:, None])[:, 0]
+            recorder(CanvasStepRecord(index, taken, argmax, conf, accepted))
         sc, taken = z.to(model.embed_table.dtype), taken + 1
         if bool(done):  # one host read per step (the engine keeps it on the device)
             break

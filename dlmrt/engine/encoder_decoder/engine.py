@@ -30,11 +30,12 @@ from dlmrt.engine.encoder_decoder.step import (
     begin,
     canvas_step,
     encode,
+    read_trace,
 )
 from dlmrt.engine.graph.loop import Loop, Pass, Runner
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import ContextArena
-from dlmrt.outputs import BlockCallback, EngineResult, StopCheck
+from dlmrt.outputs import BlockCallback, CanvasRecorder, EngineResult, StopCheck
 
 log = logging.getLogger("dlmrt")
 
@@ -62,14 +63,14 @@ class EncoderDecoderEngine:
     def _new_arena(self, rows: int) -> ContextArena:
         return ContextArena(self.model.cfg, rows, self.embed_dtype, self.device)
 
-    def program(self, settings: ebc.CanvasSettings, rows: int) -> CanvasProgram:
+    def program(self, settings: ebc.CanvasSettings, rows: int, trace: bool = False):
         """The program for `settings` over an arena of at least `rows` rows (documented for
-        the benchmarks: `program.runner.run(program.steps)` times a canvas's steps)."""
+        the benchmarks: `program.runner.run(program.steps)` times a canvas's steps). `trace`: a
+        program whose steps also write the step history (its own buffers and graphs)."""
         arena = self.workspace.reserve(rows)
-        spec = CanvasSpec(self.model, settings)
-        return self.workspace.program(
-            settings, lambda run: CanvasProgram(spec, arena, run, self.device)
-        )
+        spec = CanvasSpec(self.model, settings, trace)
+        key = settings if not trace else (settings, "trace")
+        return self.workspace.program(key, lambda run: CanvasProgram(spec, arena, run, self.device))
 
     @torch.inference_mode()
     def generate(
@@ -84,20 +85,23 @@ class EncoderDecoderEngine:
         ignore_eos: bool = False,
         on_block: BlockCallback | None = None,
         should_stop: StopCheck | None = None,
+        recorder: CanvasRecorder | None = None,
     ) -> EngineResult:
-        """Decode one request (rng: "counter", or "torch" through the oracle)."""
+        """Decode one request (rng: "counter", or "torch" through the oracle). `recorder` gets
+        every step's `CanvasStepRecord`, in every mode: the step history is written on the device
+        inside the step and handed over after each canvas (before its `on_block`)."""
         kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
         if rng == "torch":
             self._log_torch_rng()
             return reference.canvas.generate(
                 self.model, prompt, settings, seed=seed, rng=rng, on_block=on_block,
-                should_stop=should_stop, **kw,
+                should_stop=should_stop, recorder=recorder, **kw,
             )  # fmt: skip
         if rng != "counter":
             raise ValueError(f"rng: expected 'torch' or 'counter', got {rng!r}")
         length = self.canvas_length
         canvases = math.ceil(max_new_tokens / length)
-        prog = self.program(settings, len(prompt) + (canvases + 1) * length)
+        prog = self.program(settings, len(prompt) + (canvases + 1) * length, recorder is not None)
         if prompt:  # the prompt's encoder pass: eager, variable length
             ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
             encode(
@@ -107,7 +111,11 @@ class EncoderDecoderEngine:
 
         def denoise(index: int) -> tuple[torch.Tensor, int]:
             prog.runner.run(prog.steps, should_stop)
-            return prog.buf.argmax, int(prog.buf.step)  # the canvas's one read-back
+            steps = int(prog.buf.step)  # the canvas's one read-back
+            if recorder is not None:
+                for record in read_trace(prog.buf, index, steps):
+                    recorder(record)
+            return prog.buf.argmax, steps
 
         def commit(canvas: list[int]) -> None:
             prog.runner.once(prog.advance)  # encodes buf.argmax (== canvas) on the device

@@ -21,6 +21,7 @@ import torch
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine.kv_cache import ContextArena
+from dlmrt.outputs import CanvasStepRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class CanvasSpec:
 
     model: torch.nn.Module
     settings: ebc.CanvasSettings
+    trace: bool = False  # keep a device-side history of every step (`CanvasBuffers.trace_*`)
 
     @property
     def length(self) -> int:
@@ -53,6 +55,14 @@ class CanvasBuffers:
         self.index = torch.zeros((), **long)  # canvas index within the request
         self.seed = torch.zeros((), **long)
         self.offsets = torch.arange(rows, device=device)
+        # The step history (spec.trace): row k = step k of the active canvas, written inside the
+        # step body (graph-safe: indexed by the device-side counter) and read after the canvas.
+        self.trace_argmax = self.trace_confidence = self.trace_accepted = None
+        if spec.trace:
+            steps = spec.settings.max_denoising_steps
+            self.trace_argmax = torch.zeros(steps, rows, **long)
+            self.trace_confidence = torch.zeros(steps, rows, dtype=torch.float32, device=device)
+            self.trace_accepted = torch.zeros(steps, rows, dtype=torch.bool, device=device)
 
 
 def reset_canvas(spec: CanvasSpec, buf: CanvasBuffers) -> None:
@@ -94,9 +104,26 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     buf.history.copy_(ebc.push(buf.history, argmax))
     buf.canvas.copy_(torch.where(accepted, sampled, renoise))
     buf.argmax.copy_(argmax)
+    if buf.trace_argmax is not None:  # fixed per spec: the same branch every step
+        _trace(buf, argmax, probs.gather(-1, argmax[:, None])[:, 0], accepted)
     buf.sc.copy_(z.to(buf.sc.dtype))
     buf.first.fill_(False)
     buf.step.add_(1)
+
+
+def _trace(buf: CanvasBuffers, argmax, confidence, accepted) -> None:
+    """Row `buf.step` of the history (before the counter advances; step < cap inside the loop)."""
+    at = buf.step.view(1)
+    buf.trace_argmax.index_copy_(0, at, argmax[None])
+    buf.trace_confidence.index_copy_(0, at, confidence[None])
+    buf.trace_accepted.index_copy_(0, at, accepted[None])
+
+
+def read_trace(buf: CanvasBuffers, index: int, steps: int) -> list[CanvasStepRecord]:
+    """The finished canvas's `steps` records (device-side clones, no host read)."""
+    argmax, conf = buf.trace_argmax[:steps].clone(), buf.trace_confidence[:steps].clone()
+    accepted = buf.trace_accepted[:steps].clone()
+    return [CanvasStepRecord(index, k, argmax[k], conf[k], accepted[k]) for k in range(steps)]
 
 
 def encode(model, arena: ContextArena, ids: torch.Tensor, start: torch.Tensor) -> None:
