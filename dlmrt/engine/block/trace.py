@@ -32,7 +32,11 @@ class RoundTrace:
         if spec.has_residual:
             model = spec.model
             self.z = new(model.embed_table.dtype, model.cfg.hidden_size)
-        self.entropy, self.accepted, self.edited = new(torch.float32), new(torch.bool), new(torch.bool)
+        self.entropy, self.accepted, self.edited = (
+            new(torch.float32),
+            new(torch.bool),
+            new(torch.bool),
+        )
         self.proposal, self.confidence = new(torch.long), new(torch.float32)
         self.canvas_after = new(torch.long)
 
@@ -72,8 +76,17 @@ class RoundTrace:
         )
         return [
             RoundRecord(
-                block_index, r, canvas[r], unresolved[r], None if z is None else z[r],
-                entropy[r], accepted[r], edited[r], proposal[r], confidence[r], after[r],
+                block_index,
+                r,
+                canvas[r],
+                unresolved[r],
+                None if z is None else z[r],
+                entropy[r],
+                accepted[r],
+                edited[r],
+                proposal[r],
+                confidence[r],
+                after[r],
             )  # fmt: skip
             for r in range(rounds)
         ]
