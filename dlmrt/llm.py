@@ -177,8 +177,9 @@ class LLM:
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
         `recorder` receives every round's `RoundRecord` (canvas style: every step's
-        `CanvasStepRecord`); `on_block(index, rounds, tokens)` each block; `on_round(draft)` every
-        round's `Draft` (`dlmrt/drafts.py`), a block at a time, before that block's `on_block`.
+        `CanvasStepRecord`), after its block, in any mode; `on_block(index, rounds, tokens)` each
+        block; `on_round(draft)` every round's `Draft` (`dlmrt/drafts.py`), a block at a time,
+        before that block's `on_block`.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """
