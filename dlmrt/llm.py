@@ -21,10 +21,10 @@ from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
-from dlmrt.errors import CheckpointError
 from dlmrt.draft_stream import DraftStream
 from dlmrt.drafts import DraftBuilder, DraftCallback
+from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
+from dlmrt.errors import CheckpointError
 from dlmrt.outputs import (
     BlockCallback,
     CanvasRecorder,
