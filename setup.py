@@ -27,7 +27,11 @@ setup(
     ],
     package_dir={"dlmrt": "dlmrt", "dlmrt._kernels": "kernels", "dlmrt._csrc": "csrc"},
     # The embedded demo model (dlmrt/assets/demo, ~9.7 MB) ships inside the package.
-    package_data={"dlmrt._csrc": ["*.cu"], "dlmrt": ["assets/demo/*"]},
+    package_data={
+        "dlmrt._csrc": ["*.cu"],
+        "dlmrt": ["assets/demo/*"],
+        "dlmrt.server": ["playground.html"],  # the page at / of `dlmrt serve`
+    },
     install_requires=[
         # Any torch >= 2.4 works; CPU machines should install the CPU wheel first (see README).
         "torch>=2.4",

@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible routes in front of the single engine worker.
 
-/v1/completions and /v1/chat/completions (SSE with `stream=true`, ending with `data: [DONE]`),
-/v1/models, /health and /metrics. Every error is an OpenAI-style JSON body with a 4xx status for bad
+/v1/completions and /v1/chat/completions (SSE with `stream=true`, ending with `data: [DONE]`; with
+`"dlmrt": {"drafts": true}` also `event: draft` events), /v1/models, /health, /metrics and the
+playground page at / (`page.py`). Every error is an OpenAI-style JSON body with a 4xx status for bad
 input, 503 (with Retry-After) when the queue is full; never a bare 500 for a client mistake.
 """
 
@@ -18,13 +19,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dlmrt import __version__
 from dlmrt.server import protocol, responses
 from dlmrt.server.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from dlmrt.server.metrics import Metrics
+from dlmrt.server.page import page_html
 from dlmrt.server.protocol import APIError, ModelInfo, RequestSpec
 from dlmrt.server.worker import CLIENT_CLOSED, Job, Worker
 
@@ -107,6 +115,10 @@ def _add_info_routes(app: FastAPI, worker: Worker, metrics: Metrics, info: Model
         protocol.check_model(model, info)
         return model_card()
 
+    @app.get("/", include_in_schema=False)
+    async def playground() -> Response:
+        return HTMLResponse(page_html())
+
     @app.get("/health")
     async def health() -> Response:
         if worker.closing:
@@ -170,6 +182,8 @@ async def _sse(spec: RequestSpec, job: Job, events: asyncio.Queue) -> AsyncItera
             kind, value = await events.get()
             if kind == "delta":
                 yield _data(responses.chunk_body(spec, value))
+            elif kind == "draft":
+                yield "event: draft\n" + _data(responses.draft_chunk(spec, value))
             elif kind == "done":
                 yield _data(responses.chunk_body(spec, None, value.finish_reason))
                 if spec.include_usage:

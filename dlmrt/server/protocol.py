@@ -4,7 +4,9 @@ Bad input raises `APIError` (an HTTP status plus an OpenAI-style error body); no
 engine. Extra body fields `rule`, `threshold`, `entropy_budget`, `denoising_steps`, `editing`,
 `max_post_steps`, `block_length`, `ignore_eos` and DiffusionGemma's canvas-decoder fields
 (`max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`, `stability_threshold`,
-`confidence_threshold`, `rng`) map to the `DecodeParams` fields of the same name.
+`confidence_threshold`, `rng`) map to the `DecodeParams` fields of the same name. The `dlmrt`
+object holds dlmrt's own options: `{"drafts": true}` (with `stream: true`) adds `event: draft`
+SSE events, one per round (`docs/drafts.md`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
 }
 
 
+class DlmrtOptions(BaseModel):
+    """The request's `dlmrt` object: options of dlmrt's own (not decoding knobs)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    drafts: bool = False  # stream: true only; `event: draft` SSE events, one per round
+
+
 class _Request(BaseModel):
     # Strict: "0.5" is not a number and 1.0 is not an integer. Unknown fields are rejected.
     model_config = ConfigDict(strict=True, extra="forbid")
@@ -87,6 +97,7 @@ class _Request(BaseModel):
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
     rng: str | None = None
+    dlmrt: DlmrtOptions | None = None
 
 
 class CompletionRequest(_Request):
@@ -126,6 +137,7 @@ class RequestSpec:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    drafts: bool = False  # `event: draft` SSE events (stream only)
     request_id: str = ""
     created: int = 0
 
@@ -217,6 +229,9 @@ def _spec(
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings", "stop")
+    drafts = req.dlmrt is not None and req.dlmrt.drafts
+    if drafts and not req.stream:
+        raise APIError(400, "dlmrt.drafts: needs stream: true (drafts are SSE events)", "dlmrt")
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
     return RequestSpec(
         kind=kind,  # type: ignore[arg-type]
@@ -226,6 +241,7 @@ def _spec(
         stop=stop,
         stream=req.stream,
         include_usage=include_usage(req.stream_options, req.stream),
+        drafts=drafts,
         request_id=f"{prefix}-{uuid.uuid4().hex}",
         created=int(time.time()),
     )

@@ -45,6 +45,14 @@ def chunk_body(spec: RequestSpec, text: str | None, finish_reason: str | None = 
     return _envelope(spec, "chat.completion.chunk", [choice])
 
 
+def draft_chunk(spec: RequestSpec, draft: dict[str, Any]) -> dict[str, Any]:
+    """The data of an `event: draft` SSE event: a chunk with an empty delta (so OpenAI clients that
+    do not know the event read nothing new), the draft (`Draft.to_dict`) under `dlmrt.draft`."""
+    body = chunk_body(spec, "" if spec.kind == "completion" else None)
+    body["dlmrt"] = {"draft": draft}
+    return body
+
+
 def chat_role_chunk(spec: RequestSpec) -> dict[str, Any]:
     """The first chat chunk: the assistant role and empty content."""
     choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlmrt.drafts import Draft
 from dlmrt.errors import GenerationCancelled
 from dlmrt.server.detokenizer import IncrementalText
 from dlmrt.server.metrics import Metrics
@@ -170,8 +171,13 @@ class Worker:
                 if text.stopped:
                     raise _StopString
 
+        def on_round(draft: Draft) -> None:  # before its block's on_block
+            job.emit(("draft", draft.to_dict(self.llm.tokenizer.decode)))
+
         try:
             params = dataclasses.asdict(spec.params)
+            if spec.drafts:
+                params["on_round"] = on_round
             out = self.llm.generate(
                 spec.prompt_ids, on_block=on_block, should_stop=stop_requested, **params
             )
