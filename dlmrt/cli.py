@@ -41,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--stats", action="store_true", help="print forwards, TPF and tokens/s to stderr"
     )
+    gen.add_argument(
+        "--watch",
+        action="store_true",
+        help="show each block filling in round by round (a terminal: redrawn in place, masked "
+        "rows dimmed; otherwise one line per round on stderr), then the text and --stats",
+    )
+    gen.add_argument(
+        "--watch-delay",
+        type=float,
+        default=0.05,
+        help="--watch on a terminal: seconds each round stays on screen (default: 0.05)",
+    )
     gen.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     add_dataclass_flags(gen, EngineConfig, "engine")
     add_dataclass_flags(gen, DecodeParams, "decoding")
@@ -138,6 +150,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     engine_kwargs = values(args, EngineConfig)
     params = DecodeParams(**values(args, DecodeParams))  # validate before loading the model
+    if args.watch_delay < 0:
+        raise ValueError(f"--watch-delay: must be >= 0, got {args.watch_delay}")
     llm = LLM(**engine_kwargs)
     # stdin: a here-string or `echo` adds one trailing newline that is not part of the prompt
     prompt = sys.stdin.read().removesuffix("\n") if args.prompt == "-" else args.prompt
@@ -147,22 +161,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
         n, generated[0] = generated[0], generated[0] + 1
         print(f"[block {n}] {rounds} rounds, {len(tokens)} tokens so far", file=sys.stderr)
 
-    out = llm.generate(
-        prompt,
-        chat=args.chat,
-        on_block=on_block if args.progress else None,
-        **dataclasses.asdict(params),
-    )
-    print(out.text)
-    if args.stats:
-        print(
-            f"[{out.num_generated_tokens} tokens, finish={out.finish_reason}, "
-            f"{out.num_denoising_forwards} denoising + {out.num_commit_forwards} commit forwards, "
-            f"TPF {out.tokens_per_forward:.2f}, {out.request_tps:.1f} tokens/s, "
-            f"{out.request_time_s * 1000:.0f} ms]",
-            file=sys.stderr,
-        )
+    kwargs = dict(chat=args.chat, on_block=on_block if args.progress else None)
+    kwargs.update(dataclasses.asdict(params))
+    if args.watch:
+        out = _watch(llm, prompt, kwargs, args.watch_delay)
+    else:
+        out = llm.generate(prompt, **kwargs)
+        print(out.text)
+    if args.stats or args.watch:
+        _print_stats(out)
     return 0
+
+
+def _watch(llm: Any, prompt: str, kwargs: dict[str, Any], delay: float) -> Any:
+    """`--watch`: the drafts of `LLM.stream`, drawn by `dlmrt/watch.py`; the request's output."""
+    from dlmrt.watch import Watch
+
+    view = Watch(llm.tokenizer.decode, sys.stdout, sys.stderr, sys.stdout.isatty(), delay)
+    with llm.stream(prompt, **kwargs) as stream:
+        for draft in stream:
+            view.show(draft)
+    view.finish(stream.output.text)
+    return stream.output
+
+
+def _print_stats(out: Any) -> None:
+    print(
+        f"[{out.num_generated_tokens} tokens, finish={out.finish_reason}, "
+        f"{out.num_denoising_forwards} denoising + {out.num_commit_forwards} commit forwards, "
+        f"TPF {out.tokens_per_forward:.2f}, {out.request_tps:.1f} tokens/s, "
+        f"{out.request_time_s * 1000:.0f} ms]",
+        file=sys.stderr,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,16 +49,20 @@ class Draft:
         """Rows of this block that are decided (F or A)."""
         return [i for i, s in enumerate(self.states) if s != MASKED]
 
-    def spans(self, decode: Callable[[list[int]], str]) -> list[tuple[str, str]]:
-        """This block's rows as (text, state) runs: consecutive rows of one state decoded together
-        (a character whose bytes straddle two runs shows as U+FFFD in both)."""
-        runs: list[tuple[str, str]] = []
+    def runs(self) -> list[tuple[list[int], str]]:
+        """This block's rows as (tokens, state) runs of consecutive rows in one state."""
+        runs: list[tuple[list[int], str]] = []
         start = 0
         for i in range(1, len(self.states) + 1):
             if i == len(self.states) or self.states[i] != self.states[start]:
-                runs.append((decode(list(self.tokens[start:i])), self.states[start]))
+                runs.append((list(self.tokens[start:i]), self.states[start]))
                 start = i
         return runs
+
+    def spans(self, decode: Callable[[list[int]], str]) -> list[tuple[str, str]]:
+        """The runs as (text, state), each decoded on its own (a character whose bytes straddle
+        two runs shows as U+FFFD in both)."""
+        return [(decode(tokens), state) for tokens, state in self.runs()]
 
     def to_dict(self, decode: Callable[[list[int]], str]) -> dict[str, Any]:
         """The JSON form of the server's `draft` events and the page (`docs/drafts.md`)."""
