@@ -162,3 +162,21 @@ def test_the_playground_page(url):
     page = r.text
     assert "dlmrt: {drafts: true}" in page and 'id="replay"' in page
     assert "http://" not in page and "https://" not in page  # no CDN: nothing loaded from outside
+
+
+def test_diffusion_gemma_draft_events(tmp_path_factory):
+    """The canvas style: one draft per denoising step, equal to the API's, text unchanged."""
+    pytest.importorskip("transformers.models.diffusion_gemma")
+    from dg_helpers import tiny_checkpoint
+
+    path = tiny_checkpoint(tmp_path_factory)[0]
+    llm = dlmrt.LLM(path, dtype="float32", device="cpu")
+    knobs = {"seed": 3, "ignore_eos": True}
+    expected: list = []
+    out = llm.generate("ab", max_new_tokens=12, on_round=expected.append, **knobs)
+    with serve_in_thread(build_app(dlmrt.LLM(path, dtype="float32", device="cpu"))) as base:
+        body = {"prompt": "ab", "max_tokens": 12, "stream": True, "dlmrt": {"drafts": True}}
+        events = _events(base, "/v1/completions", {**body, **knobs})
+    drafts = [json.loads(d)["dlmrt"]["draft"] for name, d in events if name == "draft"]
+    assert drafts == [json.loads(json.dumps(e.to_dict(llm.tokenizer.decode))) for e in expected]
+    assert len(drafts) == out.num_denoising_forwards and _content(events) == out.text
