@@ -26,7 +26,7 @@ from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.graph.workspace import Workspace
-from dlmrt.engine.kv_cache import KVCache
+from dlmrt.engine.kv_cache import KVCache, arena_dtype
 from dlmrt.outputs import BlockCallback, EngineResult, Recorder, StopCheck
 
 log = logging.getLogger("dlmrt")
@@ -81,8 +81,10 @@ class BlockEngine:
         dtype: torch.dtype,
         mode: str = "eager",
         fold_commits: bool = True,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
+        self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
         self.workspace = Workspace(mode, self._new_arena)
@@ -90,7 +92,7 @@ class BlockEngine:
     def _new_arena(self, rows: int) -> KVCache:
         c = self.cfg
         heads, dim = c.num_key_value_heads, c.head_dim
-        return KVCache(c.num_hidden_layers, heads, dim, rows, self.dtype, self.device)
+        return KVCache(c.num_hidden_layers, heads, dim, rows, self.kv_dtype, self.device)
 
     def program(self, spec: RoundSpec, max_len: int, traced: bool = False) -> BlockProgram:
         """The program for `spec` over an arena of at least `max_len` rows (documented for the
