@@ -117,18 +117,17 @@ def _step_view(rec: CanvasStepRecord) -> _Round:
 class DraftBuilder:
     """Turns a request's records and finished blocks into `Draft`s for `emit`.
 
-    Feed it every record (`record`, the engine's recorder) and every finished block
-    (`on_block`, the engine's block callback, which then calls `then`). A block's drafts are
-    emitted once both its records and its output are known, whichever comes last.
+    Feed it every record (`record`: the engine's recorder) and every finished block (`on_block`:
+    the engine's block callback; it then calls `then`, the caller's own). Both engines hand a
+    block's records over before its `on_block` (after the block, in every mode), so a block's
+    drafts are emitted at its `on_block`, when its output (cut at a stop id) is known.
     """
 
     def __init__(self, emit: Callable[[Draft], None], then: BlockCallback | None = None) -> None:
         self._emit, self._then = emit, then
-        self._rounds: dict[int, list[_Round]] = {}
+        self._rounds: dict[int, list[_Round]] = {}  # block -> its rounds so far
         self._generated: dict[int, list[bool]] = {}  # block -> rows the request generates
-        self._outputs: dict[int, tuple[list[int], list[int]]] = {}  # block -> (before, after)
-        self._done: list[int] = []  # finished blocks, in order (their drafts may still be due)
-        self._first: int | None = None
+        self._first: int | None = None  # the first generated block's index
         self._tokens: list[int] = []  # the output as of the last finished block
 
     def record(self, rec: RoundRecord | CanvasStepRecord) -> None:
@@ -144,18 +143,11 @@ class DraftBuilder:
         self._rounds.setdefault(view.index, []).append(view)
 
     def on_block(self, index: int, rounds: int, tokens: list[int]) -> None:
-        self._outputs[index] = (self._tokens, list(tokens))
-        self._tokens = list(tokens)
-        self._done.append(index)
-        self.flush()
+        before, self._tokens = self._tokens, list(tokens)
+        if index in self._rounds:
+            self._emit_block(index, self._rounds.pop(index), before, self._tokens)
         if self._then is not None:
             self._then(index, rounds, tokens)
-
-    def flush(self) -> None:
-        """Emit the drafts of every finished block whose records have arrived."""
-        while self._done and self._done[0] in self._rounds:
-            index = self._done.pop(0)
-            self._emit_block(index, self._rounds.pop(index), *self._outputs.pop(index))
 
     def _emit_block(self, index: int, rounds: list[_Round], before, after) -> None:
         rows = [i for i, g in enumerate(self._generated.pop(index)) if g]

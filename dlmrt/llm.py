@@ -178,8 +178,9 @@ class LLM:
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
         `recorder` receives every round's `RoundRecord` (canvas style: every step's
         `CanvasStepRecord`), after its block, in any mode; `on_block(index, rounds, tokens)` each
-        block; `on_round(draft)` every round's `Draft` (`dlmrt/drafts.py`), a block at a time,
-        before that block's `on_block`.
+        block; `on_round(draft)` every round's `Draft` (`dlmrt/drafts.py`, `docs/drafts.md`), a
+        block at a time, before that block's `on_block`. A block-style request with a recorder
+        (or drafts) runs unfolded: its records follow the unfolded rounds.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """
