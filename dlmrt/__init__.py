@@ -8,14 +8,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "DecodeParams", "GenerationOutput", "__version__"]
+__all__ = ["LLM", "DecodeParams", "Draft", "GenerationOutput", "__version__"]
 
 if TYPE_CHECKING:
+    from dlmrt.drafts import Draft
     from dlmrt.llm import LLM
     from dlmrt.outputs import GenerationOutput
     from dlmrt.params import DecodeParams
 
-_EXPORTS = {"LLM": "dlmrt.llm", "DecodeParams": "dlmrt.params", "GenerationOutput": "dlmrt.outputs"}
+_EXPORTS = {
+    "LLM": "dlmrt.llm",
+    "DecodeParams": "dlmrt.params",
+    "Draft": "dlmrt.drafts",
+    "GenerationOutput": "dlmrt.outputs",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -64,14 +64,19 @@ class Draft:
         two runs shows as U+FFFD in both)."""
         return [(decode(tokens), state) for tokens, state in self.runs()]
 
-    def to_dict(self, decode: Callable[[list[int]], str]) -> dict[str, Any]:
-        """The JSON form of the server's `draft` events and the page (`docs/drafts.md`)."""
+    def to_dict(
+        self, decode: Callable[[list[int]], str], committed_text: str | None = None
+    ) -> dict[str, Any]:
+        """The JSON form of the server's `draft` events and the page (`docs/drafts.md`).
+        committed_text: `decode(prefix)` if the caller has it (the same for a block's drafts)."""
         spans = self.spans(decode)
+        if committed_text is None:
+            committed_text = decode(list(self.prefix))
         return {
             "block": self.block,
             "round": self.round,
             "final": self.final,
-            "committed_text": decode(list(self.prefix)),
+            "committed_text": committed_text,
             "text": "".join(t for t, _ in spans),
             "spans": [{"text": t, "state": s} for t, s in spans],
             "tokens": list(self.tokens),

@@ -171,13 +171,10 @@ class Worker:
                 if text.stopped:
                     raise _StopString
 
-        def on_round(draft: Draft) -> None:  # before its block's on_block
-            job.emit(("draft", draft.to_dict(self.llm.tokenizer.decode)))
-
         try:
             params = dataclasses.asdict(spec.params)
             if spec.drafts:
-                params["on_round"] = on_round
+                params["on_round"] = self._draft_events(job)
             out = self.llm.generate(
                 spec.prompt_ids, on_block=on_block, should_stop=stop_requested, **params
             )
@@ -208,6 +205,20 @@ class Worker:
         self._observe(job, len(tokens), forwards)
         self._record(job, 200, start_seq)
         job.emit(("done", result))
+
+    def _draft_events(self, job: Job) -> Callable[[Draft], None]:
+        """An `on_round` that emits each draft as a `draft` event (before its block's text). The
+        committed text is decoded once per block: a block's drafts share their prefix."""
+        decode = self.llm.tokenizer.decode
+        committed: dict[int, str] = {}
+
+        def on_round(draft: Draft) -> None:
+            if draft.block not in committed:
+                committed.clear()
+                committed[draft.block] = decode(list(draft.prefix))
+            job.emit(("draft", draft.to_dict(decode, committed[draft.block])))
+
+        return on_round
 
     def _observe(self, job: Job, tokens: int, forwards: int) -> None:
         latency = time.perf_counter() - job.admitted_at
