@@ -75,10 +75,15 @@ class Browser:
         return result["result"].get("value")
 
     def wait(self, expression: str, timeout: float = 60.0) -> None:
+        """Poll until `expression` is truthy (a page still loading may throw: not yet)."""
         deadline = time.monotonic() + timeout
-        while not self.js(expression):
+        while not self._value(expression):
             assert time.monotonic() < deadline, f"timed out waiting for {expression}"
             time.sleep(0.1)
+
+    def _value(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return None if "exceptionDetails" in result else result["result"].get("value")
 
     def screenshot(self, path: Path) -> None:
         path.write_bytes(
