@@ -94,9 +94,7 @@ class CanvasStepRecord:
 
     canvas_index: int
     step: int  # steps already taken in this canvas (0 for its first)
-    argmax: (
-        torch.Tensor
-    )  # [L] long: the step's argmax canvas (the canvas's output if it is the last)
+    argmax: torch.Tensor  # [L] long: the step's argmax (the canvas's output, its last step)
     confidence: torch.Tensor  # [L] float32: the argmax's probability (at the step's temperature)
     accepted: torch.Tensor  # [L] bool: rows whose sample is kept (the others are re-noised)
 

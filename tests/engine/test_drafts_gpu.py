@@ -72,3 +72,12 @@ def test_llada_drafts_agree_across_modes(tmp_path, editing):
 def test_canvas_drafts_agree_across_modes(ckpt, dtype):  # noqa: F811
     found = _drafts_by_mode(ckpt[0], dtype, _prompt(5, 0), max_new_tokens=30, rng="counter")
     _same(found)
+
+
+def test_a_cap_of_one_round_or_step(tmp_path, ckpt):  # noqa: F811
+    """block_length 1 (one round per block) and max_denoising_steps 1: the graph warm-ups run two
+    bodies from round 0, past a one-row trace; they must stay in bounds (no device-side assert)."""
+    path = write_checkpoint(tmp_path / "orl", residual=residual_config())
+    _same(_drafts_by_mode(path, "float32", PROMPT, max_new_tokens=6, block_length=1))
+    one_step = dict(max_new_tokens=20, rng="counter", max_denoising_steps=1)
+    _same(_drafts_by_mode(ckpt[0], "float32", _prompt(5, 0), **one_step))

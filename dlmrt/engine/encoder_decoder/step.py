@@ -112,8 +112,10 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
 
 
 def _trace(buf: CanvasBuffers, argmax, confidence, accepted) -> None:
-    """Row `buf.step` of the history (before the counter advances; step < cap inside the loop)."""
-    at = buf.step.view(1)
+    """Row `buf.step` of the history (before the counter advances). Inside the loop step < cap;
+    the clamp keeps a graph warm-up (two bodies from step 0, restored afterwards) in bounds when
+    cap is 1: an out-of-range index_copy_ would be a device-side assert."""
+    at = buf.step.clamp(max=buf.trace_argmax.shape[0] - 1).view(1)
     buf.trace_argmax.index_copy_(0, at, argmax[None])
     buf.trace_confidence.index_copy_(0, at, confidence[None])
     buf.trace_accepted.index_copy_(0, at, accepted[None])
