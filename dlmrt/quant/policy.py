@@ -13,16 +13,21 @@ import fnmatch
 import re
 from collections.abc import Iterable
 
+ADAPTER = "ORL residual adapter (bf16, as in the paper)"
+SELF_CONDITIONING = "self-conditioning MLP (bf16, as in the paper)"
+ROUTER = "router"
+UNQUANTIZED_LINEARS = (ADAPTER, SELF_CONDITIONING, ROUTER)  # linear modules that stay bf16
+
 # (pattern searched in the name, runs in FP8, why). Exclusions come first: they override the
 # projection names they contain (the adapter and the self-conditioning MLP have gate/up/down too).
 RULES: tuple[tuple[re.Pattern[str], bool, str], ...] = tuple(
     (re.compile(p), fp8, why)
     for p, fp8, why in (
-        (r"(^|\.)residual_adapter\.", False, "ORL residual adapter (bf16, as in the paper)"),
-        (r"(^|\.)self_conditioning\.", False, "self-conditioning MLP (bf16, as in the paper)"),
+        (r"(^|\.)residual_adapter\.", False, ADAPTER),
+        (r"(^|\.)self_conditioning\.", False, SELF_CONDITIONING),
         (r"(^|\.)(embed_tokens|word_embeddings)\.", False, "embedding"),
         (r"norm\.weight$", False, "norm"),
-        (r"(^|\.)(router\.proj|mlp\.gate)\.weight$", False, "router"),
+        (r"(^|\.)(router\.proj|mlp\.gate)\.weight$", False, ROUTER),
         (r"(^|\.)experts\.(\d+\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(\.weight)?$",
          True, "routed experts"),  # fmt: skip
         (r"(^|\.)(self_attn\.(q|k|v|o)_proj|attention\.(query_key_value|dense))\.weight$",

@@ -22,10 +22,9 @@ from safetensors.torch import load_file, save_file
 from dlmrt.json_file import read_json
 from dlmrt.quant.config import COMPRESSED_TENSORS, MODELOPT, STRATEGIES
 from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel, quantize_per_tensor
-from dlmrt.quant.policy import classify, matches, module_names
+from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
 
 FORMATS = (COMPRESSED_TENSORS, MODELOPT)
-UNQUANTIZED_LINEARS = ("router", "ORL residual adapter", "self-conditioning MLP")
 INDEX = "model.safetensors.index.json"
 
 
@@ -85,7 +84,7 @@ def _stored_scale(w: Fp8Weight, fmt: str, strategy: str) -> torch.Tensor:
         return scale.contiguous()
     if strategy == "channel":
         return scale[..., None].contiguous()
-    return scale.reshape(-1, 1, 1) if scale.dim() == 1 else scale.reshape(1)
+    return (scale.reshape(-1, 1, 1) if scale.dim() == 1 else scale.reshape(1)).contiguous()
 
 
 def _write_config(out: Path, fmt: str, strategy: str, ignore: list[str]) -> None:
