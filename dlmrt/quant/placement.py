@@ -80,7 +80,7 @@ def place_fp8(
         return {}
     dtype = next(model.parameters()).dtype
     running: dict[str, Fp8Weight] = {}
-    if device.type != "cuda":
+    if not has_fp8_kernels(device):
         reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
         why |= {n: reason for n in fp8}
     elif not hasattr(model, "use_fp8"):
@@ -95,6 +95,11 @@ def place_fp8(
             why[name] = "no faster FP8 kernel for its shape (the model declined it)"
     _log(running, why)
     return running
+
+
+def has_fp8_kernels(device: torch.device) -> bool:
+    """Whether the models' FP8 kernels can run on `device` (CUDA; the CPU path dequantizes)."""
+    return device.type == "cuda"
 
 
 def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
