@@ -41,7 +41,10 @@ def add_dataclass_flags(
         kind = int if ann.startswith("int") else float if ann.startswith("float") else str
         default = "" if f.default is None else f" (default: {f.default})"
         group.add_argument(
-            flag, type=kind, default=value, help=help_text + default,
+            flag,
+            type=kind,
+            default=value,
+            help=help_text + default,
             choices=choices.get(f.name, f.metadata.get("choices")),
         )
 

@@ -87,7 +87,9 @@ def _modelopt(q: dict[str, Any], path: Path) -> QuantConfig:
         )
     ignore = _string_list(q.get("exclude_modules", q.get("ignore")), "exclude_modules", path)
     kv = q.get("kv_cache_quant_algo")
-    return QuantConfig(MODELOPT, path, ignore, MODELOPT_ALGOS[algo], None if kv is None else str(kv))
+    return QuantConfig(
+        MODELOPT, path, ignore, MODELOPT_ALGOS[algo], None if kv is None else str(kv)
+    )
 
 
 def _compressed_tensors(qc: dict[str, Any], path: Path) -> QuantConfig:

@@ -26,7 +26,9 @@ class Fp8Weight:
         if self.qweight.dtype != FP8_DTYPE:
             raise ValueError(f"qweight: expected {FP8_DTYPE}, got {self.qweight.dtype}")
         if self.qweight.dim() not in (2, 3):
-            raise ValueError(f"qweight: expected [N, K] or [E, N, K], got {list(self.qweight.shape)}")
+            raise ValueError(
+                f"qweight: expected [N, K] or [E, N, K], got {list(self.qweight.shape)}"
+            )
         if self.scale.dtype != torch.float32 or self.scale.shape != self.qweight.shape[:-1]:
             raise ValueError(
                 f"scale: expected float32 {list(self.qweight.shape[:-1])}, "

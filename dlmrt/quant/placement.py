@@ -44,7 +44,9 @@ def collect_fp8(
     for name, param in params.items():
         if name in fp8 or not classify(name)[0]:
             continue
-        pattern = next((p for s in names.get(name, [name]) if (p := matches(reader.ignore, s))), None)
+        pattern = next(
+            (p for s in names.get(name, [name]) if (p := matches(reader.ignore, s))), None
+        )
         if pattern is not None:
             why[name] = f"in the checkpoint's ignore list ('{pattern}')"
         elif param.data_ptr() in shared:

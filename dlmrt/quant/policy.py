@@ -28,11 +28,21 @@ RULES: tuple[tuple[re.Pattern[str], bool, str], ...] = tuple(
         (r"(^|\.)(embed_tokens|word_embeddings)\.", False, "embedding"),
         (r"norm\.weight$", False, "norm"),
         (r"(^|\.)(router\.proj|mlp\.gate)\.weight$", False, ROUTER),
-        (r"(^|\.)experts\.(\d+\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(\.weight)?$",
-         True, "routed experts"),  # fmt: skip
-        (r"(^|\.)(self_attn\.(q|k|v|o)_proj|attention\.(query_key_value|dense))\.weight$",
-         True, "attention projection"),  # fmt: skip
-        (r"(^|\.)mlp\.(shared_experts\.)?(gate_proj|up_proj|down_proj)\.weight$", True, "dense MLP"),
+        (
+            r"(^|\.)experts\.(\d+\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(\.weight)?$",
+            True,
+            "routed experts",
+        ),  # fmt: skip
+        (
+            r"(^|\.)(self_attn\.(q|k|v|o)_proj|attention\.(query_key_value|dense))\.weight$",
+            True,
+            "attention projection",
+        ),  # fmt: skip
+        (
+            r"(^|\.)mlp\.(shared_experts\.)?(gate_proj|up_proj|down_proj)\.weight$",
+            True,
+            "dense MLP",
+        ),
         (r"^lm_head\.weight$", True, "lm_head"),
     )
 )

@@ -127,10 +127,14 @@ FP8_W = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": Tru
         (_ct({**FP8_W, "symmetric": False}), "asymmetric FP8"),
         (_ct(FP8_W, format="pack-quantized"), "unsupported compressed-tensors format"),
         (_ct(FP8_W, ignore="lm_head"), "'ignore' must be a list of module names"),
-        ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
-         "unsupported quantization_config.quant_method 'fp8'"),
-        ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
-         "unsupported ModelOpt quant_algo 'NVFP4'"),
+        (
+            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+            "unsupported quantization_config.quant_method 'fp8'",
+        ),
+        (
+            {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
+            "unsupported ModelOpt quant_algo 'NVFP4'",
+        ),
     ],
 )
 def test_unsupported_schemes_are_refused(tmp_path, raw, message):
@@ -146,7 +150,12 @@ def test_quant_config_detection(tmp_path):
     new = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8",
                                    "ignore": ["lm_head"], "kv_cache_quant_algo": "FP8"}}  # fmt: skip
     mo = read_quant_config(tmp_path, new)
-    assert (mo.method, mo.strategy, mo.ignore, mo.kv_cache) == ("modelopt", "tensor", ("lm_head",), "FP8")
+    assert (mo.method, mo.strategy, mo.ignore, mo.kv_cache) == (
+        "modelopt",
+        "tensor",
+        ("lm_head",),
+        "FP8",
+    )
     legacy = {"producer": {"name": "modelopt"}, "quantization": {
         "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN", "exclude_modules": ["*router*"]}}  # fmt: skip
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(legacy))

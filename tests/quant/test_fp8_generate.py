@@ -12,8 +12,7 @@ from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
-from dlmrt.quant import Fp8Weight, classify, quantize_per_channel, quantize_per_tensor
-from dlmrt.quant import placement
+from dlmrt.quant import Fp8Weight, classify, placement, quantize_per_channel, quantize_per_tensor
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 QUANTIZE = {"channel": quantize_per_channel, "tensor": quantize_per_tensor}
@@ -38,9 +37,8 @@ def _sources(tmp_path: Path, family: str) -> Path:
         return write_checkpoint(tmp_path / "src", residual=residual_config())
     if family == "llada2":
         return write_llada2_checkpoint(tmp_path / "src")
-    from dg_helpers import save_checkpoint
-
     import dg_helpers
+    from dg_helpers import save_checkpoint
 
     torch.manual_seed(0)
     hf = dg_helpers.dg.DiffusionGemmaForBlockDiffusion(dg_helpers._config()).eval()
@@ -78,7 +76,10 @@ def test_quantization_fp8_at_load_generates_like_the_per_channel_checkpoint(tmp_
     deq = _dequantized_copy(src, tmp_path / "deq", "channel")
     prompt, kw = [5, 6, 7, 8], dict(max_new_tokens=8, ignore_eos=True)
     at_load = LLM(src, dtype="float32", device="cpu", quantization="fp8").generate(prompt, **kw)
-    assert at_load.token_ids == LLM(deq, dtype="float32", device="cpu").generate(prompt, **kw).token_ids
+    assert (
+        at_load.token_ids
+        == LLM(deq, dtype="float32", device="cpu").generate(prompt, **kw).token_ids
+    )
 
 
 def test_bad_engine_values_list_the_choices(tmp_path):
