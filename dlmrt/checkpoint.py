@@ -23,7 +23,10 @@ from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.json_file import read_json
 from dlmrt.models.config import eos_ids
-from dlmrt.quant import Fp8Reader, Fp8Weight, collect_fp8, place_fp8, read_quant_config
+from dlmrt.quant.config import read_quant_config
+from dlmrt.quant.fp8 import Fp8Weight
+from dlmrt.quant.placement import collect_fp8, place_fp8
+from dlmrt.quant.reader import Fp8Reader
 from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dlmrt.engine.kv_cache import KV_CACHE_DTYPES  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ROLES = ("base", "orl")
 QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +110,3 @@ class EngineConfig:
         if self.dtype is not None:
             return DTYPES[self.dtype]
         return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-
-    def kv_cache(self) -> str:
-        """The KV arena's dtype as the engines take it: "auto" or "fp8" (e4m3)."""
-        return "fp8" if self.kv_cache_dtype.startswith("fp8") else "auto"

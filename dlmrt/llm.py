@@ -147,7 +147,8 @@ class LLM:
             None  # the encoder-decoder style's (same attributes for every family)
         )
         mode, fold = self.mode, self.config.fold_commits
-        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold)
+        kv = self.config.kv_cache_dtype
+        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold, kv)
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 
     def _setup_canvases(self, path: Path) -> None:
@@ -155,7 +156,8 @@ class LLM:
         default in a graph mode) runs the static path in the engine's mode; torch's draws (the
         default in eager mode: transformers' own noise) run the reference loop."""
         self.mask_id = None
-        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode)
+        kv = self.config.kv_cache_dtype
+        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode, kv)
         self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
         length = self.engine.canvas_length
         log.info("canvas decoding, canvas %d: %s", length, self.canvas_settings)
@@ -173,7 +175,8 @@ class LLM:
         """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
-        `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
+        `recorder` receives every round's `RoundRecord` (after its block; any mode); `on_block(index,
+        rounds, tokens)` each block.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """

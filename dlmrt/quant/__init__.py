@@ -1,24 +1,6 @@
-"""FP8 weights: the format (`fp8.py`), which parameters may be FP8 (`policy.py`), the checkpoint
-formats (`config.py`, `reader.py`, `writer.py`) and the load-time placement (`placement.py`).
-docs/quantization.md describes them."""
+"""Quantized weights: FP8 (e4m3, per-output-channel scales) and the activations that meet them.
 
-from dlmrt.quant.config import QuantConfig, read_quant_config
-from dlmrt.quant.fp8 import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_per_channel, quantize_per_tensor
-from dlmrt.quant.placement import collect_fp8, place_fp8
-from dlmrt.quant.policy import classify, is_candidate
-from dlmrt.quant.reader import Fp8Reader
-
-__all__ = [
-    "FP8_DTYPE",
-    "FP8_MAX",
-    "Fp8Reader",
-    "Fp8Weight",
-    "QuantConfig",
-    "classify",
-    "collect_fp8",
-    "is_candidate",
-    "place_fp8",
-    "quantize_per_channel",
-    "quantize_per_tensor",
-    "read_quant_config",
-]
+`fp8.py` the format; `policy.py` which parameters may be FP8; `config.py`, `reader.py`, `writer.py`
+the checkpoint formats (compressed-tensors, ModelOpt); `placement.py` the load-time hand-off to the
+models' `use_fp8`. docs/quantization.md describes them.
+"""

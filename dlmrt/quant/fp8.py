@@ -1,77 +1,64 @@
-"""Fp8Weight: an e4m3 weight with one float32 scale per output row (per (expert, row) when stacked).
+"""FP8 (e4m3) weights with per-output-channel scales, and per-row quantized activations.
 
-The contract between the loader and the models' FP8 execution (`use_fp8`): `qweight` keeps the
-stored [N, K] ([E, N, K]) layout, K unpadded; `w ~= qweight.float() * scale[..., None]`. Pure torch,
-so the CPU path and every FP8 kernel's twin ("dequantize, then the bf16 op") share this code.
+A weight w [N, K] (or stacked experts [E, N, K]) is stored as `qweight` e4m3 and `scale` fp32
+[N] ([E, N]) with w ≈ qweight * scale[..., None]: one scale per output channel, so a GEMM applies
+it to its output columns (`torch._scaled_mm`'s row-wise scaling, or the expert kernel's epilogue).
+An activation x [M, K] meets it as a `QuantAct`: e4m3 rows and one fp32 scale per row, computed
+by the kernel that produces x (RMSNorm, SiLU·up: `dlmrt/ops/fp8.py`). Pure torch: runs on the CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+MIN_SCALE = 1e-12  # an all-zero row gets this scale (its codes are all zero)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fp8Weight:
-    """qweight float8_e4m3fn [N, K] or [E, N, K]; scale float32 [N] or [E, N]."""
+    """qweight e4m3 [N, K] / [E, N, K]; scale fp32 [N] / [E, N]; w ≈ qweight * scale[..., None]."""
 
     qweight: torch.Tensor
     scale: torch.Tensor
 
-    def __post_init__(self) -> None:
-        if self.qweight.dtype != FP8_DTYPE:
-            raise ValueError(f"qweight: expected {FP8_DTYPE}, got {self.qweight.dtype}")
-        if self.qweight.dim() not in (2, 3):
-            raise ValueError(
-                f"qweight: expected [N, K] or [E, N, K], got {list(self.qweight.shape)}"
-            )
-        if self.scale.dtype != torch.float32 or self.scale.shape != self.qweight.shape[:-1]:
-            raise ValueError(
-                f"scale: expected float32 {list(self.qweight.shape[:-1])}, "
-                f"got {self.scale.dtype} {list(self.scale.shape)}"
-            )
-
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """qweight * scale in float32, then one rounding to `dtype`."""
-        return (self.qweight.float() * self.scale[..., None]).to(dtype)
-
-    def to(self, device: torch.device | str) -> Fp8Weight:
-        return Fp8Weight(self.qweight.to(device), self.scale.to(device))
+        return (self.qweight.float() * self.scale.unsqueeze(-1)).to(dtype)
 
     @property
-    def nbytes(self) -> int:
-        return self.qweight.numel() * self.qweight.element_size() + self.scale.numel() * 4
+    def shape(self) -> torch.Size:
+        return self.qweight.shape
+
+    def narrow(self, start: int, rows: int) -> Fp8Weight:
+        """Output channels [start, start + rows) (the last but one dim): a view."""
+        dim = self.qweight.dim() - 2
+        return Fp8Weight(self.qweight.narrow(dim, start, rows), self.scale.narrow(dim, start, rows))
+
+
+class QuantAct(NamedTuple):
+    """An activation as e4m3 rows [M, K] and per-row fp32 scales [M, 1]: x ≈ q * scale."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.q.float() * self.scale).to(dtype)
 
 
 def quantize_per_channel(w: torch.Tensor) -> Fp8Weight:
-    """Per output row (per (expert, row) for [E, N, K]): scale = amax / 448, q = w / scale.
-
-    An all-zero row gets scale 1 (q = 0), never a division by zero; values are clamped to +-448
-    before the cast (the scaled amax is exactly 448, rounding cannot overflow)."""
-    if w.dim() not in (2, 3) or not w.is_floating_point():
-        raise ValueError(f"quantize_per_channel: expected a float [N, K] or [E, N, K], got {w.dtype} "
-                         f"{list(w.shape)}")  # fmt: skip
-    amax = w.detach().abs().amax(dim=-1).float()
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return Fp8Weight(_cast(w, scale), scale)
+    """Round w [..., N, K] to e4m3 with one scale per output channel (amax / 448)."""
+    amax = w.detach().float().abs().amax(dim=-1)
+    scale = (amax / FP8_MAX).clamp_min(MIN_SCALE)
+    q = (w.float() / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return Fp8Weight(q, scale)
 
 
-def quantize_per_tensor(w: torch.Tensor) -> Fp8Weight:
-    """One scale for the whole matrix (per expert for [E, N, K]), broadcast to every row: the
-    per-tensor scheme of ModelOpt `FP8` checkpoints, held in the per-channel layout."""
-    if w.dim() not in (2, 3) or not w.is_floating_point():
-        raise ValueError(f"quantize_per_tensor: expected a float [N, K] or [E, N, K], got {w.dtype} "
-                         f"{list(w.shape)}")  # fmt: skip
-    amax = w.detach().abs().flatten(-2).amax(dim=-1).float()  # [] or [E]
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    scale = scale[..., None].expand(w.shape[:-1]).contiguous()
-    return Fp8Weight(_cast(w, scale), scale)
-
-
-def _cast(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    q = (w.detach().float() / scale[..., None]).clamp_(-FP8_MAX, FP8_MAX)
-    return q.to(FP8_DTYPE)
+def quantize_rows(x: torch.Tensor) -> QuantAct:
+    """Per-row e4m3 quantization of x [M, K] (the torch twin of the fused producers)."""
+    amax = x.float().abs().amax(dim=-1, keepdim=True)
+    scale = (amax / FP8_MAX).clamp_min(MIN_SCALE)
+    return QuantAct((x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale)

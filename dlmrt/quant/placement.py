@@ -88,13 +88,16 @@ def place_fp8(
     elif not hasattr(model, "use_fp8"):
         why |= {n: f"{type(model).__name__} has no FP8 kernels (use_fp8)" for n in fp8}
     else:
-        running = {n: w.to(device) for n, w in fp8.items()}
+        running = dict(fp8)  # use_fp8 moves what it installs to the device
         declined = model.use_fp8(running)
         params = model.state_dict()
         for name in declined:
             with torch.no_grad():
                 params[name].copy_(running.pop(name).dequantize(params[name].dtype))
-            why[name] = "no faster FP8 kernel for its shape (the model declined it)"
+            why[name] = (
+                "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
+                "or slower in FP8 at its shape)"
+            )
     _log(running, why)
     return running
 
@@ -106,7 +109,7 @@ def has_fp8_kernels(device: torch.device) -> bool:
 
 def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
     kinds = Counter(classify(n)[1] for n in running)
-    gb = sum(w.nbytes for w in running.values()) / 2**30
+    gb = sum(w.qweight.numel() + 4 * w.scale.numel() for w in running.values()) / 2**30
     if running:
         parts = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         log.info("FP8 weights: %d tensor(s), %.2f GiB (%s)", len(running), gb, parts)

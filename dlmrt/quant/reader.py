@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from dlmrt.errors import CheckpointError
 from dlmrt.quant.config import QuantConfig
-from dlmrt.quant.fp8 import FP8_DTYPE, Fp8Weight
+from dlmrt.quant.fp8 import FP8, Fp8Weight
 from dlmrt.quant.policy import matches
 
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
@@ -84,7 +84,7 @@ class Fp8Reader:
             raise CheckpointError(
                 f"{f}: FP8 tensor '{stored}' has no scale (expected a tensor '{stored}_scale')"
             )
-        if tensor.dtype != FP8_DTYPE:
+        if tensor.dtype != FP8:
             raise CheckpointError(
                 f"{f}: tensor '{stored}' has dtype {_dtype(tensor)}, expected float8_e4m3fn "
                 f"(it has the scale '{self.scales[name][1]}')"

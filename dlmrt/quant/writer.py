@@ -21,7 +21,8 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.json_file import read_json
 from dlmrt.quant.config import COMPRESSED_TENSORS, MODELOPT, STRATEGIES
-from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel, quantize_per_tensor
+from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.quant.per_tensor import quantize_per_tensor
 from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
 
 FORMATS = (COMPRESSED_TENSORS, MODELOPT)

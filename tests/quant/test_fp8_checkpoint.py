@@ -11,7 +11,9 @@ import torch
 from conftest import write_checkpoint, write_llada2_checkpoint
 
 from dlmrt.checkpoint import load_checkpoint
-from dlmrt.quant import Fp8Weight, classify, quantize_per_channel, quantize_per_tensor
+from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.quant.per_tensor import quantize_per_tensor
+from dlmrt.quant.policy import classify
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
-from dlmrt.quant import read_quant_config
+from dlmrt.quant.config import read_quant_config
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 CPU = torch.device("cpu")

@@ -1,12 +1,13 @@
-"""Fp8Weight and the per-channel / per-tensor quantizers: the twin math every FP8 kernel is checked
-against (dequantize, then the bf16 op)."""
+"""The per-channel (`quant/fp8.py`) and per-tensor (`quant/per_tensor.py`) quantizers the
+checkpoint formats use: scales, error bounds, zero rows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dlmrt.quant import FP8_DTYPE, FP8_MAX, Fp8Weight, quantize_per_channel, quantize_per_tensor
+from dlmrt.quant.fp8 import FP8, FP8_MAX, MIN_SCALE, quantize_per_channel
+from dlmrt.quant.per_tensor import quantize_per_tensor
 
 
 def _weights(*shape: int) -> torch.Tensor:
@@ -20,7 +21,7 @@ def _weights(*shape: int) -> torch.Tensor:
 def test_per_channel_scale_is_row_amax_over_448(shape):
     w = _weights(*shape)
     q = quantize_per_channel(w)
-    assert q.qweight.dtype == FP8_DTYPE and q.qweight.shape == w.shape
+    assert q.qweight.dtype == FP8 and q.qweight.shape == w.shape
     assert q.scale.dtype == torch.float32 and q.scale.shape == w.shape[:-1]
     torch.testing.assert_close(q.scale, w.abs().amax(-1) / FP8_MAX, rtol=0, atol=0)
     # the largest entry of every row lands on +-448 exactly
@@ -43,9 +44,12 @@ def test_zero_rows_are_safe():
     w = _weights(4, 8)
     w[1] = 0
     q = quantize_per_channel(w)
-    assert q.scale[1] == 1.0 and bool((q.qweight[1].float() == 0).all())
+    assert q.scale[1] == MIN_SCALE and bool((q.qweight[1].float() == 0).all())
     assert bool(torch.isfinite(q.dequantize(torch.float32)).all())
-    assert bool((quantize_per_tensor(torch.zeros(3, 4)).scale == 1.0).all())
+    zero = quantize_per_tensor(torch.zeros(3, 4))
+    assert bool((zero.scale == MIN_SCALE).all()) and bool(
+        (zero.dequantize(torch.float32) == 0).all()
+    )
 
 
 def test_per_tensor_scale_is_one_per_matrix_or_expert():
@@ -60,10 +64,8 @@ def test_per_tensor_scale_is_one_per_matrix_or_expert():
     assert (q.dequantize(torch.float32) - w)[:, 0].abs().max() > small
 
 
-def test_bad_inputs_name_what_is_wrong():
-    with pytest.raises(ValueError, match=r"quantize_per_channel: expected a float \[N, K\]"):
-        quantize_per_channel(torch.ones(4))
-    with pytest.raises(ValueError, match="qweight: expected torch.float8_e4m3fn"):
-        Fp8Weight(torch.ones(2, 2), torch.ones(2))
-    with pytest.raises(ValueError, match=r"scale: expected float32 \[2\]"):
-        Fp8Weight(torch.ones(2, 2).to(FP8_DTYPE), torch.ones(2, 1))
+def test_per_tensor_refuses_what_is_not_a_matrix():
+    with pytest.raises(ValueError, match=r"quantize_per_tensor: expected a float \[N, K\]"):
+        quantize_per_tensor(torch.ones(4))
+    with pytest.raises(ValueError, match=r"quantize_per_tensor: expected a float"):
+        quantize_per_tensor(torch.ones(4, 4, dtype=torch.int32))
