@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dlmrt.json_file import read_json
-from dlmrt.quant.config import COMPRESSED_TENSORS, MODELOPT, STRATEGIES
+from dlmrt.quant.config import COMPRESSED_TENSORS, MODELOPT, STRATEGIES, read_quant_config
 from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant.per_tensor import quantize_per_tensor
 from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
@@ -43,6 +43,9 @@ def write_fp8_checkpoint(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
     src, out = Path(src), Path(out)
+    declared = read_quant_config(src, read_json(src / "config.json"))
+    if declared is not None:
+        raise ValueError(f"{src}: already quantized ({declared.method}, {declared.source.name})")
     out.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and f.name != INDEX:

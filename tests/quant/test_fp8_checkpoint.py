@@ -115,8 +115,11 @@ def test_quantization_none_runs_an_fp8_checkpoint_dequantized(sources, tmp_path)
         load_checkpoint(out, torch.float32, CPU, quantization="int4")
 
 
-def test_a_plain_checkpoint_has_no_fp8_weights(sources):
+def test_a_plain_checkpoint_has_no_fp8_weights(sources, tmp_path):
     assert load_checkpoint(sources["qwen"], torch.float32, CPU).fp8 == {}
+    fp8 = write_fp8_checkpoint(sources["qwen"], tmp_path / "fp8")
+    with pytest.raises(ValueError, match="already quantized \\(compressed-tensors, config.json\\)"):
+        write_fp8_checkpoint(fp8, tmp_path / "twice")
 
 
 def test_sharded_fp8_checkpoint(sources, tmp_path):

@@ -68,7 +68,10 @@ def test_fp8_checkpoint_generates_the_dequantized_checkpoints_tokens(
         from dg_helpers import SETTINGS
 
         kw.update(SETTINGS[0])
-    outs = [LLM(p, dtype=dtype, device="cpu").generate(prompt, **kw) for p in (fp8, deq)]
+    kv = "fp8_e4m3" if family == "dg" else "auto"  # DiffusionGemma over the FP8 context arena
+    llms = [LLM(p, dtype=dtype, device="cpu", kv_cache_dtype=kv) for p in (fp8, deq)]
+    assert llms[0].engine.kv_dtype == (torch.float8_e4m3fn if kv != "auto" else llms[0].dtype)
+    outs = [llm.generate(prompt, **kw) for llm in llms]
     assert outs[0].token_ids == outs[1].token_ids
     assert len(outs[0].token_ids) == kw["max_new_tokens"]
     assert outs[0].rounds_per_block == outs[1].rounds_per_block
@@ -78,11 +81,11 @@ def test_quantization_fp8_at_load_generates_like_the_per_channel_checkpoint(tmp_
     src = write_checkpoint(tmp_path / "src")
     deq = _dequantized_copy(src, tmp_path / "deq", "channel")
     prompt, kw = [5, 6, 7, 8], dict(max_new_tokens=8, ignore_eos=True)
-    at_load = LLM(src, dtype="float32", device="cpu", quantization="fp8").generate(prompt, **kw)
-    assert (
-        at_load.token_ids
-        == LLM(deq, dtype="float32", device="cpu").generate(prompt, **kw).token_ids
-    )
+    llm = LLM(src, dtype="float32", device="cpu", quantization="fp8", kv_cache_dtype="fp8")
+    assert llm.engine.kv_dtype == torch.float8_e4m3fn  # the FP8 arena: the engine's half
+    at_load = llm.generate(prompt, **kw)
+    ref = LLM(deq, dtype="float32", device="cpu", kv_cache_dtype="fp8").generate(prompt, **kw)
+    assert at_load.token_ids == ref.token_ids
 
 
 def test_bad_engine_values_list_the_choices(tmp_path):
