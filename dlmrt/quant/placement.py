@@ -109,10 +109,10 @@ def has_fp8_kernels(device: torch.device) -> bool:
 
 def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
     kinds = Counter(classify(n)[1] for n in running)
-    gb = sum(w.qweight.numel() + 4 * w.scale.numel() for w in running.values()) / 2**30
+    mib = sum(w.qweight.numel() + 4 * w.scale.numel() for w in running.values()) / 2**20
     if running:
         parts = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-        log.info("FP8 weights: %d tensor(s), %.2f GiB (%s)", len(running), gb, parts)
+        log.info("FP8 weights: %d tensor(s), %.1f MiB (%s)", len(running), mib, parts)
     else:
         log.info("FP8 weights: none run in FP8")
     reasons = Counter(why.values())

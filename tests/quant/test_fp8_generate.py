@@ -132,3 +132,22 @@ def test_place_fp8_hands_weights_to_use_fp8_and_dequantizes_the_declined(monkeyp
     assert torch.equal(model.b.weight, fp8["b.weight"].dequantize(torch.float32))
     assert "FP8 weights: 1 tensor(s)" in caplog.text
     assert "kept by the model" in caplog.text
+
+
+@pytest.mark.parametrize("family", ["qwen", "llada2"])
+def test_fp8_checkpoint_through_use_fp8_equals_installing_the_quantized_model(
+    tmp_path, monkeypatch, family
+):
+    """The CUDA hand-off, run on the CPU twins: an FP8 checkpoint loaded through `use_fp8` decodes
+    like the bf16 model with its weights quantized and installed directly (`fp8_helpers`)."""
+    from fp8_helpers import quantize_model
+
+    monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
+    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)
+    src = _sources(tmp_path, family)
+    loaded = LLM(write_fp8_checkpoint(src, tmp_path / "fp8"), dtype="float32", device="cpu")
+    direct = LLM(src, dtype="float32", device="cpu")
+    quantize_model(direct.engine.model)
+    assert any(type(m).__name__ == "Fp8Linear" for m in loaded.model.modules())
+    prompt, kw = [5, 6, 7, 8, 9], dict(max_new_tokens=8, ignore_eos=True)
+    assert loaded.generate(prompt, **kw).token_ids == direct.generate(prompt, **kw).token_ids

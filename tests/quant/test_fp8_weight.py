@@ -69,3 +69,14 @@ def test_per_tensor_refuses_what_is_not_a_matrix():
         quantize_per_tensor(torch.ones(4))
     with pytest.raises(ValueError, match=r"quantize_per_tensor: expected a float"):
         quantize_per_tensor(torch.ones(4, 4, dtype=torch.int32))
+
+
+def test_power_of_two_scaled_codes_requantize_exactly():
+    """The premise of tests/quant/test_fp8_checkpoint_gpu.py: codes * 2^k (row max code 448),
+    stored in bf16, quantize back to the same codes and scales."""
+    q = quantize_per_channel(_weights(6, 40))
+    scale = torch.exp2(torch.log2(q.scale).round())
+    w = (q.qweight.float() * scale[:, None]).to(torch.bfloat16)
+    again = quantize_per_channel(w)
+    assert torch.equal(again.scale, scale)
+    assert torch.equal(again.qweight.view(torch.uint8), q.qweight.view(torch.uint8))
