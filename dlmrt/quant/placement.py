@@ -38,7 +38,8 @@ def collect_fp8(
         return {}, {}  # an unquantized checkpoint, run as stored: nothing to say
     if quantization == "none":
         return {}, {n: "quantization='none': dequantized at load" for n in stored}
-    fp8, why = dict(stored), {}
+    fp8 = {n: w for n, w in stored.items() if classify(n)[0]}
+    why = {n: f"stored FP8, but a {classify(n)[1]}: dequantized" for n in stored if n not in fp8}
     shared = {p.data_ptr() for n, p in params.items() if not classify(n)[0]}
     names = _stored_names(reader)
     for name, param in params.items():

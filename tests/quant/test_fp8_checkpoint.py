@@ -95,7 +95,7 @@ def test_ignore_list_keeps_those_modules_unquantized(sources, tmp_path, fmt):
 
 def test_quantization_fp8_at_load_equals_a_per_channel_checkpoint(sources, tmp_path):
     """LLM(DIR, quantization="fp8"): the same weights as the written per-channel FP8 checkpoint."""
-    for family in ("qwen", "llada2"):
+    for family in ("qwen", "llada2", "dg"):
         at_load = load_checkpoint(sources[family], torch.float32, CPU, quantization="fp8")
         stored = load_checkpoint(write_fp8_checkpoint(sources[family], tmp_path / family),
                                  torch.float32, CPU)  # fmt: skip
@@ -143,3 +143,21 @@ def test_sharded_fp8_checkpoint(sources, tmp_path):
     assert weight_map["lm_head.weight_scale"] == weight_map["lm_head.weight"]
     ckpt = load_checkpoint(out, torch.float32, CPU)
     assert "lm_head.weight" in ckpt.fp8
+
+
+def test_a_stored_fp8_router_is_dequantized_not_run_in_fp8(sources, tmp_path):
+    """The policy holds for FP8 checkpoints too: an FP8-stored router loads dequantized."""
+    from safetensors.torch import load_file, save_file
+
+    out = write_fp8_checkpoint(sources["llada2"], tmp_path / "fp8")
+    tensors = load_file(str(out / "model.safetensors"))
+    router = "model.layers.1.mlp.gate.weight"
+    q = quantize_per_channel(tensors[router])
+    tensors[router], tensors[router + "_scale"] = q.qweight, q.scale
+    save_file(tensors, str(out / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["ignore"].remove("model.layers.1.mlp.gate")
+    (out / "config.json").write_text(json.dumps(cfg))
+    ckpt = load_checkpoint(out, torch.float32, CPU)
+    assert router not in ckpt.fp8
+    assert torch.equal(ckpt.model.state_dict()[router], q.dequantize(torch.float32))
