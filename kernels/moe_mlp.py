@@ -173,6 +173,8 @@ def moe_mlp(
     activation: str,
     sum_dtype: torch.dtype | None = None,  # noqa: ARG001 (the slots are always summed in fp32)
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    bn: int = 64,  # the tiles (benchmarks sweep them)
+    bk: int = 64,
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k], gate_up [E, 2I, H] or ([E, I, H], [E, I, H]),
     down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype. `scales`: the weights are
@@ -194,7 +196,6 @@ def moe_mlp(
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     common["SCALED"] = scales is not None
     gs, us, ds = (s.contiguous() for s in scales) if scales is not None else (x, x, x)
-    bn, bk = 64, 64
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, gate, up, gs, us, h, order, tile_end, counts, starts,
         x.stride(0), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
