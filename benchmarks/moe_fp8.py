@@ -73,14 +73,23 @@ def bench(shape, iters: int) -> dict:
     out["bf16_ms"] = graph_ms(
         lambda: ops.moe_mlp(x, w, idx, gate_up, down, shape.activation), iters
     )
-    for bn, bk in ((64, 64), (64, 128), (128, 64), (128, 128), (32, 128)):
-        fn = lambda bn=bn, bk=bk: kernel.moe_mlp(  # noqa: E731
-            x, w, idx, gu8.qweight, d8.qweight, shape.activation, scales=scales, bn=bn, bk=bk
-        )
+    configs = [(64, 64, 4, None), (64, 128, 4, None), (64, 128, 8, None), (64, 128, 4, 3)]
+    configs += [(64, 128, 4, 4), (128, 128, 8, 3), (32, 128, 4, 3), (64, 256, 8, 3)]
+    for bn, bk, warps, stages in configs:
+        fn = lambda c=(bn, bk, warps, stages): kernel.moe_mlp(  # noqa: E731
+            x, w, idx, gu8.qweight, d8.qweight, shape.activation, scales=scales,
+            bn=c[0], bk=c[1], warps=c[2], stages=c[3],
+        )  # fmt: skip
+        key = f"fp8_w8a16_ms_bn{bn}_bk{bk}_w{warps}_s{stages}"
         try:
-            out[f"fp8_w8a16_ms_bn{bn}_bk{bk}"] = graph_ms(fn, iters)
+            out[key] = graph_ms(fn, iters)
         except Exception as e:  # noqa: BLE001 (a config that does not compile)
-            out[f"fp8_w8a16_ms_bn{bn}_bk{bk}"] = str(e).splitlines()[0][:120]
+            out[key] = str(e).splitlines()[0][:120]
+
+    def bf():
+        return kernel.moe_mlp(x, w, idx, gate_up, down, shape.activation, bk=64, warps=4, stages=3)  # noqa: E731
+
+    out["bf16_ms_bk64_w4_s3"] = graph_ms(bf, iters)
     try:
         sg = lambda: scaled_grouped(x, w, idx, gu8, d8, shape.activation)  # noqa: E731
         out["scaled_grouped_eager_ms"] = cuda_time(sg, iters) * 1e3
