@@ -97,7 +97,7 @@ def test_fp8_expert_kernel_matches_its_twin(rows, fused):
 def test_arena_attention_reads_an_fp8_arena(rows, ctx):
     g = torch.Generator(device="cuda").manual_seed(rows)
     heads, kv_heads, d, block = 8, 2, 128, 32
-    arena = ctx + rows
+    arena = -(-(ctx + rows) // block) * block  # the engine's arenas are block-aligned
     k = torch.randn(kv_heads, arena, d, device="cuda", generator=g).to(FP8)
     v = torch.randn(kv_heads, arena, d, device="cuda", generator=g).to(FP8)
     q = torch.randn(heads, rows, d, device="cuda", generator=g, dtype=torch.bfloat16)
