@@ -52,6 +52,10 @@ def test_round_trip_gives_the_same_dequantized_weights(sources, tmp_path, family
     # every candidate the model holds untied is FP8, nothing else is
     tied = {n for n in ref if n == "lm_head.weight" and family == "dg"}  # DG ties its head
     assert set(ckpt.fp8) == {n for n in ref if classify(n)[0]} - tied
+    # qwen: 2 layers x (q, k, v, o, gate, up, down) + lm_head; llada2: layer 0 dense (qkv, dense,
+    # 3 mlp), 2 MoE layers (qkv, dense, 3 stacked experts, 3 shared) + lm_head; dg: 3 sliding
+    # (q, k, v, o, 3 mlp, 2 experts) + 2 full layers (no v_proj), head tied
+    assert len(ckpt.fp8) == {"qwen": 15, "llada2": 22, "dg": 43}[family]
     expected = _expected(ref, ckpt.fp8, strategy)
     for name, tensor in got.items():
         assert torch.equal(tensor, expected.get(name, ref[name])), name
