@@ -62,3 +62,14 @@ def test_a_bad_choice_lists_the_choices(flag, value, choices, capsys):
         build_parser().parse_args(["generate", flag, value, "x"])
     err = capsys.readouterr().err
     assert f"invalid choice: '{value}'" in err and choices in err
+
+
+def test_generate_with_fp8_flags_end_to_end(tmp_path, capsys):
+    """The real LLM: a bf16 checkpoint quantized at load, over the FP8 arena, on the CPU."""
+    from conftest import write_checkpoint
+
+    path = write_checkpoint(tmp_path / "m")
+    argv = ["generate", "--model", str(path), "--dtype", "float32", "--max-new-tokens", "4",
+            "--ignore-eos", "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--stats", "x"]  # fmt: skip
+    assert main(argv) == 0
+    assert "[4 tokens, finish=length" in capsys.readouterr().err
