@@ -69,7 +69,7 @@ class EngineConfig:
         default="auto",
         metadata={
             "help": "auto | fp8 | fp8_e4m3: the KV arena's dtype; auto: the model's dtype, fp8 "
-            "(= fp8_e4m3): e4m3 K/V with scales, on CUDA",
+            "(= fp8_e4m3): e4m3 K and V (half the arena memory and read bytes)",
             "choices": KV_CACHE_DTYPES,
         },
     )

@@ -20,8 +20,9 @@ def add_dataclass_flags(
 ) -> None:
     """One --kebab-case flag per dataclass field; `None` defaults mean "decided by the checkpoint".
 
-    choices: allowed values per field name (else the field's `metadata["choices"]`). keep_absent: flags not given stay out of the
-    namespace (argparse.SUPPRESS), so a saved config's values survive (training resume).
+    choices: allowed values per field name (else the field's `metadata["choices"]`).
+    keep_absent: flags not given stay out of the namespace (argparse.SUPPRESS), so a saved
+    config's values survive (training resume).
     """
     from dlmrt.params import EDITING_PRESETS, RULE_NAMES
 
