@@ -1,0 +1,132 @@
+"""Rollouts with the current weights, and the verifier pool.
+
+`LLM.from_model` wraps the model being trained (the same object: no weight copy, no sync, so the
+rollouts are on-policy by construction). Every rollout's sampling seed is a pure function of
+(run seed, step, prompt, rollout), so a resumed run draws the same rollouts. The verifier runs
+in a process pool (`VerifierPool`), off the trainer's path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from dlmrt.llm import LLM
+from dlmrt.train.data import is_chat
+from dlmrt.train.orl.capture import Rollout, StateCapture
+from dlmrt.train.orl.config import ORLConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    index: int  # global prompt number (step * B + j)
+    question: str
+    chat: bool
+    answer: int
+
+
+def step_prompts(task: ModuleType, cfg: ORLConfig, step: int) -> list[Prompt]:
+    """The B prompts of `step` (train split, in seed order: prompt n is the n-th train problem)."""
+    it = task.iter_split("train", 0)
+    first = step * cfg.prompts_per_step
+    out = []
+    for n, p in enumerate(it):
+        if n >= first + cfg.prompts_per_step:
+            break
+        if n >= first:
+            out.append(Prompt(n, p.question, is_chat(p.seed, cfg.chat_fraction), p.answer))
+    return out
+
+
+def rollout_seed(seed: int, step: int, prompt: int, g: int) -> int:
+    digest = hashlib.sha256(f"orl:{seed}:{step}:{prompt}:{g}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def decode_params(cfg: ORLConfig) -> dict:
+    params = {"rule": cfg.rule, "entropy_budget": cfg.entropy_budget, "threshold": cfg.threshold}
+    return {k: v for k, v in params.items() if v is not None}
+
+
+class LogitsTap:
+    """A forward hook on lm_head keeping the last logits (the replay check's reference)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.logits: list[torch.Tensor] = []
+        self.handle = model.lm_head.register_forward_hook(self._hook)
+
+    def _hook(self, module, args, out) -> None:
+        self.logits[:] = [out.detach().clone()]
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def generate_rollouts(
+    llm: LLM, prompts: list[Prompt], cfg: ORLConfig, step: int, tap_first: bool = False
+) -> list[Rollout]:
+    """G rollouts of each prompt, their states captured (bounded per step: `capture_limit`)."""
+    tap = LogitsTap(llm.model) if tap_first else None
+    capture = StateCapture(cfg.capture_limit, tap.logits if tap else None)
+    rollouts = []
+    try:
+        for p in prompts:
+            for g in range(cfg.rollouts_per_prompt):
+                capture.start()
+                out = llm.generate(
+                    p.question, chat=p.chat, recorder=capture, temperature=cfg.temperature,
+                    seed=rollout_seed(cfg.seed, step, p.index, g),
+                    max_new_tokens=cfg.max_new_tokens, **decode_params(cfg),
+                )  # fmt: skip
+                ids = llm._prompt_ids(p.question, p.chat)
+                rollouts.append(Rollout(p.index, ids, out.token_ids, out.text, p.answer,
+                                        capture.states, out.num_denoising_forwards))  # fmt: skip
+                if tap is not None:  # the first rollout only
+                    tap.close()
+                    tap, capture.logits_from = None, None
+    finally:
+        if tap is not None:
+            tap.close()
+    return rollouts
+
+
+def _verify(task_name: str, text: str, answer) -> bool:
+    from dlmrt.train.tasks import get_task
+
+    return bool(get_task(task_name).verify(text, answer))
+
+
+class VerifierPool:
+    """The task's verifier in `workers` spawned processes (0: in this process)."""
+
+    def __init__(self, task: str, workers: int) -> None:
+        self.task = task
+        self.pool = None
+        if workers > 0:
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = ProcessPoolExecutor(workers, mp_context=ctx)
+
+    def verify(self, rollouts: list[Rollout]) -> None:
+        """Set each rollout's `verified` flag."""
+        if self.pool is None:
+            results = [_verify(self.task, r.text, r.answer) for r in rollouts]
+        else:
+            futures = [self.pool.submit(_verify, self.task, r.text, r.answer) for r in rollouts]
+            results = [f.result() for f in futures]
+        for r, ok in zip(rollouts, results):
+            r.verified = ok
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
