@@ -36,3 +36,24 @@ def rollouts(llm, path: Path, n: int = 2, tap_first: bool = True, tokens: int = 
     for r in rs:
         r.verified = True
     return rs
+
+
+def crafted_rollout(prompt_len: int, n_tokens: int, block: int, rounds: list[int], hidden=4):
+    """A Rollout without a model: decode block b ran rounds[b - first] rounds; round k of a block
+    has rows k.. unresolved and accepts one row (entropy 0.5 nats on every row)."""
+    from dlmrt.train.orl.capture import Rollout, State
+
+    first = prompt_len // block
+    states = []
+    for i, n in enumerate(rounds):
+        b = first + i
+        for k in range(n):
+            unres = torch.zeros(block, dtype=torch.bool)
+            unres[min(k, block - 1) :] = True
+            acc = torch.zeros(block, dtype=torch.bool)
+            acc[min(k, block - 1)] = True
+            states.append(State(b, k, torch.arange(block) + 10 * b + k, unres,
+                                torch.full((block, hidden), float(k)), torch.full((block,), 0.5),
+                                acc))  # fmt: skip
+    prompt = list(range(100, 100 + prompt_len))
+    return Rollout(0, prompt, list(range(200, 200 + n_tokens)), "", 0, states, len(states), True)
