@@ -74,7 +74,9 @@ def test_noisy_rows_carry_the_captured_state():
     row = build_row(docs, 512, torch.device("cpu"))
     s = docs[0].states[1]
     assert torch.equal(row.ids[row.noisy[L : 2 * L]], s.canvas)
-    assert torch.equal(row.z[L : 2 * L], s.z) and torch.equal(row.unresolved[L : 2 * L], s.unresolved)
+    assert torch.equal(row.z[L : 2 * L], s.z) and torch.equal(
+        row.unresolved[L : 2 * L], s.unresolved
+    )
     # targets: the response's tokens where valid (response rows up to the last token), else 0
     full = docs[0].rollout.full_ids
     assert row.target[:L].tolist() == [0, 0] + full[6:8]  # block 1 holds the prompt tail 4, 5
