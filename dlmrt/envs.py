@@ -21,3 +21,12 @@ def hf_hub_cache() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
     return Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub"
+
+
+def fp8_gemms() -> str:
+    """DLMRT_FP8_GEMMS: which dense linears of an FP8 model run as FP8 GEMMs on CUDA: "measured"
+    (default: each shape timed at start-up against bf16, the faster kept), "all" or "none"."""
+    value = os.environ.get("DLMRT_FP8_GEMMS", "measured").lower()
+    if value not in ("measured", "all", "none"):
+        raise ValueError(f"DLMRT_FP8_GEMMS={value!r}: expected 'measured', 'all' or 'none'")
+    return value

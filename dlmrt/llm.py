@@ -165,7 +165,8 @@ class LLM:
         """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
-        `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
+        `recorder` receives every round's `RoundRecord` (after its block; any mode); `on_block(index,
+        rounds, tokens)` each block.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         """
