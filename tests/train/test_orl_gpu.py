@@ -119,3 +119,22 @@ def test_a_short_bf16_flex_run(tmp_path):
     assert [e["step"] for e in res.entries] == [1, 2]
     assert all("replay_max_abs_err" in e for e in res.entries)
     assert LLM(tmp_path / "o", role="orl").model.adapter is not None
+
+
+@pytest.mark.parametrize("mode", ["block_graph", "round_graph"])
+def test_capture_in_graph_modes_equals_eager_capture(tmp_path, mode):
+    """The trainer's StateCapture gets the same states from the captured rounds as eagerly."""
+    model, path = _model(tmp_path)
+    tok = Tokenizer(path)
+    cfg = ORLConfig(model=str(path), rollouts_per_prompt=2, max_new_tokens=24, verifier_workers=0)
+    got = {}
+    for m in ("eager", mode):
+        llm = LLM.from_model(model, tok, path=path, role="orl", mode=m)
+        got[m] = generate_rollouts(llm, PROMPTS, cfg, 0)
+    for a, b in zip(got["eager"], got[mode], strict=True):
+        assert a.token_ids == b.token_ids and len(a.states) == len(b.states) > 0
+        for sa, sb in zip(a.states, b.states):
+            assert (sa.block, sa.round) == (sb.block, sb.round)
+            for name in ("canvas", "unresolved", "accepted"):
+                assert torch.equal(getattr(sa, name), getattr(sb, name)), name
+            assert torch.allclose(sa.z, sb.z, atol=1e-5) and torch.allclose(sa.entropy, sb.entropy)

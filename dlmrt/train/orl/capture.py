@@ -1,8 +1,10 @@
 """What a rollout leaves for training: its captured states (one per round) and its response.
 
 `StateCapture` is the engine's recorder (`LLM.generate(recorder=...)`): it keeps each round's
-canvas, unresolved rows, pre-adapter z (as consumed), per-row entropies and accepted rows. It is
-bounded per step (`capture_limit`): one state past the bound is a clear error, never a silent drop.
+canvas, unresolved rows, pre-adapter z (as consumed), per-row entropies and accepted rows. The
+engine writes them into device buffers inside the round, in every mode, and hands them over after
+each block (`dlmrt/engine/block/trace.py`): no host sync in the round. The capture is bounded per
+step (`capture_limit`): one state past the bound is a clear error, never a silent drop.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class StateCapture:
                 "--capture-limit or lower --rollouts-per-prompt / --max-new-tokens"
             )
         self.count += 1
-        logits = self.logits_from.pop() if self.logits_from else None
+        logits = self.logits_from.pop(0) if self.logits_from else None
         self.states.append(
             State(rec.block_index, rec.round, rec.canvas, rec.unresolved, rec.z,
                   rec.entropy.float(), rec.accepted, logits)

@@ -60,7 +60,9 @@ class ORLConfig:
     max_new_tokens: int = _f(96, "generated tokens per rollout at most")
     chat_fraction: float = _f(0.5, "fraction of prompts in the chat template (by problem seed)")
     rollout_mode: str = _f(
-        "eager", "engine mode of the rollouts: eager | round_graph | block_graph"
+        "auto",
+        "engine mode of the rollouts: auto | eager | round_graph | block_graph; auto: "
+        "block_graph on CUDA, eager on the CPU (states are captured in every mode)",
     )
     capture_limit: int = _f(100000, "captured states per step at most (more: a clear error)")
     verifier_workers: int = _f(2, "verifier processes (0: verify in the trainer process)")
@@ -139,5 +141,5 @@ CHOICES = {
     "precision": ("auto", "bf16", "fp32"),
     "attention": ("auto", "flex", "dense"),
     "adapter_positions": ("masked", "block"),
-    "rollout_mode": ("eager", "round_graph", "block_graph"),
+    "rollout_mode": ("auto", "eager", "round_graph", "block_graph"),
 }

@@ -82,7 +82,10 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
     replayer = Replayer(cfg, model, device, _attention(cfg, device), bf16)
     llm = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode=cfg.rollout_mode)
-    run = _Loop(cfg, out, model, optimizer, scheduler, replayer, llm, rank, world)
+    eager = None
+    if cfg.check_replay and llm.mode != "eager":
+        eager = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode="eager")
+    run = _Loop(cfg, out, model, optimizer, scheduler, replayer, llm, rank, world, eager)
     result = ORLResult(out, step)
     with (
         open(out / "log.jsonl", "a") if rank == 0 else open("/dev/null", "w") as log_file,
@@ -109,13 +112,14 @@ class _Loop:
     llm: LLM
     rank: int
     world: int
+    eager: LLM | None = None  # the replay check's first rollout when `llm` runs graphs
 
     def step(self, u: int, verifier: VerifierPool) -> dict[str, Any]:
         cfg, t0 = self.cfg, time.perf_counter()
         prompts = step_prompts(get_task(cfg.task), cfg, u)[self.rank :: self.world]
         self.model.eval()
-        tap = cfg.check_replay and self.rank == 0 and cfg.rollout_mode == "eager"
-        rollouts = generate_rollouts(self.llm, prompts, cfg, u, tap_first=tap)
+        tap = cfg.check_replay and self.rank == 0
+        rollouts = generate_rollouts(self.llm, prompts, cfg, u, tap, self.eager)
         t_roll = time.perf_counter()
         verifier.verify(rollouts)
         entry: dict[str, Any] = {"step": u + 1}

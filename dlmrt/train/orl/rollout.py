@@ -54,23 +54,35 @@ def decode_params(cfg: ORLConfig) -> dict:
 
 
 class LogitsTap:
-    """A forward hook on lm_head keeping the last logits (the replay check's reference)."""
+    """A forward hook on lm_head keeping every forward's logits, in order (the replay check's
+    reference; eager mode only: a captured graph runs no hooks). Each round runs the head once
+    (prefill and commit passes compute no logits), so the i-th logits belong to the i-th record,
+    even though records arrive after their block."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.logits: list[torch.Tensor] = []
         self.handle = model.lm_head.register_forward_hook(self._hook)
 
     def _hook(self, module, args, out) -> None:
-        self.logits[:] = [out.detach().clone()]
+        self.logits.append(out.detach().clone())
 
     def close(self) -> None:
         self.handle.remove()
 
 
 def generate_rollouts(
-    llm: LLM, prompts: list[Prompt], cfg: ORLConfig, step: int, tap_first: bool = False
+    llm: LLM,
+    prompts: list[Prompt],
+    cfg: ORLConfig,
+    step: int,
+    tap_first: bool = False,
+    eager: LLM | None = None,
 ) -> list[Rollout]:
-    """G rollouts of each prompt, their states captured (bounded per step: `capture_limit`)."""
+    """G rollouts of each prompt, their states captured (bounded per step: `capture_limit`).
+
+    tap_first: the first rollout also keeps its logits (the replay check), run by `eager` (an
+    eager `LLM` on the same model; default `llm`): hooks do not run in a captured graph, and on
+    CUDA every mode runs the same kernels, so its tokens are those `llm` would draw."""
     tap = LogitsTap(llm.model) if tap_first else None
     capture = StateCapture(cfg.capture_limit, tap.logits if tap else None)
     rollouts = []
@@ -78,7 +90,8 @@ def generate_rollouts(
         for p in prompts:
             for g in range(cfg.rollouts_per_prompt):
                 capture.start()
-                out = llm.generate(
+                run = eager if tap is not None and eager is not None else llm
+                out = run.generate(
                     p.question, chat=p.chat, recorder=capture, temperature=cfg.temperature,
                     seed=rollout_seed(cfg.seed, step, p.index, g),
                     max_new_tokens=cfg.max_new_tokens, **decode_params(cfg),
