@@ -71,7 +71,7 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
     """Train (or, with `resume`, continue) an ORL run in `out`. See the module docstring."""
     out, device = Path(out), _device(cfg)
     rank, world = dist.init(device)
-    model, ckpt, ckpts = open_orl_run(cfg, out, resume, device)
+    model, ckpt, ckpts = open_orl_run(cfg, out, resume, device, rank)
     optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr,
                                   betas=(cfg.beta1, cfg.beta2))  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(cfg))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from dlmrt.train.export import HF_FILES, WEIGHTS, latest_checkpoint, write_json
+from dlmrt.train.export import HF_FILES, WEIGHTS, copy_atomic, latest_checkpoint, write_json
+from dlmrt.train.orl import dist
 from dlmrt.train.orl.config import RESUMABLE, ORLConfig
 from dlmrt.train.orl.start import load_trainable, read_config, start_model
 from dlmrt.train.run_dir import Checkpointer, check_out_dir
@@ -58,8 +59,8 @@ def _write_start(model, raw: dict, src: Path, out: Path) -> None:
     write_json(out / "config.json", raw)
 
 
-def open_orl_run(cfg: ORLConfig, out: Path, resume: bool, device: torch.device):
-    """(model, checkpoint or None, checkpointer): the run's model and where it resumes from."""
+def _check(cfg: ORLConfig, out: Path, resume: bool) -> Path | None:
+    """The newest checkpoint to resume from (None: start); errors for a wrong `out` / `resume`."""
     check_out_dir(out)
     config_path = out / CONFIG
     ckpt = latest_checkpoint(out) if resume else None
@@ -71,19 +72,32 @@ def open_orl_run(cfg: ORLConfig, out: Path, resume: bool, device: torch.device):
         check_resume(cfg, ORLConfig.load(config_path))
     elif not resume and (config_path.exists() or (out / "checkpoints").exists()):
         raise ValueError(f"out: {out} already holds a run; pass --resume or another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    return ckpt
+
+
+def open_orl_run(cfg: ORLConfig, out: Path, resume: bool, device: torch.device, rank: int = 0):
+    """(model, checkpoint or None, checkpointer): the run's model and where it resumes from.
+
+    Every rank checks OUT and builds the same model (deterministically); rank 0 alone writes."""
+    ckpt = _check(cfg, out, resume)
+    dist.barrier()  # every rank has checked OUT before rank 0 writes to it
     ckpts = Checkpointer(out, cfg.keep_checkpoints)
-    ckpts.clean()
     if ckpt is None:  # a new run (or one killed before its first checkpoint): from the start
         src = model_path(cfg)
         model, raw = start_model(cfg, src, device)
-        _write_start(model, raw, src, out)
+        if rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            ckpts.clean()
+            _write_start(model, raw, src, out)
     else:
         model = load_trainable(ckpt, read_config(ckpt), device, cfg.seed)
-        for name in HF_FILES:
-            shutil.copyfile(ckpt / name, out / name)
-        shutil.copyfile(ckpt / WEIGHTS, out / WEIGHTS)
-    write_json(config_path, dataclasses.asdict(cfg))
+        if rank == 0:
+            ckpts.clean()
+            for name in (*HF_FILES, WEIGHTS):
+                copy_atomic(ckpt / name, out / name)
+    if rank == 0:
+        write_json(out / CONFIG, dataclasses.asdict(cfg))
+    dist.barrier()
     return model, ckpt, ckpts
 
 
