@@ -67,6 +67,7 @@ def _add_orl_parser(tsub: argparse._SubParsersAction) -> None:
     from dlmrt.flags import add_dataclass_flags
     from dlmrt.train.orl.config import CHOICES as ORL_CHOICES
     from dlmrt.train.orl.config import ORLConfig
+    from dlmrt.train.orl.tasks import NAMES
 
     orl = tsub.add_parser(
         "orl",
@@ -83,7 +84,7 @@ def _add_orl_parser(tsub: argparse._SubParsersAction) -> None:
     )
     orl.add_argument("--no-progress", action="store_true", help="no progress bar")
     orl.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    choices = {**ORL_CHOICES, "task": CHOICES["task"]}
+    choices = {**ORL_CHOICES, "task": NAMES}
     add_dataclass_flags(orl, ORLConfig, "ORL training (ORLConfig)", choices, keep_absent=True)
 
 

@@ -72,13 +72,13 @@ def test_verifier_pool_matches_the_task_verifier():
     assert [p.index for p in prompts] == [6, 7]
     texts = [f"x. The answer is {prompts[0].answer}.", "The answer is -1."]
     rs = [Rollout(0, [], [], t, prompts[0].answer, [], 0) for t in texts]
-    with VerifierPool("arithmetic", 1) as pool:  # one spawned process
+    with VerifierPool("arithmetic", None, 1) as pool:  # one spawned process
         pool.verify(rs)
     assert [r.verified for r in rs] == [True, False]
 
 
 def test_a_step_without_verified_rollouts_makes_no_optimizer_step(tmp_path, monkeypatch):
-    monkeypatch.setattr("dlmrt.train.orl.rollout._verify", lambda task, text, answer: False)
+    monkeypatch.setattr("dlmrt.train.orl.rollout._verify", lambda task, data, text, answer: False)
     cfg = ORLConfig(steps=1, rollouts_per_prompt=2, max_new_tokens=16, verifier_workers=0,
                     device="cpu")  # fmt: skip
     res = train_orl(cfg, tmp_path / "o", progress=False)

@@ -28,10 +28,10 @@ from dlmrt.train.orl.config import ORLConfig
 from dlmrt.train.orl.rollout import VerifierPool, generate_rollouts, step_prompts
 from dlmrt.train.orl.run_dir import open_orl_run
 from dlmrt.train.orl.step import Replayer, optimizer_step, param_groups
+from dlmrt.train.orl.tasks import resolve_task
 from dlmrt.train.progress import progress_bar
 from dlmrt.train.run_dir import restore, truncate_log
 from dlmrt.train.stop_flag import StopFlag
-from dlmrt.train.tasks import get_task
 
 log = logging.getLogger("dlmrt")
 
@@ -90,7 +90,7 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
     with (
         open(out / "log.jsonl", "a") if rank == 0 else open("/dev/null", "w") as log_file,
         StopFlag() as stop,
-        VerifierPool(cfg.task, cfg.verifier_workers) as verifier,
+        VerifierPool(cfg.task, cfg.data, cfg.verifier_workers) as verifier,
     ):
         if ckpt is not None:
             log_file.write(json.dumps({"step": step, "event": "resume"}) + "\n")
@@ -116,7 +116,7 @@ class _Loop:
 
     def step(self, u: int, verifier: VerifierPool) -> dict[str, Any]:
         cfg, t0 = self.cfg, time.perf_counter()
-        prompts = step_prompts(get_task(cfg.task), cfg, u)[self.rank :: self.world]
+        prompts = step_prompts(resolve_task(cfg.task, cfg.data), cfg, u)[self.rank :: self.world]
         self.model.eval()
         tap = cfg.check_replay and self.rank == 0
         rollouts = generate_rollouts(self.llm, prompts, cfg, u, tap, self.eager)
@@ -144,7 +144,7 @@ class _Loop:
 
     def evaluate(self, u: int, write) -> None:
         cfg = self.cfg
-        res = evaluate(self.llm, get_task(cfg.task), cfg.eval_problems, cfg.chat_fraction,
+        res = evaluate(self.llm, resolve_task(cfg.task, cfg.data), cfg.eval_problems, cfg.chat_fraction,
                        max_new_tokens=cfg.max_new_tokens)  # fmt: skip
         write({"step": u, "eval": res})
 

@@ -12,7 +12,7 @@ import hashlib
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -27,10 +27,10 @@ class Prompt:
     index: int  # global prompt number (step * B + j)
     question: str
     chat: bool
-    answer: int
+    answer: Any  # the task's gold answer (what its verifier takes)
 
 
-def step_prompts(task: ModuleType, cfg: ORLConfig, step: int) -> list[Prompt]:
+def step_prompts(task, cfg: ORLConfig, step: int) -> list[Prompt]:
     """The B prompts of `step` (train split, in seed order: prompt n is the n-th train problem)."""
     it = task.iter_split("train", 0)
     first = step * cfg.prompts_per_step
@@ -108,17 +108,17 @@ def generate_rollouts(
     return rollouts
 
 
-def _verify(task_name: str, text: str, answer) -> bool:
-    from dlmrt.train.tasks import get_task
+def _verify(task: str, data: str | None, text: str, answer) -> bool:
+    from dlmrt.train.orl.tasks import resolve_task
 
-    return bool(get_task(task_name).verify(text, answer))
+    return bool(resolve_task(task, data).verify(text, answer))
 
 
 class VerifierPool:
     """The task's verifier in `workers` spawned processes (0: in this process)."""
 
-    def __init__(self, task: str, workers: int) -> None:
-        self.task = task
+    def __init__(self, task: str, data: str | None, workers: int) -> None:
+        self.task, self.data = task, data
         self.pool = None
         if workers > 0:
             ctx = multiprocessing.get_context("spawn")
@@ -127,9 +127,11 @@ class VerifierPool:
     def verify(self, rollouts: list[Rollout]) -> None:
         """Set each rollout's `verified` flag."""
         if self.pool is None:
-            results = [_verify(self.task, r.text, r.answer) for r in rollouts]
+            results = [_verify(self.task, self.data, r.text, r.answer) for r in rollouts]
         else:
-            futures = [self.pool.submit(_verify, self.task, r.text, r.answer) for r in rollouts]
+            futures = [
+                self.pool.submit(_verify, self.task, self.data, r.text, r.answer) for r in rollouts
+            ]
             results = [f.result() for f in futures]
         for r, ok in zip(rollouts, results):
             r.verified = ok

@@ -47,7 +47,8 @@ class Replayer:
             [p.responses, p.aec_den, len(rollouts), verified, p.states, p.pairs, tokens,
              forwards], self.device)  # fmt: skip
         stats = {"rollouts": n_rollouts, "verified": verified, "reward": verified / n_rollouts,
-                 "states": states, "pairs": pairs, "rollout_tpf": tokens / max(forwards, 1)}  # fmt: skip
+                 "states": states, "pairs": pairs, "rollout_tokens": tokens,
+                 "rollout_tpf": tokens / max(forwards, 1)}  # fmt: skip
         sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
         replay_tokens = 0
         pad_to = FLEX_TILE if self.attention == "flex" else 1
