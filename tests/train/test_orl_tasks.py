@@ -39,9 +39,26 @@ def test_math_task_splits_cycles_and_verifies(tmp_path):
 
 
 def test_math_task_needs_data_and_only_it(tmp_path):
-    with pytest.raises(ValueError, match="data: needed by task math"):
+    with pytest.raises(ValueError, match="data: needed by the tasks math and code"):
         ORLConfig(task="math")
-    with pytest.raises(ValueError, match="data: needed by task math"):
+    with pytest.raises(ValueError, match="data: needed by the tasks math and code"):
         ORLConfig(data=str(_file(tmp_path)))
     with pytest.raises(ValueError, match="unknown task 'chess'"):
         ORLConfig(task="chess")
+
+
+def test_code_task_verifies_in_the_sandbox(tmp_path):
+    rows = [{"task_id": f"t/{i}", "prompt": f"def add{i}(a, b):\n    \"\"\"a + b\"\"\"\n",
+             "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": f"add{i}"}
+            for i in range(3)]  # fmt: skip
+    path = tmp_path / "he.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = resolve_task("code", str(path))
+    p = task.rows[0]
+    assert "```python" in p.question and p.answer[2] == "add0"
+    good = Rollout(0, [], [], "```python\ndef add0(a, b):\n    return a + b\n```", p.answer, [], 0)
+    bad = Rollout(0, [], [], "    return a - b\n", p.answer, [], 0)
+    VerifierPool("code", str(path), 0).verify([good, bad])
+    assert (good.verified, bad.verified) == (True, False)
+    with pytest.raises(ValueError, match="holds code problems, not math"):
+        resolve_task("math", str(path))

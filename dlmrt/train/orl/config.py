@@ -37,8 +37,10 @@ def _f(default: Any, help: str) -> Any:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ORLConfig:
     model: str | None = _f(None, "start checkpoint (QwenDLM format); None: the shipped demo model")
-    task: str = _f("arithmetic", "training task with a verifier: arithmetic | math (with data)")
-    data: str | None = _f(None, "task math: a JSONL of math problems (GSM8K format, as bench)")
+    task: str = _f("arithmetic", "training task with a verifier: arithmetic | math | code")
+    data: str | None = _f(
+        None, "tasks math and code: a JSONL (GSM8K / HumanEval format, as bench; or humaneval)"
+    )
     seed: int = _f(0, "seed of the prompt order, the rollouts' sampling and a new adapter")
     steps: int = _f(200, "training steps (one rollout batch each)")
     device: str | None = _f(None, "cpu | cuda | cuda:N; None: cuda if available")
@@ -94,12 +96,12 @@ class ORLConfig:
     check_replay: bool = _f(False, "log max |replayed - rollout logits| of the first state")
 
     def __post_init__(self) -> None:
-        from dlmrt.train.orl.tasks import MATH, NAMES
+        from dlmrt.train.orl.tasks import FILE_TASKS, NAMES
 
         if self.task not in NAMES:
             raise ValueError(f"task: unknown task {self.task!r} (choose from {', '.join(NAMES)})")
-        if (self.task == MATH) != (self.data is not None):
-            raise ValueError("data: needed by task math (a JSONL file), and only by it")
+        if (self.task in FILE_TASKS) != (self.data is not None):
+            raise ValueError("data: needed by the tasks math and code (a JSONL file), only by them")
         for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens",
                      "capture_limit", "pack_tokens", "eval_problems", "save_every",
                      "keep_checkpoints"):  # fmt: skip
