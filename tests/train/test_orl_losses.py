@@ -89,3 +89,16 @@ def test_response_normalisation_weights():
     assert gated.aec_den == 0.0 and gated.pairs == 5
     h = [t.h_source for d in p.docs for t in d.targets if t.aec_weight > 0]
     assert all(math.isclose(x, 0.5 / math.log(512), rel_tol=1e-6) for x in h)
+
+
+def test_largest_cost_first_assignment_balances_ranks():
+    from dlmrt.train.orl.balance import assign
+    from dlmrt.train.orl.plan import Doc, Target
+
+    r = crafted_rollout(6, 9, 4, [3, 2, 2])
+    docs = [Doc(r, [r.blocks[b][0] for b in bs], 1.0, [Target()] * len(bs))
+            for bs in ([1], [1, 2, 3], [2], [3], [1, 2])]  # fmt: skip
+    lengths = [d.length for d in docs]  # 8, 24, 12, 16, 16
+    parts = assign(docs, 2)
+    assert [[lengths[docs.index(d)] for d in p] for p in parts] == [[24, 12], [16, 16, 8]]
+    assert assign(docs, 1) == [sorted(docs, key=lambda d: -d.length)]

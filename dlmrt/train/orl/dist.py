@@ -1,9 +1,10 @@
 """Data parallelism under torchrun (gloo on the CPU, NCCL on CUDA), or one process.
 
 Each rank rolls out its share of the step's prompts (prompt j on rank j mod world, all of its
-rollouts there) and replays its own verified states; loss denominators and gradients are summed
-across ranks (the same as DDP's all-reduce, done once per step because ranks run different
-numbers of packed rows), so W processes take the same step as one process on the same prompts.
+rollouts there); the replay documents are then assigned to ranks largest-cost-first
+(`balance.py`); loss denominators and gradients are summed across ranks (the same as DDP's
+all-reduce, done once per step because ranks run different numbers of packed rows), so W
+processes take the same step as one process on the same prompts.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
         truncate_log(out / "log.jsonl", step)
     cuda = device.type == "cuda"
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
-    replayer = Replayer(cfg, model, device, _attention(cfg, device), bf16)
+    replayer = Replayer(cfg, model, device, _attention(cfg, device), bf16, (rank, world))
     llm = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode=cfg.rollout_mode)
     eager = None
     if cfg.check_replay and llm.mode != "eager":

@@ -9,6 +9,7 @@ import torch
 
 from dlmrt.train.masks import FLEX_TILE, attention_mask
 from dlmrt.train.orl import dist
+from dlmrt.train.orl.balance import share
 from dlmrt.train.orl.capture import Rollout
 from dlmrt.train.orl.config import ORLConfig
 from dlmrt.train.orl.losses import LossSpec, combine, row_terms
@@ -25,6 +26,7 @@ class Replayer:
     device: torch.device
     attention: str  # flex | dense
     bf16: bool
+    rank_world: tuple[int, int] = (0, 1)
 
     @property
     def spec(self) -> LossSpec:
@@ -52,7 +54,8 @@ class Replayer:
         sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
         replay_tokens = 0
         pad_to = FLEX_TILE if self.attention == "flex" else 1
-        for docs in pack_docs(p.docs, cfg.pack_tokens) if responses > 0 else []:
+        mine = share(p.docs, *self.rank_world) if responses > 0 else []
+        for docs in pack_docs(mine, cfg.pack_tokens):
             row = build_row(docs, vocab, self.device, pad_to)
             with self.autocast():
                 logits = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
