@@ -31,7 +31,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     from dlmrt.flags import add_dataclass_flags
     from dlmrt.train.config import TrainConfig
 
-    train = sub.add_parser("train", help="train a block-diffusion model (SFT on a task)")
+    train = sub.add_parser("train", help="train a block-diffusion model (SFT or ORL on a task)")
     tsub = train.add_subparsers(dest="train_command", required=True)
 
     sft = tsub.add_parser(

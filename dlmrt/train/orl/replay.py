@@ -25,7 +25,7 @@ def replay_hidden(model: torch.nn.Module, row: PackedRow, mask) -> torch.Tensor:
         raise ValueError("replay: the model has no residual adapter")
     z = row.z.detach().to(h.dtype)
     injected = adapter.inject(h[row.noisy], z, adapter.receives(row.unresolved))
-    h = h.index_copy(0, row.noisy, injected)
+    h = h.index_copy(0, row.noisy, injected.to(h.dtype))  # autocast: the adapter's out is bf16
     cfg = model.cfg
     rope = rope_cos_sin(row.positions, model.rotary_dim, cfg.rope_theta, h.dtype)
     ctx = AttnContext(row.positions, cfg.block_size, mask=mask)
