@@ -77,8 +77,8 @@ class Replayer:
         state = rollout.blocks[first][k]
         row = build_row([Doc(rollout, [state], 1.0, [Target()])], self.model.cfg.vocab_size,
                         self.device, FLEX_TILE if self.attention == "flex" else 1)  # fmt: skip
-        with self.autocast():
-            got = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
+        # in the rollout's precision (the weights' dtype, no autocast): exactness, not bf16 noise
+        got = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
         return (got.float() - state.logits.float()).abs().max().item()
 
 
