@@ -29,7 +29,7 @@ from dlmrt.train.orl.capture import Rollout, State
 from dlmrt.train.orl.losses import LossSpec, combine, row_terms
 from dlmrt.train.orl.plan import Doc, pack_docs, plan
 from dlmrt.train.orl.replay import replay_logits
-from dlmrt.train.orl.row import build_row
+from dlmrt.train.orl.row import build_row, flex_length
 
 L = 256
 
@@ -81,7 +81,8 @@ def _rollout(args, i: int, vocab: int, hidden: int) -> Rollout:
 def _time(model, rows_of_docs, p, spec, attention: str, repeats: int) -> float:
     def step():
         for docs in rows_of_docs:
-            row = build_row(docs, model.cfg.vocab_size, torch.device("cuda"), FLEX_TILE)
+            n = flex_length(sum(d.length for d in docs), FLEX_TILE)  # the trainer's buckets
+            row = build_row(docs, model.cfg.vocab_size, torch.device("cuda"), length=n)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = replay_logits(model, row, attention_mask(row.meta, attention))
                 loss = combine(row_terms(logits, None, row, spec), p.responses, p.aec_den,

@@ -83,3 +83,16 @@ def test_noisy_rows_carry_the_captured_state():
     assert row.token_weight[:L].tolist() == [0.0, 0.0, 1.0, 1.0]
     last = docs[1].rollout  # prompt 8 + 5 tokens: block 3 has position 12 only
     assert row.target[3 * L : 4 * L].tolist() == [last.full_ids[12], 0, 0, 0]
+
+
+def test_flex_rows_are_padded_to_power_of_two_tiles():
+    from dlmrt.train.orl.row import flex_length
+
+    assert [flex_length(n, 128) for n in (1, 128, 129, 300, 513, 4096)] == [
+        128, 128, 256, 512, 1024, 4096,
+    ]  # fmt: skip
+    docs = _docs()
+    row = build_row(docs, 512, torch.device("cpu"), length=64)
+    assert row.num_tokens == 64 and torch.equal(dense_mask(row.meta), reference(docs, 64))
+    with pytest.raises(ValueError, match="do not fit in length 8"):
+        build_row(docs, 512, torch.device("cpu"), length=8)

@@ -65,8 +65,18 @@ def _doc_rows(doc: Doc, d: int, cols: dict[str, list]) -> None:
         cols["states"].append(s)
 
 
-def build_row(docs: list[Doc], vocab: int, device: torch.device, pad_to: int = 1) -> PackedRow:
-    """The packed row of `docs` (documents in order), padded to a multiple of `pad_to`."""
+def flex_length(n: int, tile: int) -> int:
+    """A flex row's padded length: the next power-of-two number of tiles. The compiled
+    flex_attention / create_block_mask specialise on the length; buckets keep the number of
+    distinct lengths (recompiles) logarithmic, under torch.compile's cache limit."""
+    tiles = -(-n // tile)
+    return tile * (1 << (tiles - 1).bit_length())
+
+
+def build_row(docs: list[Doc], vocab: int, device: torch.device, pad_to: int = 1,
+              length: int | None = None) -> PackedRow:  # fmt: skip
+    """The packed row of `docs` (documents in order), padded to a multiple of `pad_to` (or to
+    `length`, when given)."""
     cols: dict[str, list] = {k: [] for k in
                              ("ids", "pos", "doc", "noisy_flag", "block", "noisy", "target",
                               "weight", "states")}  # fmt: skip
@@ -75,7 +85,9 @@ def build_row(docs: list[Doc], vocab: int, device: torch.device, pad_to: int = 1
         _doc_rows(doc, d, cols)
         targets += doc.targets
     n = len(cols["ids"])
-    pad = -n % pad_to
+    pad = -n % pad_to if length is None else length - n
+    if pad < 0:
+        raise ValueError(f"build_row: {n} rows do not fit in length {length}")
     cols["ids"] += [0] * pad
     cols["pos"] += [0] * pad
     cols["doc"] += [-(i + 1) for i in range(pad)]

@@ -15,7 +15,7 @@ from dlmrt.train.orl.config import ORLConfig
 from dlmrt.train.orl.losses import LossSpec, combine, row_terms
 from dlmrt.train.orl.plan import Doc, Target, pack_docs, plan
 from dlmrt.train.orl.replay import replay_logits
-from dlmrt.train.orl.row import build_row
+from dlmrt.train.orl.row import PackedRow, build_row, flex_length
 from dlmrt.train.orl.selection import select_rounds
 
 
@@ -53,10 +53,9 @@ class Replayer:
                  "rollout_tpf": tokens / max(forwards, 1)}  # fmt: skip
         sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
         replay_tokens = 0
-        pad_to = FLEX_TILE if self.attention == "flex" else 1
         mine = share(p.docs, *self.rank_world) if responses > 0 else []
         for docs in pack_docs(mine, cfg.pack_tokens):
-            row = build_row(docs, vocab, self.device, pad_to)
+            row = self.row(docs)
             with self.autocast():
                 logits = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
                 nums = row_terms(logits, logits.detach(), row, self.spec)
@@ -69,14 +68,21 @@ class Replayer:
         return {**stats, "replay_tokens": replay_tokens, "loss": loss, "ce": ce, "rkl": rkl,
                 "aec": aec, "responses": responses}  # fmt: skip
 
+    def row(self, docs: list[Doc]) -> PackedRow:
+        """The packed row; flex rows padded to a power-of-two number of tiles (few shapes)."""
+        vocab = self.model.cfg.vocab_size
+        if self.attention != "flex":
+            return build_row(docs, vocab, self.device)
+        n = sum(d.length for d in docs)
+        return build_row(docs, vocab, self.device, length=flex_length(n, FLEX_TILE))
+
     @torch.no_grad()
     def check(self, rollout: Rollout) -> float:
         """max |replayed - rollout logits| of the rollout's first selected state (same weights)."""
         first = min(rollout.blocks)
         k = select_rounds(rollout.blocks[first], self.cfg.select_fraction)[0]
         state = rollout.blocks[first][k]
-        row = build_row([Doc(rollout, [state], 1.0, [Target()])], self.model.cfg.vocab_size,
-                        self.device, FLEX_TILE if self.attention == "flex" else 1)  # fmt: skip
+        row = self.row([Doc(rollout, [state], 1.0, [Target()])])
         # in the rollout's precision (the weights' dtype, no autocast): exactness, not bf16 noise
         got = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
         return (got.float() - state.logits.float()).abs().max().item()
