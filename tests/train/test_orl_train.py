@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -130,6 +131,12 @@ def test_recipe_round_trip_and_errors(tmp_path):
     path.write_text(to_toml(cfg, out="runs/x"))
     raw = load_recipe(path)
     assert raw.pop("out") == "runs/x" and ORLConfig(**raw) == cfg
+    shipped = load_recipe(ROOT / "recipes" / "arithmetic-orl.toml")
+    assert shipped.pop("out") == "runs/arithmetic-orl"
+    every = {f.name for f in dataclasses.fields(ORLConfig)} - {"model", "gamma", "data", "device",
+             "rule", "entropy_budget", "threshold", "adapter_intermediate_size"}  # fmt: skip
+    assert set(shipped) == every  # every knob that has a value, recorded
+    assert ORLConfig(**shipped).rollouts_per_prompt == 8
     path.write_text("stepz = 3\n")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['stepz'\]"):
         load_recipe(path)
