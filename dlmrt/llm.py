@@ -54,6 +54,9 @@ class LLM:
     >>> llm = LLM("/models/QwenDLM-4B-ORL")
     >>> out = llm.generate("Write a prime checker.", max_new_tokens=512)
     >>> out.text, out.tokens_per_forward, out.request_tps
+
+    quantization="fp8" quantizes the linear weights to FP8 at load; an FP8 checkpoint is detected
+    from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena.
     """
 
     def __init__(
@@ -65,6 +68,8 @@ class LLM:
         mode: str = "auto",
         fold_commits: bool = True,
         skip_weight_check: bool = False,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -76,6 +81,8 @@ class LLM:
             mode=mode,
             fold_commits=fold_commits,
             skip_weight_check=skip_weight_check,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
         )
         if model is None:
             from dlmrt.demo import demo_model_path
@@ -90,8 +97,9 @@ class LLM:
             path = resolve_model_path(str(model))
         check = not config.skip_weight_check
         ckpt = load_checkpoint(
-            path, config.torch_dtype(), config.torch_device(), check_finite=check
-        )
+            path, config.torch_dtype(), config.torch_device(), check_finite=check,
+            quantization=config.quantization,
+        )  # fmt: skip
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
 
     @classmethod
@@ -149,7 +157,8 @@ class LLM:
             None  # the encoder-decoder style's (same attributes for every family)
         )
         mode, fold = self.mode, self.config.fold_commits
-        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold)
+        kv = self.config.kv_cache_dtype
+        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold, kv)
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 
     def _setup_canvases(self, path: Path) -> None:
@@ -157,7 +166,8 @@ class LLM:
         default in a graph mode) runs the static path in the engine's mode; torch's draws (the
         default in eager mode: transformers' own noise) run the reference loop."""
         self.mask_id = None
-        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode)
+        kv = self.config.kv_cache_dtype
+        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode, kv)
         self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
         length = self.engine.canvas_length
         log.info("canvas decoding, canvas %d: %s", length, self.canvas_settings)

@@ -173,6 +173,10 @@ def moe_mlp(
     activation: str,
     sum_dtype: torch.dtype | None = None,  # noqa: ARG001 (the slots are always summed in fp32)
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    bn: int = 64,  # the tiles and launch shape (benchmarks/moe_fp8.py sweeps them)
+    bk: int | None = None,  # default 64; 128 for FP8 weights (measured: 0.21 vs 0.26 ms, LLaDA)
+    warps: int = 4,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k], gate_up [E, 2I, H] or ([E, I, H], [E, I, H]),
     down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype. `scales`: the weights are
@@ -193,15 +197,16 @@ def moe_mlp(
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     common["SCALED"] = scales is not None
+    bk = bk or (128 if scales is not None else 64)
+    launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
     gs, us, ds = (s.contiguous() for s in scales) if scales is not None else (x, x, x)
-    bn, bk = 64, 64
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, gate, up, gs, us, h, order, tile_end, counts, starts,
         x.stride(0), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
-        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common,
+        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
-        down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common,
+        down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     return y.sum(1).to(x.dtype)

@@ -2,7 +2,7 @@
 
 FP8 does not win everywhere: at 32 rows the o and down projections of a 4B model run slower
 as `torch._scaled_mm` than as bf16 cuBLAS (docs/quantization.md has the table). So each distinct
-(rows, N, K) is timed both ways (CUDA events over graph-free replays, after a warm-up) and the
+(rows, N, K) is timed both ways (a CUDA graph of 20 calls, replayed: GPU time only) and the
 faster kept, unless DLMRT_FP8_GEMMS says "all" or "none". The FP8 time includes its activation's
 quantization only when the producer is not fused (`fused_input=False`). CPU: always FP8 (the torch
 twin runs; it exists to test numerics, not speed).
@@ -21,15 +21,26 @@ _MEASURED: dict[tuple[int, int, int, bool], tuple[float, float]] = {}
 
 
 def _time_us(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
+    """GPU µs per call of `fn`, replayed from a CUDA graph of `reps` calls (as the rounds run it:
+    no Python or launch overhead in the comparison)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
-        fn()
+    for _ in range(5):
+        graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
+    return start.elapsed_time(end) * 1000 / (5 * reps)
 
 
 def measure(
