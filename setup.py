@@ -1,6 +1,6 @@
 """dlmrt: single-request inference engine for block-diffusion language models (ORL)."""
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="dlmrt",
@@ -11,20 +11,10 @@ setup(
     python_requires=">=3.11",
     # The Triton kernels live in the top-level `kernels/` directory but are installed as
     # `dlmrt._kernels`: a top-level `kernels` package would clash with PyPI's `kernels`.
-    packages=[
-        "dlmrt",
-        "dlmrt.models",
-        "dlmrt.decoding",
-        "dlmrt.engine",
-        "dlmrt.attention",
-        "dlmrt.ops",
-        "dlmrt.train",
-        "dlmrt.train.tasks",
-        "dlmrt.server",
-        "dlmrt.bench",
-        "dlmrt._kernels",
-        "dlmrt._csrc",
-    ],
+    # Every package under dlmrt/ (found, so a new subpackage cannot be forgotten), plus the two
+    # directories mapped into it.
+    packages=[p for p in find_packages(include=["dlmrt", "dlmrt.*"])]
+    + ["dlmrt._kernels", "dlmrt._csrc"],
     package_dir={"dlmrt": "dlmrt", "dlmrt._kernels": "kernels", "dlmrt._csrc": "csrc"},
     # The embedded demo model (dlmrt/assets/demo, ~9.7 MB) ships inside the package.
     package_data={

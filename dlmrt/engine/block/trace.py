@@ -23,6 +23,7 @@ class RoundTrace:
 
     def __init__(self, spec: RoundSpec, cap: int, device: torch.device) -> None:
         rows = spec.block_length
+        self.cap = cap
 
         def new(dtype: torch.dtype, *tail: int) -> torch.Tensor:
             return torch.zeros(cap, rows, *tail, dtype=dtype, device=device)
@@ -41,14 +42,16 @@ class RoundTrace:
         self.canvas_after = new(torch.long)
 
     def _before(self, buf: BlockBuffers) -> None:
-        at = buf.step.view(1)  # this round's row
+        # this round's row; clamped because the graph warm-up runs the body past the cap (its
+        # writes are scratch: every row a block reports is rewritten by that block's rounds)
+        at = buf.step.clamp(max=self.cap - 1).view(1)
         self.canvas.index_copy_(0, at, buf.canvas.unsqueeze(0))
         self.unresolved.index_copy_(0, at, buf.unresolved.unsqueeze(0))
         if self.z is not None:
             self.z.index_copy_(0, at, buf.z.unsqueeze(0))
 
     def _after(self, buf: BlockBuffers, d: Decision) -> None:
-        at = buf.step.view(1) - 1  # the round counter has advanced
+        at = (buf.step - 1).clamp(max=self.cap - 1).view(1)  # the round counter has advanced
         for dest, src in (
             (self.entropy, buf.entropy),
             (self.accepted, buf.accepted),
