@@ -25,8 +25,8 @@ from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
-from dlmrt.ops.reference import rotate
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
+from dlmrt.ops.reference import rotate
 
 
 class Attention(nn.Module):

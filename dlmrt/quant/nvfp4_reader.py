@@ -71,6 +71,7 @@ class Nvfp4Reader:
                         f"(expected a tensor '{name}')"
                     )
             aux_names[weight] = (block, glob)
+            _check_packed_shape(found, source, packed, block)
         taken = set(weights.values()) | {n for pair in aux_names.values() for n in pair}
         rest: Found = {}
         for name, entry in found.items():
@@ -125,6 +126,18 @@ class Nvfp4Reader:
                 torch.stack([w.global_scale for w in ws]),
             )
         return out
+
+
+def _check_packed_shape(found: Found, source: dict[str, str], packed: str, block: str) -> None:
+    """Two codes a byte, one block scale per 16: packed [.., N, K/2] goes with block [.., N, K/16]."""
+    (f, shape), (_, bshape) = found[packed], found[block]
+    want = (*bshape[:-1], 8 * bshape[-1]) if bshape else None
+    if tuple(shape) != want:
+        raise CheckpointError(
+            f"{f}: NVFP4 weight '{source[packed]}' has packed shape {list(shape)}, expected "
+            f"{list(want or ())} for its block scale '{source[block]}' {list(bshape)} "
+            "(two E2M1 codes a byte, one scale per 16)"
+        )
 
 
 def _read_aux(found: Found, source: dict[str, str], names: dict[str, tuple[str, str]]

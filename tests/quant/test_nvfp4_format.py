@@ -33,7 +33,9 @@ def test_pack_unpack_is_exact_for_every_pair_of_codes():
 
 def test_every_code_rounds_back_to_itself_and_ties_go_to_even():
     table = e2m1_table()
-    assert table.tolist()[:8] == list(E2M1_VALUES) and table.tolist()[8:] == [-v for v in E2M1_VALUES]
+    assert table.tolist()[:8] == list(E2M1_VALUES) and table.tolist()[8:] == [
+        -v for v in E2M1_VALUES
+    ]
     codes = round_e2m1(table)
     assert codes[:8].tolist() == list(range(8))
     assert codes[8:].tolist() == [0] + list(range(9, 16))  # -0.0 is code 0, not 8
@@ -71,7 +73,7 @@ def test_quantize_amax_scales_and_error_bound():
     step = q.scales().unsqueeze(-1)  # the multiplier of each block: half of E2M1's largest gap (2)
     assert (blocks <= step * 1.0 + 1e-6).all()
     # each block's largest value lands on ±6 steps (within e4m3 rounding of its scale)
-    top = (w.abs().unflatten(-1, (4, 16)).amax(-1) / q.scales())
+    top = w.abs().unflatten(-1, (4, 16)).amax(-1) / q.scales()
     assert ((top > 6 / 1.07) & (top < 6 * 1.07)).all()
     assert quantize_nvfp4(torch.zeros(4, 32)).dequantize(torch.float32).eq(0).all()
     with pytest.raises(ValueError, match="multiple of 16"):

@@ -20,7 +20,9 @@ from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
 CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cuda" if CUDA else "cpu"
-kernel_test = pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)")
+kernel_test = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
+)
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 
 
@@ -31,7 +33,9 @@ def _kernel():
 
 
 def _weight(shape, gen, fp32_scales: bool) -> Nvfp4Weight:
-    w = quantize_nvfp4(torch.randn(*shape, generator=gen) * torch.rand(shape[0], 1, 1, generator=gen))
+    w = quantize_nvfp4(
+        torch.randn(*shape, generator=gen) * torch.rand(shape[0], 1, 1, generator=gen)
+    )
     bs = w.block_scale.float() if fp32_scales else w.block_scale
     return Nvfp4Weight(w.packed.to(DEV), bs.to(DEV), w.global_scale.to(DEV))
 
@@ -62,7 +66,9 @@ def _run(x, weights, index, gate_up, down, activation, **kw):
 @pytest.mark.gpu
 @kernel_test
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-@pytest.mark.parametrize("rows, experts, hidden, inter, top_k", [(5, 6, 96, 48, 2), (3, 4, 48, 80, 3)])
+@pytest.mark.parametrize(
+    "rows, experts, hidden, inter, top_k", [(5, 6, 96, 48, 2), (3, 4, 48, 80, 3)]
+)
 def test_kernel_matches_the_twin_fp32(rows, experts, hidden, inter, top_k, activation):
     case = _case(rows, experts, hidden, inter, top_k, torch.float32)
     got = _run(*case, activation, bk=32)
@@ -81,7 +87,9 @@ def test_kernel_matches_the_twin_bf16_with_e4m3_scales(rows, activation):
     got = _run(*case, activation)
     want = _twin(*case, activation)
     # the dequantized weights are the same bits; only the sums' order differs
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    torch.testing.assert_close(
+        got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max().item()
+    )
 
 
 @pytest.mark.gpu
@@ -90,7 +98,9 @@ def test_op_dispatches_to_the_kernel_and_graph_capture_replays():
     x, weights, index, gate_up, down = _case(32, 16, 128, 64, 4, torch.bfloat16, fp32_scales=False)
     gate, up = split_gate_up(gate_up)
     eager = moe_mlp_nvfp4(x, weights, index, gate, up, down, "silu")
-    torch.testing.assert_close(eager, _run(x, weights, index, gate_up, down, "silu"), rtol=0, atol=0)
+    torch.testing.assert_close(
+        eager, _run(x, weights, index, gate_up, down, "silu"), rtol=0, atol=0
+    )
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = moe_mlp_nvfp4(x, weights, index, gate, up, down, "silu")
@@ -108,5 +118,7 @@ def test_twin_is_dequantize_then_the_plain_op():
     gate, up = split_gate_up(gu)
     got = moe_mlp_nvfp4(x, weights, index, gate, up, down, "silu")
     deq = gu.dequantize(torch.float32)
-    want = reference.moe_mlp(x, weights, index, (deq[:, :16], deq[:, 16:]), down.dequantize(torch.float32), "silu")
+    want = reference.moe_mlp(
+        x, weights, index, (deq[:, :16], deq[:, 16:]), down.dequantize(torch.float32), "silu"
+    )
     assert torch.equal(got, want)
