@@ -159,3 +159,17 @@ def _ct_nvfp4(w: dict[str, Any], where: str) -> str:
     if w.get("symmetric") is False:
         raise CheckpointError(f"{where}.weights: asymmetric NVFP4 (zero points) is not supported")
     return "group"
+
+
+FP8_KV_NAMES = ("FP8", "float8")  # ModelOpt kv_cache_quant_algo; compressed-tensors kv_cache_scheme
+
+
+def kv_cache_dtype_for(requested: str, root: Path) -> str:
+    """`kv_cache_dtype` "auto" becomes "fp8" when the checkpoint at `root` declares an FP8 KV
+    cache (ModelOpt `kv_cache_quant_algo: "FP8"`, compressed-tensors `kv_cache_scheme` float 8);
+    dlmrt computes its own KV scales (the stored k_scale / v_scale are not read)."""
+    raw = read_json(root / "config.json", required=False)
+    if requested != "auto" or raw is None:
+        return requested
+    qcfg = read_quant_config(root, raw)
+    return "fp8" if qcfg is not None and qcfg.kv_cache in FP8_KV_NAMES else requested

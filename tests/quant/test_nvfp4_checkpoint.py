@@ -178,3 +178,15 @@ def test_a_packed_tensor_without_scales_and_an_ignored_nvfp4_module(nvfp4_dirs, 
 def test_unsupported_nvfp4_configs(tmp_path, raw, message):
     with pytest.raises(CheckpointError, match=message):
         read_quant_config(tmp_path, raw)
+
+
+def test_declared_fp8_kv_cache_is_honoured(sources, tmp_path):
+    """kv_cache_quant_algo "FP8": kv_cache_dtype "auto" runs the FP8 arena (dlmrt's own scales)."""
+    from dlmrt import LLM
+
+    out = write_nvfp4_checkpoint(sources["llada2"], tmp_path / "q")
+    hf = json.loads((out / "hf_quant_config.json").read_text())
+    assert LLM(out, device="cpu").engine.kv_dtype != torch.float8_e4m3fn
+    hf["quantization"]["kv_cache_quant_algo"] = "FP8"
+    (out / "hf_quant_config.json").write_text(json.dumps(hf))
+    assert LLM(out, device="cpu").engine.kv_dtype == torch.float8_e4m3fn
