@@ -78,3 +78,19 @@ def test_quantize_amax_scales_and_error_bound():
     assert quantize_nvfp4(torch.zeros(4, 32)).dequantize(torch.float32).eq(0).all()
     with pytest.raises(ValueError, match="multiple of 16"):
         quantize_nvfp4(torch.randn(4, 24))
+
+
+def test_fake_quant_act_is_nvfp4_quantize_dequantize_per_16():
+    from dlmrt.ops.nvfp4 import fake_quant_act
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 48, generator=gen)
+    scale = x.abs().amax() / (6 * 448)
+    y = fake_quant_act(x, scale)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    again = fake_quant_act(y, scale)  # what is on the grid stays there
+    torch.testing.assert_close(again, y, rtol=1e-6, atol=0)
+    blocks = (y - x).abs().unflatten(-1, (3, 16))
+    step = x.abs().unflatten(-1, (3, 16)).amax(-1, keepdim=True) / 6
+    assert (blocks <= step * 1.07 + 1e-6).all()  # within one E2M1 gap (2 steps) / 2 at the top
+    assert not torch.equal(y, x)
