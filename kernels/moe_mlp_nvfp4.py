@@ -34,11 +34,11 @@ def _e2m1(c):
 
 
 @triton.jit
-def _weights(w_base, s_base, k0, j, mask, g, dtype: tl.constexpr):
-    """(low, high) nibbles of one [BK/2, BN] byte tile as x's dtype: code * block scale * g."""
+def _weights(w_base, s_base, k0, j, mask, g):
+    """(low, high) nibbles of one [BK/2, BN] byte tile in fp32: code * (block scale * g)."""
     b = tl.load(w_base + (k0 // 2 + j)[:, None], mask=mask, other=0).to(tl.int32)
     s = tl.load(s_base + ((k0 + 2 * j) // 16)[:, None], mask=mask, other=0.0).to(tl.float32) * g
-    return (_e2m1(b & 15) * s).to(dtype), (_e2m1(b >> 4) * s).to(dtype)
+    return _e2m1(b & 15) * s, _e2m1(b >> 4) * s
 
 
 @triton.jit
@@ -46,7 +46,8 @@ def _dot2(a_base, k0, j, a_mask, w_base, s_base, w_mask, g, acc, IEEE: tl.conste
     """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :] with the even / odd columns of a met separately."""
     a_even = tl.load(a_base + (k0 + 2 * j)[None, :], mask=a_mask, other=0.0)
     a_odd = tl.load(a_base + (k0 + 2 * j + 1)[None, :], mask=a_mask, other=0.0)
-    lo, hi = _weights(w_base, s_base, k0, j, w_mask, g, a_even.dtype)
+    lo, hi = _weights(w_base, s_base, k0, j, w_mask, g)
+    lo, hi = lo.to(a_even.dtype), hi.to(a_even.dtype)  # rounded once, as the twin's dequantize
     if IEEE:
         acc = tl.dot(a_even, lo, acc, input_precision="ieee")
         acc = tl.dot(a_odd, hi, acc, input_precision="ieee")
