@@ -1,11 +1,13 @@
-"""Calibration for `dlmrt quantize`: the diagonal of H = XᵀX of every gated MLP's inputs.
+"""Calibration for `dlmrt quantize`: H = XᵀX of every gated MLP's inputs, its diagonal or its 16 × 16
+diagonal blocks (`HessianHooks(model, blocks=True)`).
 
 `HessianHooks(model)` hooks every routed-experts module and every dense gated MLP (SwiGLU /
 GeGLU) of a built dlmrt model; while the model decodes the calibration prompts (the canvases it
 sees at inference), each hook adds Σ x² over the tokens to its projections' diagonals: gate / up
 from the MLP input, down from SiLU(gate)·up (GELU for GeGLU / DiffusionGemma) recomputed from the
 layer's weights; routed experts per expert, from the tokens routed to it. `diagonals()` returns
-{parameter name: h} with h [K] (dense) or [E, K] (stacked experts), named as the model's state_dict.
+{parameter name: h} with h [K] (dense) or [E, K] (stacked experts) — with blocks, [K/16, 16, 16] /
+[E, K/16, 16, 16] — named as the model's state_dict.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def _act(gelu: bool, g: torch.Tensor) -> torch.Tensor:
 class HessianHooks:
     """Accumulates the Hessian diagonals while installed; `remove()` takes the hooks out."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, blocks: bool = False) -> None:
+        self.blocks = blocks
         self.sums: dict[str, torch.Tensor] = {}
         self.tokens: dict[str, int] = {}
         self.handles = []
@@ -41,15 +44,22 @@ class HessianHooks:
     def _add(self, name: str, value: torch.Tensor) -> None:
         self.sums[name] = self.sums.get(name, 0) + value.detach().double().cpu()
 
+    def _h(self, x: torch.Tensor) -> torch.Tensor:
+        """Σ_t x_t x_tᵀ of rows x [T, K]: its diagonal [K], or its 16 × 16 blocks [K/16, 16, 16]."""
+        if not self.blocks or x.shape[-1] % 16:
+            return (x**2).sum(0)
+        xb = x.unflatten(-1, (-1, 16))
+        return torch.einsum("tbi,tbj->bij", xb, xb)
+
     def _dense_hook(self, prefix: str, mlp: SwiGLU):
         def hook(_module, args) -> None:
             x = args[0].reshape(-1, args[0].shape[-1]).float()
             gate = F.linear(x, mlp.gate_proj.weight.float())
             h = _act(isinstance(mlp, GeGLU), gate) * F.linear(x, mlp.up_proj.weight.float())
-            xx = (x**2).sum(0)
+            xx = self._h(x)
             for proj in ("gate_proj", "up_proj"):
                 self._add(f"{prefix}.{proj}.weight", xx)
-            self._add(f"{prefix}.down_proj.weight", (h**2).sum(0))
+            self._add(f"{prefix}.down_proj.weight", self._h(h))
 
         return hook
 
@@ -58,9 +68,9 @@ class HessianHooks:
 
         def hook(_module, args) -> None:
             x, _weights, index = args[0].float(), args[1], args[2]
-            num = experts.down_proj.shape[0]
-            xx = torch.zeros(num, x.shape[-1], device=x.device, dtype=torch.float32)
-            hh = torch.zeros(num, experts.down_proj.shape[-1], device=x.device)
+            num, inter = experts.down_proj.shape[0], experts.down_proj.shape[-1]
+            xx = torch.zeros(num, *self._h(x[:1]).shape, device=x.device)
+            hh = torch.zeros(num, *self._h(x.new_zeros(1, inter)).shape, device=x.device)
             for e in index.unique().tolist():
                 xe = x[(index == e).any(-1)]
                 if fused:
@@ -68,8 +78,8 @@ class HessianHooks:
                 else:
                     gate = F.linear(xe, experts.gate_proj[e].float())
                     up = F.linear(xe, experts.up_proj[e].float())
-                xx[e] = (xe**2).sum(0)
-                hh[e] = ((_act(fused, gate) * up) ** 2).sum(0)
+                xx[e] = self._h(xe)
+                hh[e] = self._h(_act(fused, gate) * up)
             for proj in ("gate_up_proj",) if fused else ("gate_proj", "up_proj"):
                 self._add(f"{prefix}.{proj}", xx)
             self._add(f"{prefix}.down_proj", hh)
@@ -77,7 +87,7 @@ class HessianHooks:
         return hook
 
     def diagonals(self) -> dict[str, torch.Tensor]:
-        """{parameter name: diag(XᵀX) fp32}; a projection no token reached is absent."""
+        """{parameter name: diag(XᵀX) (or its blocks) fp32}; a projection no token reached is absent."""
         return {n: s.float() for n, s in self.sums.items()}
 
     def remove(self) -> None:

@@ -5,7 +5,8 @@
 
 nvfp4: the routed experts and dense MLPs (`nvfp4_writer.is_nvfp4_target`). With calibration
 prompts, the model decodes them (eager mode, so every pass is seen) while `calibration.py` sums the
-Hessian diagonals, and each block's scale is searched under them (`nvfp4_scales.py`); without,
+Hessian (16 x 16 diagonal blocks, or the diagonal with `--hessian diag`), and each block's scale is
+searched under it (`nvfp4_scales.py`); without,
 the scales are amax / 6. fp8: per-channel FP8 of every candidate (`writer.py`). OUT also gets
 `quantize_report.json`: per quantized tensor the relative layer-output error of the chosen scales
 and of plain amax scales, side by side (under the calibration Hessian; without one, h = 1).
@@ -25,7 +26,7 @@ from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
 
 QUANT_FORMATS, LAYOUTS, HESSIANS, TASKS = ("nvfp4", "fp8"), ("modelopt", "compressed-tensors"), (
-    "diag", "none"), ("arithmetic",)  # fmt: skip
+    "block", "diag", "none"), ("arithmetic",)  # fmt: skip
 REPORT = "quantize_report.json"
 
 
@@ -101,7 +102,7 @@ def _hessians(cfg: QuantizeConfig, prompts: list[str]) -> tuple[dict, Any]:
     from dlmrt.quant.calibration import HessianHooks
 
     llm = LLM(cfg.model, device=cfg.device, mode="eager", skip_weight_check=True)
-    hooks = HessianHooks(llm.model)
+    hooks = HessianHooks(llm.model, blocks=cfg.hessian == "block")
     try:
         for p in tqdm(prompts, desc="calibrating", unit="prompt", disable=None):
             llm.generate(p, max_new_tokens=cfg.max_new_tokens)
@@ -133,7 +134,10 @@ class _Quantizer:
         if h is None or not self.search:
             q, how = plain, "amax"
         else:
-            q, how = search_nvfp4(w, h), "hessian-diag"
+            q, how = (
+                search_nvfp4(w, h),
+                "hessian-" + ("diag" if h.dim() == w.dim() - 1 else "block"),
+            )
         weight = ones if h is None else h
         self.report[name] = {
             "scales": how,
@@ -154,7 +158,7 @@ def run_quantize(cfg: QuantizeConfig) -> Path:
         return write_fp8_checkpoint(src, out, fmt=cfg.layout)
     prompts = calibration_prompts(cfg)
     diag, model = _hessians(cfg, prompts) if prompts else ({}, None)
-    quantizer = _Quantizer(diag, model, cfg.hessian == "diag")
+    quantizer = _Quantizer(diag, model, cfg.hessian != "none")
     write_nvfp4_checkpoint(src, out, fmt=cfg.layout, quantizer=quantizer)
     summary = {"format": cfg.format, "layout": cfg.layout, "calibration_prompts": len(prompts),
                "hessian": cfg.hessian if prompts else None, "tensors": quantizer.report}  # fmt: skip

@@ -43,8 +43,29 @@ def test_local_hessian_search_beats_amax_on_the_layer_output_error():
         return ((x @ q.dequantize(torch.float32).t() - y).norm() ** 2 / y.norm() ** 2).item()
 
     assert err(search_nvfp4(w, h)) < 0.85 * err(quantize_nvfp4(w))
-    with pytest.raises(ValueError, match="Hessian diagonal of shape \\[64\\], expected \\[128\\]"):
+    with pytest.raises(
+        ValueError, match="Hessian of shape \\[64\\], expected a diagonal \\[128\\]"
+    ):
         search_nvfp4(w, h[:64])
+
+
+def test_block_hessian_beats_the_diagonal_when_inputs_correlate_within_blocks():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=gen)
+    mix = torch.block_diag(*[torch.eye(16) + 0.9 * torch.randn(16, 16, generator=gen)
+                             for _ in range(8)])  # fmt: skip
+    x = torch.randn(1024, 128, generator=gen) @ mix
+    xb = x.unflatten(-1, (-1, 16))
+    diag, blocks = (x**2).sum(0), torch.einsum("tbi,tbj->bij", xb, xb)
+    y = x @ w.t()
+
+    def err(q: Nvfp4Weight) -> float:
+        return ((x @ q.dequantize(torch.float32).t() - y).norm() ** 2 / y.norm() ** 2).item()
+
+    amax, d, b = err(quantize_nvfp4(w)), err(search_nvfp4(w, diag)), err(search_nvfp4(w, blocks))
+    assert b < 0.95 * d < 0.95 * amax
+    # X has no cross-block correlation (up to sampling): the block objective is the output error
+    assert output_error(w, search_nvfp4(w, blocks), blocks) == pytest.approx(b, rel=1e-2)
 
 
 def _prompts(path):
@@ -67,7 +88,7 @@ def test_cli_nvfp4_with_calibration_end_to_end(sources, tmp_path, family, capsys
     assert main(argv) == 0
     assert "tensors in NVFP4" in capsys.readouterr().out
     report = json.loads((out / "quantize_report.json").read_text())
-    assert report["calibration_prompts"] == 2 and report["hessian"] == "diag"
+    assert report["calibration_prompts"] == 2 and report["hessian"] == "block"
     tensors = report["tensors"]
     assert any(t["hessian"] for t in tensors.values())  # routed-to experts and dense MLPs
     for name, t in tensors.items():  # the search never loses to amax on its own objective
