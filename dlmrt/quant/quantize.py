@@ -45,9 +45,8 @@ class QuantizeConfig:
     task: str | None = _f(None, "calibrate on a task's training prompts instead", TASKS)
     samples: int = _f(64, "calibration prompts used")
     max_new_tokens: int = _f(32, "tokens decoded per calibration prompt")
-    hessian: str = _f(
-        "diag", "block-scale search: diag = under diag(XᵀX); none = amax / 6", HESSIANS
-    )
+    hessian: str = _f("block", "block-scale search under H = XᵀX: block = its 16 x 16 diagonal "
+                      "blocks, diag = its diagonal, none = amax / 6", HESSIANS)  # fmt: skip
     device: str | None = _f(None, "calibration device (default: cuda if available)")
 
     def __post_init__(self) -> None:
