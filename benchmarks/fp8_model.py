@@ -12,16 +12,16 @@ from __future__ import annotations
 import torch
 
 from dlmrt.quant.fp8 import quantize_per_channel
+from dlmrt.quant.policy import is_candidate
 
 PEAK_FP8_FLOPS = 1580e12  # dense e4m3 on the H200 (2x bf16)
-SKIP = ("embed", "residual_adapter", "self_conditioning", "router", "mlp.gate.", "norm")
 
 
 def quantize(model: torch.nn.Module) -> dict[str, int]:
     """Install FP8 weights; returns {installed parameter name: number of weights}."""
     fp8 = {}
     for name, p in model.named_parameters():
-        if p.dim() >= 2 and not any(s in name for s in SKIP):
+        if p.dim() >= 2 and is_candidate(name):
             fp8[name] = quantize_per_channel(p.detach())
     left = set(model.use_fp8(fp8))
     with torch.no_grad():

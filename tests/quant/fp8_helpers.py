@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from dlmrt.quant.fp8 import quantize_per_channel
-
-SKIP = ("embed", "residual_adapter", "self_conditioning", "router", "mlp.gate.", "norm")
+from dlmrt.quant.policy import is_candidate
 
 
 def quantize_model(model: torch.nn.Module) -> tuple[dict, list[str]]:
@@ -15,7 +14,7 @@ def quantize_model(model: torch.nn.Module) -> tuple[dict, list[str]]:
     fp8 = {
         name: quantize_per_channel(p.detach())
         for name, p in model.named_parameters()
-        if p.dim() >= 2 and not any(s in name for s in SKIP)
+        if p.dim() >= 2 and is_candidate(name)
     }
     left = model.use_fp8(fp8)
     with torch.no_grad():
