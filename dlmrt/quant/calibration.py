@@ -30,6 +30,7 @@ class HessianHooks:
     def __init__(self, model: nn.Module, blocks: bool = False) -> None:
         self.blocks = blocks
         self.sums: dict[str, torch.Tensor] = {}
+        self.amax: dict[str, torch.Tensor] = {}  # max |input| ([E] per expert): input scales
         self.tokens: dict[str, int] = {}
         self.handles = []
         for name, module in model.named_modules():
@@ -41,8 +42,10 @@ class HessianHooks:
                 continue
             self.handles.append(module.register_forward_pre_hook(hook))
 
-    def _add(self, name: str, value: torch.Tensor) -> None:
+    def _add(self, name: str, value: torch.Tensor, amax: torch.Tensor) -> None:
         self.sums[name] = self.sums.get(name, 0) + value.detach().double().cpu()
+        amax = amax.detach().float().cpu()
+        self.amax[name] = torch.maximum(self.amax[name], amax) if name in self.amax else amax
 
     def _h(self, x: torch.Tensor) -> torch.Tensor:
         """Σ_t x_t x_tᵀ of rows x [T, K]: its diagonal [K], or its 16 × 16 blocks [K/16, 16, 16]."""
@@ -58,8 +61,8 @@ class HessianHooks:
             h = _act(isinstance(mlp, GeGLU), gate) * F.linear(x, mlp.up_proj.weight.float())
             xx = self._h(x)
             for proj in ("gate_proj", "up_proj"):
-                self._add(f"{prefix}.{proj}.weight", xx)
-            self._add(f"{prefix}.down_proj.weight", self._h(h))
+                self._add(f"{prefix}.{proj}.weight", xx, x.abs().amax())
+            self._add(f"{prefix}.down_proj.weight", self._h(h), h.abs().amax())
 
         return hook
 
@@ -71,6 +74,7 @@ class HessianHooks:
             num, inter = experts.down_proj.shape[0], experts.down_proj.shape[-1]
             xx = torch.zeros(num, *self._h(x[:1]).shape, device=x.device)
             hh = torch.zeros(num, *self._h(x.new_zeros(1, inter)).shape, device=x.device)
+            x_amax, h_amax = x.new_zeros(num), x.new_zeros(num)
             for e in index.unique().tolist():
                 xe = x[(index == e).any(-1)]
                 if fused:
@@ -78,11 +82,12 @@ class HessianHooks:
                 else:
                     gate = F.linear(xe, experts.gate_proj[e].float())
                     up = F.linear(xe, experts.up_proj[e].float())
-                xx[e] = self._h(xe)
-                hh[e] = self._h(_act(fused, gate) * up)
+                he = _act(fused, gate) * up
+                xx[e], hh[e] = self._h(xe), self._h(he)
+                x_amax[e], h_amax[e] = xe.abs().amax(), he.abs().amax()
             for proj in ("gate_up_proj",) if fused else ("gate_proj", "up_proj"):
-                self._add(f"{prefix}.{proj}", xx)
-            self._add(f"{prefix}.down_proj", hh)
+                self._add(f"{prefix}.{proj}", xx, x_amax)
+            self._add(f"{prefix}.down_proj", hh, h_amax)
 
         return hook
 

@@ -6,7 +6,9 @@ the ORL paper; attention, routers, embeddings, the ORL adapter and the self-cond
 the checkpoint's dtype and are listed in the ignore list (`exclude_modules` / `ignore`), so other
 NVFP4 loaders leave them alone too. Tensor names: `nvfp4_reader.py`. The block scales come from
 `quantizer(stored name, tensor)` (default amax / 6, `nvfp4.quantize_nvfp4`; `dlmrt quantize` passes
-the local-Hessian search). No input scales are written: dlmrt runs weight-only W4A16.
+the local-Hessian search). Input scales (for W4A4 loaders; dlmrt runs weight-only W4A16 and drops
+them) are written where `input_amax(stored name)` knows the calibration inputs' amax: ModelOpt
+`x.input_scale` = amax / (6 · 448), compressed-tensors `x.input_global_scale` = its reciprocal.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.json_file import read_json
 from dlmrt.quant.config import COMPRESSED_TENSORS, CT_NVFP4, MODELOPT, read_quant_config
-from dlmrt.quant.nvfp4 import BLOCK, Nvfp4Weight, quantize_nvfp4
+from dlmrt.quant.fp8 import FP8_MAX
+from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, MIN_GLOBAL, Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_reader import stored_names
 from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
 from dlmrt.quant.writer import FORMATS, INDEX
@@ -42,6 +45,7 @@ def write_nvfp4_checkpoint(
     fmt: str = MODELOPT,
     ignore: Sequence[str] = (),
     quantizer: Quantizer | None = None,
+    input_amax: Callable[[str], torch.Tensor | None] | None = None,
 ) -> Path:
     """Copy checkpoint directory `src` to `out` with its NVFP4 targets in NVFP4; returns `out`."""
     if fmt not in FORMATS:
@@ -59,6 +63,8 @@ def write_nvfp4_checkpoint(
     weight_map: dict[str, str] = {}
     for f in sorted(src.glob("*.safetensors")):
         tensors = _quantize_file(load_file(str(f)), fmt, tuple(ignore), kept, quantizer)
+        if input_amax is not None:
+            tensors |= _input_scales(tensors, fmt, input_amax)
         save_file(tensors, str(out / f.name))
         weight_map.update({name: f.name for name in tensors})
     if (src / INDEX).is_file():
@@ -84,6 +90,25 @@ def _quantize_file(tensors: dict[str, torch.Tensor], fmt: str, ignore: tuple[str
         if linear or why in UNQUANTIZED_LINEARS:  # a linear left in the compute dtype
             kept.add(module_names(name)[0])
         out[name] = t.contiguous()
+    return out
+
+
+def _input_scales(tensors: dict[str, torch.Tensor], fmt: str,
+                  input_amax: Callable[[str], torch.Tensor | None]) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The input scales of the NVFP4 weights written to this file (those with a known amax)."""
+    out = {}
+    for name in [n for n in tensors if n.endswith(("_scale_2", "_global_scale"))]:
+        weight = name.removesuffix("_scale_2") if fmt == MODELOPT else name.removesuffix(
+            "_global_scale")  # fmt: skip
+        amax = input_amax(weight)
+        if amax is None:
+            continue
+        scale = (amax.float() / (E2M1_MAX * FP8_MAX)).clamp_min(MIN_GLOBAL)
+        base = weight.removesuffix("weight") if weight.endswith(".weight") else weight + "_"
+        if fmt == MODELOPT:
+            out[base + "input_scale"] = scale.contiguous()
+        else:
+            out[base + "input_global_scale"] = (1.0 / scale).contiguous()
     return out
 
 

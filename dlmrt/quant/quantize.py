@@ -8,7 +8,8 @@ prompts, the model decodes them (eager mode, so every pass is seen) while `calib
 Hessian (16 x 16 diagonal blocks, or the diagonal with `--hessian diag`), and each block's scale is
 searched under it (`nvfp4_scales.py`); without,
 the scales are amax / 6. fp8: per-channel FP8 of every candidate (`writer.py`). OUT also gets
-`quantize_report.json`: per quantized tensor the relative layer-output error of the chosen scales
+the calibration inputs' input scales (`nvfp4_writer.py`) and `quantize_report.json`: per quantized
+tensor the relative layer-output error of the chosen scales
 and of plain amax scales, side by side (under the calibration Hessian; without one, h = 1).
 """
 
@@ -95,8 +96,8 @@ def calibration_prompts(cfg: QuantizeConfig) -> list[str]:
     return prompts[: cfg.samples]
 
 
-def _hessians(cfg: QuantizeConfig, prompts: list[str]) -> tuple[dict, Any]:
-    """(Hessian diagonals by parameter name, the model) from decoding the prompts."""
+def _hessians(cfg: QuantizeConfig, prompts: list[str]) -> tuple[dict, dict, Any]:
+    """(Hessians by parameter name, input amaxes by parameter name, the model) from decoding."""
     from dlmrt.llm import LLM
     from dlmrt.quant.calibration import HessianHooks
 
@@ -107,24 +108,31 @@ def _hessians(cfg: QuantizeConfig, prompts: list[str]) -> tuple[dict, Any]:
             llm.generate(p, max_new_tokens=cfg.max_new_tokens)
     finally:
         hooks.remove()
-    return hooks.diagonals(), llm.model
+    return hooks.diagonals(), hooks.amax, llm.model
 
 
 class _Quantizer:
     """quantizer(stored name, tensor) for the writer; records the report."""
 
-    def __init__(self, diag: dict[str, torch.Tensor], model: Any, search: bool) -> None:
-        self.diag, self.search, self.report = diag, search, {}
+    def __init__(self, diag: dict, amax: dict, model: Any, search: bool) -> None:
+        self.diag, self.amax, self.search, self.report = diag, amax, search, {}
         self.slices = model.checkpoint_slices() if hasattr(model, "checkpoint_slices") else {}
         self.rename = getattr(type(model), "checkpoint_name", None) if model is not None else None
 
-    def _h(self, name: str, w: torch.Tensor) -> torch.Tensor | None:
+    def _lookup(self, table: dict, name: str) -> torch.Tensor | None:
+        """The entry of stored tensor `name` (per-expert tensors: their expert's slice)."""
         if name in self.slices:
             param, index = self.slices[name]
-            h = self.diag.get(param)
+            h = table.get(param)
             return None if h is None else h[index]
         mapped = self.rename(name) if self.rename is not None else name
-        return self.diag.get(mapped)
+        return table.get(mapped)
+
+    def _h(self, name: str, w: torch.Tensor) -> torch.Tensor | None:
+        return self._lookup(self.diag, name)
+
+    def input_amax(self, name: str) -> torch.Tensor | None:
+        return self._lookup(self.amax, name)
 
     def __call__(self, name: str, w: torch.Tensor) -> Nvfp4Weight:
         h = self._h(name, w)
@@ -156,9 +164,10 @@ def run_quantize(cfg: QuantizeConfig) -> Path:
     if cfg.format == "fp8":
         return write_fp8_checkpoint(src, out, fmt=cfg.layout)
     prompts = calibration_prompts(cfg)
-    diag, model = _hessians(cfg, prompts) if prompts else ({}, None)
-    quantizer = _Quantizer(diag, model, cfg.hessian != "none")
-    write_nvfp4_checkpoint(src, out, fmt=cfg.layout, quantizer=quantizer)
+    diag, amax, model = _hessians(cfg, prompts) if prompts else ({}, {}, None)
+    quantizer = _Quantizer(diag, amax, model, cfg.hessian != "none")
+    write_nvfp4_checkpoint(src, out, fmt=cfg.layout, quantizer=quantizer,
+                           input_amax=quantizer.input_amax)  # fmt: skip
     summary = {"format": cfg.format, "layout": cfg.layout, "calibration_prompts": len(prompts),
                "hessian": cfg.hessian if prompts else None, "tensors": quantizer.report}  # fmt: skip
     (out / REPORT).write_text(json.dumps(summary, indent=2))

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from nvfp4_helpers import nvfp4_sources
+from safetensors.torch import load_file
 
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.cli import main
@@ -93,7 +94,12 @@ def test_cli_nvfp4_with_calibration_end_to_end(sources, tmp_path, family, capsys
     assert any(t["hessian"] for t in tensors.values())  # routed-to experts and dense MLPs
     for name, t in tensors.items():  # the search never loses to amax on its own objective
         assert t["rel_output_error"] <= t["amax_rel_output_error"] + 1e-9, name
-    ckpt = load_checkpoint(out, torch.float32, CPU)
+    tensors_out = load_file(str(out / "model.safetensors"))
+    suffix = "input_global_scale" if family == "dg" else "input_scale"
+    inputs = [n for n in tensors_out if n.endswith(suffix)]
+    assert inputs and all(tensors_out[n].dtype == torch.float32 for n in inputs)
+    assert all((tensors_out[n] > 0).all() for n in inputs)
+    ckpt = load_checkpoint(out, torch.float32, CPU)  # the input scales are dropped
     assert ckpt.fp8 and all(isinstance(w, Nvfp4Weight) for w in ckpt.fp8.values())
     assert (out / "tokenizer.json").is_file()
 
