@@ -44,6 +44,8 @@ setup(
         ],
         "serve": ["fastapi>=0.110", "uvicorn>=0.29"],
         "bench": ["matplotlib>=3.7", "math-verify>=0.7"],
+        # tests/quant/test_nvfp4_modelopt.py: our NVFP4 export vs ModelOpt's (layout agreement)
+        "quant": ["nvidia-modelopt>=0.33"],
     },
     entry_points={"console_scripts": ["dlmrt = dlmrt.cli:main"]},
 )

@@ -36,13 +36,28 @@ def quantize(model: torch.nn.Module) -> dict[str, int]:
     return {n: fp8[n].qweight.numel() for n in fp8 if n not in left}
 
 
+def quantize_nvfp4(model: torch.nn.Module) -> dict[str, int]:
+    """Install NVFP4 routed experts (amax scales; W4A16 kernel); returns {name: weights}."""
+    from dlmrt.quant.nvfp4 import quantize_nvfp4 as nvfp4
+
+    names = [n for n, p in model.named_parameters() if ".experts." in n and p.dim() == 3]
+    weights = {n: nvfp4(model.get_parameter(n).detach()) for n in names}
+    sizes = {n: model.get_parameter(n).numel() for n in names}
+    left = set(model.use_fp8(weights))
+    torch.cuda.empty_cache()
+    print(f"nvfp4 routed experts installed: {len(names) - len(left)} tensors", flush=True)
+    return {n: sizes[n] for n in names if n not in left}
+
+
 def fp8_floor(
-    flops: float, nbytes: float, installed: dict[str, int], expert_share: float, rows: int
-) -> float:
-    """Seconds: max(FLOPs at their peaks, bytes / 4.3 TB/s) with the installed weights at 1 byte."""
+    flops: float, nbytes: float, installed: dict[str, int], expert_share: float, rows: int,
+    bytes_per: float = 1.0,
+) -> float:  # fmt: skip
+    """Seconds: max(FLOPs at their peaks, bytes / 4.3 TB/s) with the installed weights at
+    `bytes_per` bytes (FP8 1, NVFP4 0.5625)."""
     dense = sum(n for name, n in installed.items() if "experts." not in name)
     experts = sum(n for name, n in installed.items() if "experts." in name)
-    saved = dense + experts * expert_share  # bytes: 2 -> 1 per weight
-    fp8_flops = 2 * rows * dense  # dense FP8 GEMMs; the experts multiply in bf16
+    saved = (dense + experts * expert_share) * (2 - bytes_per)  # bytes: 2 -> bytes_per a weight
+    fp8_flops = 2 * rows * dense if bytes_per == 1.0 else 0  # dense FP8 GEMMs; experts in bf16
     time_flops = (flops - fp8_flops) / 790e12 + fp8_flops / PEAK_FP8_FLOPS
     return max(time_flops, (nbytes - saved) / 4.3e12)

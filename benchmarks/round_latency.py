@@ -1,7 +1,7 @@
 """One denoising round at a full model shape (random bf16 weights) in each execution mode.
 
     python benchmarks/round_latency.py [--model qwen_dlm|llada2] [--contexts 1024 4096]
-        [--quantization fp8] [--kv-cache-dtype fp8] [--out benchmarks/results/round_latency.json]
+        [--quantization fp8|nvfp4] [--kv-cache-dtype fp8] [--out benchmarks/results/round_latency.json]
 
 qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
 llada2: LLaDA-2.1-mini (see moe_models.py), 32 rows, its `llada_editing` rule (quality preset;
@@ -13,7 +13,8 @@ block_graph: one launch per block). Also: the QwenDLM round's dense GEMMs alone 
 and the roofline floor max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s); for MoE the bytes count only
 the experts the round's routing touches (counted from one round's routing). With
 --quantization fp8 the FP8 floor too (`fp8_model.py`: FP8 weights at 1 byte, FP8 GEMMs at 1,580
-TFLOP/s) and the ratio to it.
+TFLOP/s) and the ratio to it; --quantization nvfp4 installs NVFP4 routed experts (W4A16 kernel,
+`fp8_model.quantize_nvfp4`) and `fp8_floor_ms` is then their floor (0.5625 bytes a weight).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def _args() -> argparse.Namespace:
         help="block contents: all masks, or random tokens (diverse rows: MoE routing spreads)",
     )
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM-only timing (qwen_dlm)")
-    ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
+    ap.add_argument("--quantization", choices=["none", "fp8", "nvfp4"], default="none")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     ap.add_argument("--out", default="benchmarks/results/round_latency.json")
     ap.add_argument("--git-revision", default=None)
@@ -229,14 +230,18 @@ def main() -> None:
         gemm = gemm_only_ms(model.cfg, 256, args.iters)
         print(f"GEMMs alone {gemm:.2f} ms")
     floors = _floors(args, model, floor_of, shape)
-    installed = fp8_model.quantize(model) if args.quantization == "fp8" else None
+    quantize = {"fp8": fp8_model.quantize, "nvfp4": fp8_model.quantize_nvfp4}.get(args.quantization)
+    installed = quantize(model) if quantize else None
+    per = 0.5625 if args.quantization == "nvfp4" else 1.0  # bytes a weight (fp8_floor_ms below)
     print(f"{'context':>8} {'mode':>12} {'ms/round':>9} {'rounds':>7} {'floor':>7} {'x floor':>8}")
     for context in args.contexts:
         f = floors[context]
         fp8_floor = None
         if installed is not None:
             rows_ = shape["rows"]
-            fp8_floor = fp8_model.fp8_floor(f["flops"], f["nbytes"], installed, f["share"], rows_)
+            fp8_floor = fp8_model.fp8_floor(
+                f["flops"], f["nbytes"], installed, f["share"], rows_, per
+            )
             fp8_floor *= 1e3
         for mode in args.modes:
             ms, rounds = _time(args, model, rule, context, mode)
@@ -256,7 +261,7 @@ def main() -> None:
     eager = {r["context"]: r["ms_per_round"] for r in rows if r["mode"] == "eager"}
     for r in rows:
         r["speedup_vs_eager"] = round(eager[r["context"]] / r["ms_per_round"], 2) if eager else None
-    dtype = {"weights": "fp8" if installed else "bf16", "kv_cache": args.kv_cache_dtype}
+    dtype = {"weights": args.quantization if installed else "bf16", "kv_cache": args.kv_cache_dtype}
     write_result(
         args.out,
         {

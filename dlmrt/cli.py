@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dlmrt.train.cli import add_train_parser
 
     add_train_parser(sub)
+    from dlmrt.quant.cli import add_quantize_parser
+
+    add_quantize_parser(sub)
     return parser
 
 
@@ -210,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             from dlmrt.train.cli import cmd_train
 
             return cmd_train(args)
+        if args.command == "quantize":
+            from dlmrt.quant.cli import cmd_quantize
+
+            return cmd_quantize(args)
     except (ValueError, TypeError) as e:  # bad input; CheckpointError is a ValueError
         print(f"dlmrt: error: {e}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ from dlmrt.outputs import (
     StopCheck,
 )
 from dlmrt.params import DecodeParams
+from dlmrt.quant.config import kv_cache_dtype_for
 from dlmrt.request_checks import (
     check_block_length,
     check_callbacks,
@@ -157,7 +158,7 @@ class LLM:
             None  # the encoder-decoder style's (same attributes for every family)
         )
         mode, fold = self.mode, self.config.fold_commits
-        kv = self.config.kv_cache_dtype
+        kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8
         self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold, kv)
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 
@@ -166,7 +167,7 @@ class LLM:
         default in a graph mode) runs the static path in the engine's mode; torch's draws (the
         default in eager mode: transformers' own noise) run the reference loop."""
         self.mask_id = None
-        kv = self.config.kv_cache_dtype
+        kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8
         self.engine = EncoderDecoderEngine(self.model, self.device, self.mode, kv)
         self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
         length = self.engine.canvas_length

@@ -25,6 +25,7 @@ from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
+from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 from dlmrt.ops.reference import rotate
 
 
@@ -88,9 +89,12 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
+        self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         # sum_dtype=x.dtype: transformers accumulates the experts in the model dtype (twin only)
+        if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
+            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "gelu_tanh", x.dtype)
         return ops.moe_mlp(
             x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh",
             sum_dtype=x.dtype, scales=self.fp8_scales,

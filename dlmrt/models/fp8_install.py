@@ -9,6 +9,8 @@ those into their bf16 parameters). What runs FP8, and why:
 - Dense linears whose input comes from a norm or SiLU·up (q|k|v, gate|up, down, the LM head):
   FP8 GEMMs with the activation quantized inside its producer (RMSNorm `fp8_out`, silu_mul_fp8),
   kept where they measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`).
+- NVFP4 routed experts (`Nvfp4Weight`, dlmrt/quant/nvfp4.py): the W4A16 expert kernel; NVFP4 dense
+  linears have no kernel yet and run dequantized.
 - Never: o / dense (the attention output has no fused quantizer; slower in FP8 at <= 256 rows),
   shared experts (their input is shared with the router), embeddings, norms, routers, the ORL
   adapter and DiffusionGemma's self-conditioning MLP (as in the ORL paper).
@@ -25,6 +27,7 @@ from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import SwiGLU
 from dlmrt.ops.fp8_choice import use_fp8_gemm
 from dlmrt.quant.fp8 import Fp8Weight
+from dlmrt.quant.nvfp4 import Nvfp4Weight
 
 log = logging.getLogger("dlmrt")
 
@@ -39,8 +42,10 @@ def _free(*linears: nn.Linear) -> None:
 
 
 class _Installer:
-    def __init__(self, model: nn.Module, fp8: dict[str, Fp8Weight], rows: int) -> None:
-        self.model, self.fp8, self.rows = model, fp8, rows
+    def __init__(self, model: nn.Module, fp8: dict, rows: int) -> None:
+        self.fp8 = {n: w for n, w in fp8.items() if isinstance(w, Fp8Weight)}
+        self.nvfp4 = {n: w for n, w in fp8.items() if isinstance(w, Nvfp4Weight)}
+        self.model, self.rows = model, rows
         self.dtype = model.embed_table.dtype
         self.device = model.embed_table.device
         self.done: list[str] = []
@@ -64,6 +69,9 @@ class _Installer:
 
     def experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...]) -> None:
         names = [f"{prefix}.{p}" for p in projs]
+        if all(n in self.nvfp4 for n in names):
+            self.nvfp4_experts(prefix, experts, projs)
+            return
         if not all(n in self.fp8 for n in names):
             return
         scales = []
@@ -77,6 +85,22 @@ class _Installer:
         experts.fp8_scales = tuple(scales)
         self.done += names
         log.info("fp8 %s: FP8 weight-only (routed experts)", prefix)
+
+    def nvfp4_experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...]) -> None:
+        """NVFP4 routed experts: `experts.nvfp4` = (gate, up, down) on the device (W4A16 kernel,
+        kernels/moe_mlp_nvfp4.py); the bf16 stacks are freed."""
+        from dlmrt.ops.nvfp4 import split_gate_up
+
+        ws = [self.nvfp4_to_device(self.nvfp4[f"{prefix}.{p}"]) for p in projs]
+        experts.nvfp4 = (*split_gate_up(ws[0]), ws[1]) if len(ws) == 2 else tuple(ws)
+        for proj in projs:
+            old = getattr(experts, proj)
+            setattr(experts, proj, nn.Parameter(old.new_empty(0), requires_grad=False))
+        self.done += [f"{prefix}.{p}" for p in projs]
+        log.info("nvfp4 %s: NVFP4 weight-only W4A16 (routed experts)", prefix)
+
+    def nvfp4_to_device(self, w: Nvfp4Weight) -> Nvfp4Weight:
+        return Nvfp4Weight(*(t.to(self.device) for t in (w.packed, w.block_scale, w.global_scale)))
 
 
 def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
@@ -106,8 +130,9 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         ins.experts(f"{prefix}.mlp.experts", mlp.experts, ("gate_proj", "up_proj", "down_proj"))
 
 
-def install_fp8(model: nn.Module, fp8: dict[str, Fp8Weight], rows: int) -> list[str]:
-    """Install what runs FP8 (see the module docstring); returns the names left to dequantize."""
+def install_fp8(model: nn.Module, fp8: dict, rows: int) -> list[str]:
+    """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts only, dense
+    NVFP4 weights are left to dequantize); returns the names left to dequantize."""
     ins = _Installer(model, fp8, rows)
     is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
     for i, layer in enumerate(model.model.layers):

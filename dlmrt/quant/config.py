@@ -8,7 +8,9 @@ Two formats (docs/quantization.md):
 - NVIDIA ModelOpt: `hf_quant_config.json` `{"producer": {"name": "modelopt"}, "quantization":
   {"quant_algo": "FP8" | "FP8_PER_CHANNEL_PER_TOKEN", "exclude_modules": [...]}}`, or the newer
   `quantization_config` in config.json with `quant_method: "modelopt"` (`ignore`).
-Anything else that declares a quantization (NVFP4, block-scaled FP8, int4 ...) is refused with a
+NVFP4 (`quant_algo: "NVFP4"`; compressed-tensors format `nvfp4-pack-quantized`, 4-bit float weights,
+strategy `tensor_group`, group_size 16) has scheme "nvfp4" (`nvfp4.py`, `nvfp4_reader.py`).
+Anything else that declares a quantization (block-scaled FP8, int4 ...) is refused with a
 CheckpointError naming the file and the value, never loaded as if it were bf16.
 """
 
@@ -23,7 +25,8 @@ from dlmrt.json_file import read_json
 
 COMPRESSED_TENSORS, MODELOPT = "compressed-tensors", "modelopt"
 CT_FORMATS = ("float-quantized", "naive-quantized")
-MODELOPT_ALGOS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel"}
+CT_NVFP4 = "nvfp4-pack-quantized"
+MODELOPT_ALGOS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "NVFP4": "group"}
 STRATEGIES = ("channel", "tensor")
 
 
@@ -32,13 +35,14 @@ class QuantConfig:
     """method: compressed-tensors | modelopt; source: the file that declared it; ignore: module
     patterns kept unquantized; strategy: the declared weight-scale granularity (channel | tensor;
     the reader accepts either shape of scale); kv_cache: the declared KV-cache quantization, if any
-    (informational: dlmrt computes its own KV scales)."""
+    (informational: dlmrt computes its own KV scales); scheme: fp8 | nvfp4 (strategy "group")."""
 
     method: str
     source: Path
     ignore: tuple[str, ...] = ()
     strategy: str = "channel"
     kv_cache: str | None = None
+    scheme: str = "fp8"
 
 
 def read_quant_config(root: Path, raw: dict[str, Any]) -> QuantConfig | None:
@@ -85,11 +89,15 @@ def _modelopt(q: dict[str, Any], path: Path) -> QuantConfig:
             f"{path}: unsupported ModelOpt quant_algo {algo!r} "
             f"(dlmrt reads {', '.join(MODELOPT_ALGOS)})"
         )
+    if algo == "NVFP4" and q.get("group_size", 16) != 16:
+        raise CheckpointError(
+            f"{path}: NVFP4 group_size {q.get('group_size')!r} is not supported (expected 16)"
+        )
     ignore = _string_list(q.get("exclude_modules", q.get("ignore")), "exclude_modules", path)
     kv = q.get("kv_cache_quant_algo")
-    return QuantConfig(
-        MODELOPT, path, ignore, MODELOPT_ALGOS[algo], None if kv is None else str(kv)
-    )
+    scheme = "nvfp4" if algo == "NVFP4" else "fp8"
+    kv_name = None if kv is None else str(kv)
+    return QuantConfig(MODELOPT, path, ignore, MODELOPT_ALGOS[algo], kv_name, scheme)
 
 
 def _compressed_tensors(qc: dict[str, Any], path: Path) -> QuantConfig:
@@ -100,8 +108,11 @@ def _compressed_tensors(qc: dict[str, Any], path: Path) -> QuantConfig:
     ignore = _string_list(qc.get("ignore"), "ignore", path)
     kv = qc.get("kv_cache_scheme")
     kv_name = None if kv is None else f"{kv.get('type', '?')}{kv.get('num_bits', '?')}"
-    strategy = "channel" if "channel" in strategies else "tensor"
-    return QuantConfig(COMPRESSED_TENSORS, path, ignore, strategy, kv_name)
+    if "group" in strategies and len(strategies) > 1:
+        raise CheckpointError(f"{path}: config_groups mix NVFP4 and FP8 weights (not supported)")
+    strategy = next(s for s in ("group", "channel", "tensor") if s in strategies or s == "tensor")
+    scheme = "nvfp4" if strategy == "group" else "fp8"
+    return QuantConfig(COMPRESSED_TENSORS, path, ignore, strategy, kv_name, scheme)
 
 
 def _ct_group(name: str, group: Any, top_format: Any, path: Path) -> str:
@@ -110,10 +121,12 @@ def _ct_group(name: str, group: Any, top_format: Any, path: Path) -> str:
     if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
         raise CheckpointError(f"{where}: missing 'weights'")
     fmt = group.get("format", top_format)
+    if fmt == CT_NVFP4:
+        return _ct_nvfp4(group.get("weights"), where)
     if fmt not in CT_FORMATS:
         raise CheckpointError(
             f"{where}: unsupported compressed-tensors format {fmt!r} "
-            f"(dlmrt reads FP8 {' / '.join(CT_FORMATS)})"
+            f"(dlmrt reads FP8 {' / '.join(CT_FORMATS)} and {CT_NVFP4})"
         )
     w = group["weights"]
     if w.get("type") != "float" or w.get("num_bits") != 8:
@@ -129,3 +142,34 @@ def _ct_group(name: str, group: Any, top_format: Any, path: Path) -> str:
     if w.get("symmetric") is False:
         raise CheckpointError(f"{where}.weights: asymmetric FP8 (zero points) is not supported")
     return w["strategy"]
+
+
+def _ct_nvfp4(w: dict[str, Any], where: str) -> str:
+    """An NVFP4 group's weights: 4-bit floats, one scale per 16 (`tensor_group`), symmetric."""
+    if w.get("type") != "float" or w.get("num_bits") != 4:
+        raise CheckpointError(
+            f"{where}.weights: {w.get('type')!r} {w.get('num_bits')!r}-bit weights are not NVFP4 "
+            "(expected type 'float', num_bits 4)"
+        )
+    if w.get("strategy") != "tensor_group" or w.get("group_size") != 16:
+        raise CheckpointError(
+            f"{where}.weights: NVFP4 strategy {w.get('strategy')!r} group_size "
+            f"{w.get('group_size')!r} is not supported (expected 'tensor_group', 16)"
+        )
+    if w.get("symmetric") is False:
+        raise CheckpointError(f"{where}.weights: asymmetric NVFP4 (zero points) is not supported")
+    return "group"
+
+
+FP8_KV_NAMES = ("FP8", "float8")  # ModelOpt kv_cache_quant_algo; compressed-tensors kv_cache_scheme
+
+
+def kv_cache_dtype_for(requested: str, root: Path) -> str:
+    """`kv_cache_dtype` "auto" becomes "fp8" when the checkpoint at `root` declares an FP8 KV
+    cache (ModelOpt `kv_cache_quant_algo: "FP8"`, compressed-tensors `kv_cache_scheme` float 8);
+    dlmrt computes its own KV scales (the stored k_scale / v_scale are not read)."""
+    raw = read_json(root / "config.json", required=False)
+    if requested != "auto" or raw is None:
+        return requested
+    qcfg = read_quant_config(root, raw)
+    return "fp8" if qcfg is not None and qcfg.kv_cache in FP8_KV_NAMES else requested

@@ -33,6 +33,10 @@ class Fp8Weight:
     def shape(self) -> torch.Size:
         return self.qweight.shape
 
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + 4 * self.scale.numel()
+
     def narrow(self, start: int, rows: int) -> Fp8Weight:
         """Output channels [start, start + rows) (the last but one dim): a view."""
         dim = self.qweight.dim() - 2

@@ -16,6 +16,7 @@ import torch
 
 from dlmrt.config import QUANTIZATIONS
 from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.quant.nvfp4 import Nvfp4Weight
 from dlmrt.quant.policy import classify, matches
 from dlmrt.quant.reader import Fp8Reader
 
@@ -24,11 +25,11 @@ log = logging.getLogger("dlmrt")
 
 def collect_fp8(
     reader: Fp8Reader, params: dict[str, torch.Tensor], quantization: str | None
-) -> tuple[dict[str, Fp8Weight], dict[str, str]]:
+) -> tuple[dict[str, Fp8Weight | Nvfp4Weight], dict[str, str]]:
     """(FP8 weights by parameter name, why each other FP8 candidate stays in the compute dtype).
 
-    quantization None: the checkpoint's FP8 weights; "fp8": also quantize the rest at load;
-    "none": no FP8 weights (an FP8 checkpoint runs dequantized)."""
+    quantization None: the checkpoint's FP8 (or NVFP4) weights; "fp8": also quantize the rest to
+    FP8 at load; "none": no quantized weights (a quantized checkpoint runs dequantized)."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(
             f"quantization: expected one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
@@ -97,7 +98,7 @@ def place_fp8(
                 params[name].copy_(running.pop(name).dequantize(params[name].dtype))
             why[name] = (
                 "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
-                "or slower in FP8 at its shape)"
+                "no NVFP4 dense kernel, or slower in FP8 at its shape)"
             )
     _log(running, why)
     return running
@@ -110,7 +111,7 @@ def has_fp8_kernels(device: torch.device) -> bool:
 
 def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
     kinds = Counter(classify(n)[1] for n in running)
-    mib = sum(w.qweight.numel() + 4 * w.scale.numel() for w in running.values()) / 2**20
+    mib = sum(w.nbytes for w in running.values()) / 2**20
     if running:
         parts = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         log.info("FP8 weights: %d tensor(s), %.1f MiB (%s)", len(running), mib, parts)

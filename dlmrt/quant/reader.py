@@ -50,6 +50,10 @@ class Fp8Reader:
         """(the tensors the model must hold, a reader holding the scales read from the files)."""
         if qcfg is None:
             return found, cls(None, {}, source, slices)
+        if qcfg.scheme == "nvfp4":
+            from dlmrt.quant.nvfp4_reader import Nvfp4Reader  # same interface: take, weights
+
+            return Nvfp4Reader.split(found, source, qcfg, slices)  # type: ignore[return-value]
         rest, scale_names, dropped = {}, {}, 0
         for name, entry in found.items():
             base = name.removesuffix("_scale")

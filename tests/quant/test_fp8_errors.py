@@ -132,8 +132,8 @@ FP8_W = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": Tru
             "unsupported quantization_config.quant_method 'fp8'",
         ),
         (
-            {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}},
-            "unsupported ModelOpt quant_algo 'NVFP4'",
+            {"quantization_config": {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}},
+            "unsupported ModelOpt quant_algo 'W4A8_AWQ'",
         ),
     ],
 )
