@@ -16,6 +16,7 @@ CheckpointError naming the file and the value, never loaded as if it were bf16.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ CT_FORMATS = ("float-quantized", "naive-quantized")
 CT_NVFP4 = "nvfp4-pack-quantized"
 MODELOPT_ALGOS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "NVFP4": "group"}
 STRATEGIES = ("channel", "tensor")
+
+log = logging.getLogger("dlmrt")
 
 
 @dataclass(frozen=True)
@@ -165,11 +168,14 @@ FP8_KV_NAMES = ("FP8", "float8")  # ModelOpt kv_cache_quant_algo; compressed-ten
 
 
 def kv_cache_dtype_for(requested: str, root: Path) -> str:
-    """`kv_cache_dtype` "auto" becomes "fp8" when the checkpoint at `root` declares an FP8 KV
-    cache (ModelOpt `kv_cache_quant_algo: "FP8"`, compressed-tensors `kv_cache_scheme` float 8);
-    dlmrt computes its own KV scales (the stored k_scale / v_scale are not read)."""
+    """The arena dtype to run: `requested` as given. A checkpoint that declares an FP8 KV cache
+    (ModelOpt `kv_cache_quant_algo: "FP8"`, compressed-tensors `kv_cache_scheme` float 8) does
+    not switch "auto" to FP8, as in vLLM: the FP8 arena is slower on Hopper today
+    (docs/quantization.md), so it is logged as a hint; dlmrt keeps its own KV scale."""
     raw = read_json(root / "config.json", required=False)
     if requested != "auto" or raw is None:
         return requested
     qcfg = read_quant_config(root, raw)
-    return "fp8" if qcfg is not None and qcfg.kv_cache in FP8_KV_NAMES else requested
+    if qcfg is not None and qcfg.kv_cache in FP8_KV_NAMES:
+        log.info("%s declares an FP8 KV cache: pass kv_cache_dtype='fp8' to use one", root)
+    return requested

@@ -180,8 +180,9 @@ def test_unsupported_nvfp4_configs(tmp_path, raw, message):
         read_quant_config(tmp_path, raw)
 
 
-def test_declared_fp8_kv_cache_is_honoured(sources, tmp_path):
-    """kv_cache_quant_algo "FP8": kv_cache_dtype "auto" runs the FP8 arena (dlmrt's own scales)."""
+def test_declared_fp8_kv_cache_is_a_hint_only(sources, tmp_path, caplog):
+    """kv_cache_quant_algo "FP8": "auto" keeps the compute-dtype arena (as vLLM), logs the hint;
+    kv_cache_dtype="fp8" runs the FP8 arena."""
     from dlmrt import LLM
 
     out = write_nvfp4_checkpoint(sources["llada2"], tmp_path / "q")
@@ -189,4 +190,7 @@ def test_declared_fp8_kv_cache_is_honoured(sources, tmp_path):
     assert LLM(out, device="cpu").engine.kv_dtype != torch.float8_e4m3fn
     hf["quantization"]["kv_cache_quant_algo"] = "FP8"
     (out / "hf_quant_config.json").write_text(json.dumps(hf))
-    assert LLM(out, device="cpu").engine.kv_dtype == torch.float8_e4m3fn
+    with caplog.at_level("INFO", logger="dlmrt"):
+        assert LLM(out, device="cpu").engine.kv_dtype != torch.float8_e4m3fn
+    assert "declares an FP8 KV cache" in caplog.text
+    assert LLM(out, device="cpu", kv_cache_dtype="fp8").engine.kv_dtype == torch.float8_e4m3fn
