@@ -21,3 +21,9 @@ def hf_hub_cache() -> Path:
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"])
     return Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub"
+
+
+def tp_timeout_s() -> float:
+    """DLMRT_TP_TIMEOUT_S: seconds a tensor-parallel collective outside a CUDA graph waits for a
+    peer before the job ends with an error naming it (default 120)."""
+    return float(os.environ.get("DLMRT_TP_TIMEOUT_S", "120"))

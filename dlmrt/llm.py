@@ -20,6 +20,8 @@ from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+from dlmrt.distributed import requests as tp_requests
+from dlmrt.distributed import setup as tp_setup
 from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.outputs import BlockCallback, EngineResult, GenerationOutput, Recorder, StopCheck
@@ -55,6 +57,7 @@ class LLM:
         mode: str = "auto",
         fold_commits: bool = True,
         skip_weight_check: bool = False,
+        tensor_parallel_size: int | None = None,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -66,7 +69,9 @@ class LLM:
             mode=mode,
             fold_commits=fold_commits,
             skip_weight_check=skip_weight_check,
+            tensor_parallel_size=tensor_parallel_size,
         )
+        config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
         if model is None:
             from dlmrt.demo import demo_model_path
 
@@ -82,7 +87,7 @@ class LLM:
         ckpt = load_checkpoint(
             path, config.torch_dtype(), config.torch_device(), check_finite=check
         )
-        self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
+        self._setup(tp_setup.shard(ckpt.model, self.group), Tokenizer(path), ckpt.path, config)
 
     @classmethod
     def from_model(
@@ -105,6 +110,7 @@ class LLM:
             fold_commits=fold_commits,
         )  # fmt: skip
         llm = cls.__new__(cls)
+        llm.group = None
         llm._setup(model, tokenizer, Path(path), config)
         return llm
 
@@ -119,7 +125,9 @@ class LLM:
             self.default_rule = self.family.default_rule(config.role, has_adapter)
         except ValueError as e:
             raise CheckpointError(f"{path / 'config.json'}: {e}") from None
-        self.mode, self.mode_reason = select_mode(config.mode, self.device, self.family.moe)
+        self.mode, self.mode_reason = tp_setup.agree_mode(
+            *select_mode(config.mode, self.device, self.family.moe), self.group
+        )
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         if self.family.style == BLOCK:
             self._setup_blocks(path)
@@ -168,7 +176,30 @@ class LLM:
         `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
+        Tensor parallel: every rank calls this; rank 0's arguments decide (`dlmrt/distributed/`).
         """
+        if self.group is not None:
+            prompt, chat, kwargs, should_stop = tp_requests.share_call(
+                self.group, prompt, chat, kwargs, should_stop
+            )
+        return self._generate(prompt, chat, recorder, on_block, should_stop, kwargs)
+
+    def follow(self) -> None:
+        """Tensor parallel, ranks > 0 of a server: decode what rank 0's `generate` calls share,
+        until rank 0 calls `release_followers()`."""
+
+        def run(req):
+            prompt, chat, kwargs, poll = tp_requests.unpack(self.group, req)
+            return self._generate(prompt, chat, None, None, poll, kwargs)
+
+        tp_requests.follow(self.group, run)
+
+    def release_followers(self) -> None:
+        """Rank 0: end the other ranks' `follow` (a no-op without tensor parallelism)."""
+        if self.group is not None:
+            tp_requests.stop(self.group)
+
+    def _generate(self, prompt, chat, recorder, on_block, should_stop, kwargs) -> GenerationOutput:
         params = DecodeParams.from_kwargs(**kwargs)
         check_callbacks(chat, recorder, on_block, should_stop)
         t0 = time.perf_counter()
