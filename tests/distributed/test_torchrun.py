@@ -1,0 +1,99 @@
+"""`torchrun --nproc-per-node 2` (gloo, fp32): tiny QwenDLM (Base, ORL), LLaDA2 (Base, ORL) and
+DiffusionGemma decode the same tokens sharded as on one process, for their rules and presets, greedy
+and sampled; a rank that dies ends the job with an error on rank 0 within a bounded time.
+
+One torchrun launch serves every request of a test (start-up dominates: ~10 s on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
+
+from dlmrt import LLM
+
+pytestmark = pytest.mark.slow
+WORKER = Path(__file__).with_name("tp_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33]  # "Hello, world!"
+
+
+def _torchrun(job: dict, tmp: Path, timeout: float = 240) -> tuple[object, float]:
+    (tmp / "job.json").write_text(json.dumps(job))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DLMRT_TP_TIMEOUT_S="20")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(job["world"])]
+    cmd += ["--standalone", str(WORKER), str(tmp / "job.json"), str(tmp / "out.json")]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    elapsed = time.monotonic() - t0
+    out = tmp / "out.json"
+    assert out.is_file(), f"rank 0 wrote nothing (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(out.read_text()), elapsed
+
+
+def _block_runs(tmp: Path) -> list[dict]:
+    qwen_base = write_checkpoint(tmp / "qwen_base")
+    qwen_orl = write_checkpoint(tmp / "qwen_orl", residual=residual_config())
+    llada = write_llada2_checkpoint(tmp / "llada")
+    llada_orl = write_llada2_checkpoint(tmp / "llada_orl", residual=residual_config())
+    common = dict(max_new_tokens=24, ignore_eos=True)
+    runs = []
+    for model in (qwen_base, qwen_orl):
+        runs.append((model, dict(common)))
+        runs.append((model, dict(common, temperature=0.8, seed=3)))
+        runs.append((model, dict(common, rule="entropy_budget", entropy_budget=1.0)))
+    runs.append((qwen_base, dict(common, rule="threshold", threshold=0.5)))
+    for model in (llada, llada_orl):
+        runs.append((model, dict(common, editing="quality")))
+        runs.append((model, dict(common, editing="speed", temperature=0.7, seed=5)))
+    return [{"model": str(m), "prompt": PROMPT, "kwargs": kw} for m, kw in runs]
+
+
+def _canvas_runs(tmp_path_factory) -> list[dict]:
+    from dg_helpers import tiny_checkpoint
+
+    path, _ = tiny_checkpoint(tmp_path_factory)
+    runs = []
+    for kw in (dict(rng="counter"), dict(rng="torch", seed=2), dict(rng="counter", seed=4)):
+        runs.append({"model": str(path), "prompt": [7, 30, 55, 12, 90, 41], "kwargs": dict(kw, max_new_tokens=16)})
+    return runs
+
+
+def _one_process(runs: list[dict]) -> list[dict]:
+    llms: dict[str, LLM] = {}
+    out = []
+    for run in runs:
+        llm = llms.setdefault(run["model"], LLM(run["model"], mode="eager"))
+        res = llm.generate(run["prompt"], **run["kwargs"])
+        out.append(
+            {
+                "token_ids": res.token_ids,
+                "rounds_per_block": res.rounds_per_block,
+                "finish_reason": res.finish_reason,
+            }
+        )
+    return out
+
+
+def test_tp2_decodes_the_tokens_of_one_process(tmp_path: Path, tmp_path_factory):
+    runs = _block_runs(tmp_path) + _canvas_runs(tmp_path_factory)
+    got, _ = _torchrun({"world": 2, "runs": runs}, tmp_path)
+    want = _one_process(runs)
+    assert isinstance(got, list), got
+    for run, g, w in zip(runs, got, want, strict=True):
+        assert g == w, (Path(run["model"]).name, run["kwargs"])
+
+
+def test_a_rank_that_dies_ends_the_job_with_an_error_on_rank_0(tmp_path: Path):
+    model = write_checkpoint(tmp_path / "qwen")
+    runs = [{"model": str(model), "prompt": PROMPT, "kwargs": dict(max_new_tokens=8)}]
+    got, elapsed = _torchrun({"world": 2, "runs": runs, "exit_rank": 1}, tmp_path, timeout=120)
+    assert "another rank died" in got["error"], got
+    assert "rank 0 of 2" in got["error"]
+    assert elapsed < 90
