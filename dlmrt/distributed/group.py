@@ -49,7 +49,7 @@ class TPGroup:
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[world, *x.shape]: every rank's x, in rank order."""
         out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        _guard("all_gather", self, lambda: dist.all_gather_into_tensor(out, x.contiguous()))
+        _guard("all_gather", self, lambda: dist.all_gather_single(out, x.contiguous()))
         return out.view(self.world, *x.shape)
 
     def broadcast_object(self, obj: Any = None) -> Any:

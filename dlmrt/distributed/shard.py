@@ -147,9 +147,8 @@ def _local_config(model: nn.Module) -> None:
 
 
 def shard_model(model: nn.Module, group: TPGroup) -> nn.Module:
-    """Shard `model` (QwenDLM, LLaDA2 or DiffusionGemma, loaded) over `group`, in place."""
-    if group.world == 1:
-        return model
+    """Shard `model` (QwenDLM, LLaDA2 or DiffusionGemma, loaded) over `group`, in place.
+    A group of one rank runs the whole distributed code path on full-size slices (tests)."""
     shared = {id(m.shared_experts) for m in model.modules() if isinstance(m, moe.SparseMoE)}
     for name, m in list(model.named_modules()):
         if isinstance(m, layers.Attention):

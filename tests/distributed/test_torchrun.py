@@ -61,7 +61,13 @@ def _canvas_runs(tmp_path_factory) -> list[dict]:
     path, _ = tiny_checkpoint(tmp_path_factory)
     runs = []
     for kw in (dict(rng="counter"), dict(rng="torch", seed=2), dict(rng="counter", seed=4)):
-        runs.append({"model": str(path), "prompt": [7, 30, 55, 12, 90, 41], "kwargs": dict(kw, max_new_tokens=16)})
+        runs.append(
+            {
+                "model": str(path),
+                "prompt": [7, 30, 55, 12, 90, 41],
+                "kwargs": dict(kw, max_new_tokens=16),
+            }
+        )
     return runs
 
 
