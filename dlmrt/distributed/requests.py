@@ -65,3 +65,16 @@ def unpack(group: TPGroup, req: dict[str, Any], should_stop=None):
     """(prompt, chat, kwargs, should_stop) of a shared request."""
     poll = shared_stop(group, should_stop) if req["poll"] else None
     return req["prompt"], req["chat"], req["kwargs"], poll
+
+
+def root_only(llm: Any, main: Callable[[], int]) -> int:
+    """Run a command's `main` on rank 0 (all the I/O) while the other ranks follow its requests;
+    rank 0 releases them however `main` ends. Without tensor parallelism: just `main()`."""
+    group = llm.group
+    if group is not None and not group.is_root:
+        llm.follow()
+        return 0
+    try:
+        return main()
+    finally:
+        llm.release_followers()

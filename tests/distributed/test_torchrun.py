@@ -103,3 +103,17 @@ def test_a_rank_that_dies_ends_the_job_with_an_error_on_rank_0(tmp_path: Path):
     assert "another rank died" in got["error"], got
     assert "rank 0 of 2" in got["error"]
     assert elapsed < 90
+
+
+def test_torchrun_generate_prints_once_the_one_process_text(tmp_path: Path):
+    model = write_checkpoint(tmp_path / "qwen", residual=residual_config())
+    args = ["generate", "--model", str(model), "--max-new-tokens", "16", "--ignore-eos"]
+    args += ["--tp", "2", "Hello"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    proc = subprocess.run(
+        cmd + ["-m", "dlmrt", *args], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    want = LLM(model).generate("Hello", max_new_tokens=16, ignore_eos=True).text
+    assert proc.stdout == want + "\n"  # rank 0 prints; the other rank only decodes
