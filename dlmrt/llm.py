@@ -84,10 +84,13 @@ class LLM:
         else:
             path = resolve_model_path(str(model))
         check = not config.skip_weight_check
-        ckpt = load_checkpoint(
-            path, config.torch_dtype(), config.torch_device(), check_finite=check
+        dtype, device, shard = (
+            config.torch_dtype(),
+            config.torch_device(),
+            tp_setup.loader(self.group),
         )
-        self._setup(tp_setup.shard(ckpt.model, self.group), Tokenizer(path), ckpt.path, config)
+        ckpt = load_checkpoint(path, dtype, device, check_finite=check, shard=shard)
+        self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
 
     @classmethod
     def from_model(

@@ -11,6 +11,9 @@ vocab-parallel   the embedding keeps rows [r * n, (r + 1) * n) of the table: ids
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,15 +34,32 @@ def split(size: int, world: int, what: str) -> int:
     return size // world
 
 
+# id(kept parameter) -> (dim, index, full shape) while `recording` (sliced loading: loading.py)
+_RECORD: dict[int, tuple[int, torch.Tensor | slice, tuple[int, ...]]] | None = None
+
+
+@contextmanager
+def recording() -> Iterator[dict[int, tuple[int, torch.Tensor | slice, tuple[int, ...]]]]:
+    """Record every `keep_rows` cut made inside the block (what a rank must read of a tensor)."""
+    global _RECORD
+    _RECORD = {}
+    try:
+        yield _RECORD
+    finally:
+        _RECORD = None
+
+
 def keep_rows(weight: torch.Tensor, index: torch.Tensor | slice, dim: int = 0) -> nn.Parameter:
     """A fresh contiguous parameter holding the kept slice (the full tensor can be freed)."""
     w = weight.detach()
-    kept = (
-        w[(slice(None),) * dim + (index,)]
-        if isinstance(index, slice)
-        else w.index_select(dim, index)
-    )
-    return nn.Parameter(kept.contiguous().clone(), requires_grad=False)
+    if isinstance(index, slice):
+        kept = w[(slice(None),) * dim + (index,)]
+    else:
+        kept = w.index_select(dim, index.to(w.device))  # index: a CPU tensor (recorded)
+    out = nn.Parameter(kept.contiguous().clone(), requires_grad=False)
+    if _RECORD is not None:
+        _RECORD[id(out)] = (dim, index, tuple(weight.shape))
+    return out
 
 
 def column(linear: nn.Linear, index: torch.Tensor | slice) -> None:

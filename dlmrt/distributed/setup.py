@@ -24,13 +24,13 @@ def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
     return replace(config, device=str(group.device)), group
 
 
-def shard(model: torch.nn.Module, group: TPGroup | None) -> torch.nn.Module:
-    """Shard the loaded model over `group` (no-op without one)."""
+def loader(group: TPGroup | None):
+    """The `shard` hook of `load_checkpoint`: each rank reads only its slices (None: plain)."""
     if group is None:
-        return model
-    from dlmrt.distributed.shard import shard_model
+        return None
+    from dlmrt.distributed.loading import sliced_loader
 
-    return shard_model(model, group)
+    return sliced_loader(group)
 
 
 _LEVEL = {"eager": 0, "round_graph": 1, "block_graph": 2}

@@ -83,7 +83,7 @@ def _llada_attention(m: llada2.Attention, group: TPGroup) -> None:
     q0, hl, k0, kvl = local_heads(heads, kv, group)
     ar = lambda start, n: torch.arange(start * d, (start + n) * d)  # noqa: E731
     index = torch.cat((ar(q0, hl), ar(heads + k0, kvl), ar(heads + kv + k0, kvl)))
-    column(m.query_key_value, index.to(m.query_key_value.weight.device))
+    column(m.query_key_value, index)
     row(m.dense, heads_slice(d, q0, hl))
     all_reduce_output(m.dense, group)
     m.heads, m.kv_heads = hl, kvl
@@ -116,7 +116,7 @@ def _gemma_experts(m: dg.Experts, group: TPGroup, name: str) -> None:
     index = torch.cat(
         (torch.arange(r * n, (r + 1) * n), torch.arange(inter + r * n, inter + (r + 1) * n))
     )
-    m.gate_up_proj = keep_rows(m.gate_up_proj, index.to(m.gate_up_proj.device), 1)
+    m.gate_up_proj = keep_rows(m.gate_up_proj, index, 1)
     m.down_proj = keep_rows(m.down_proj, slice(r * n, (r + 1) * n), 2)
     all_reduce_output(m, group)
 
@@ -146,9 +146,10 @@ def _local_config(model: nn.Module) -> None:
     )
 
 
-def shard_model(model: nn.Module, group: TPGroup) -> nn.Module:
+def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Module:
     """Shard `model` (QwenDLM, LLaDA2 or DiffusionGemma, loaded) over `group`, in place.
-    A group of one rank runs the whole distributed code path on full-size slices (tests)."""
+    A group of one rank runs the whole distributed code path on full-size slices (tests). On
+    the meta device (before loading, `loading.py`) it only reshapes; fuse=False then."""
     shared = {id(m.shared_experts) for m in model.modules() if isinstance(m, moe.SparseMoE)}
     for name, m in list(model.named_modules()):
         if isinstance(m, layers.Attention):
@@ -168,6 +169,6 @@ def shard_model(model: nn.Module, group: TPGroup) -> nn.Module:
     if not isinstance(model, dg.DiffusionGemma):
         _vocab_parallel(model, model.EMBED, group)
     _local_config(model)
-    if hasattr(model, "fuse_projections"):
+    if fuse and hasattr(model, "fuse_projections"):  # the loader fuses after sliced loading
         model.fuse_projections()
     return model

@@ -13,6 +13,7 @@ from dlmrt import LLM
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.distributed.group import TPGroup
 from dlmrt.distributed.linear import ShardError, VocabParallelEmbedding
+from dlmrt.distributed.loading import sliced_loader
 from dlmrt.distributed.shard import shard_model
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]
@@ -75,3 +76,30 @@ def test_fewer_kv_heads_than_ranks_replicates_the_kv_head_of_each_rank(tmp_path)
         torch.testing.assert_close(
             attn.o_proj.weight, full.o_proj.weight[:, rank * 16 : (rank + 1) * 16]
         )
+
+
+def _sliced_equals_sharded_after_loading(path: Path, world: int) -> None:
+    for rank in range(world):
+        group = TPGroup(rank, world, CPU)
+        after = shard_model(_model(path), group).state_dict()
+        sliced = load_checkpoint(path, torch.float32, CPU, shard=sliced_loader(group)).model
+        got = sliced.state_dict()
+        assert got.keys() == after.keys()
+        for name, value in after.items():
+            assert torch.equal(got[name], value), (rank, name)
+
+
+@pytest.mark.parametrize("kind", ["qwen_tied", "llada_orl"])
+def test_sliced_loading_reads_the_slices_of_sharding_after_loading(tmp_path, kind):
+    if kind == "llada_orl":  # fused query_key_value, stacked experts, shared expert, adapter
+        path = write_llada2_checkpoint(tmp_path / kind, residual=residual_config())
+    else:
+        path = write_checkpoint(tmp_path / kind, tokenizer=False, tie_word_embeddings=True)
+    _sliced_equals_sharded_after_loading(path, 2)
+
+
+def test_sliced_loading_of_diffusion_gemma(tmp_path_factory):
+    from dg_helpers import tiny_checkpoint
+
+    path, _ = tiny_checkpoint(tmp_path_factory)  # gate|up experts, K = V layers, 1 global kv head
+    _sliced_equals_sharded_after_loading(path, 2)

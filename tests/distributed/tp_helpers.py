@@ -11,7 +11,7 @@ import torch.distributed as dist
 from dlmrt import LLM
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.distributed.group import TPGroup, set_active
-from dlmrt.distributed.shard import shard_model
+from dlmrt.distributed.loading import sliced_loader
 from dlmrt.tokenizer import Tokenizer
 
 
@@ -25,9 +25,8 @@ def one_rank_group(device: torch.device) -> TPGroup:
 
 def sharded_llm(path: Path, group: TPGroup, dtype: torch.dtype, mode: str = "eager") -> LLM:
     """An LLM over the checkpoint sharded over `group` (which must be active when it decodes)."""
-    ckpt = load_checkpoint(path, dtype, group.device)
-    model = shard_model(ckpt.model, group)
-    llm = LLM.from_model(model, Tokenizer(path), path=path, mode=mode)
+    ckpt = load_checkpoint(path, dtype, group.device, shard=sliced_loader(group))
+    llm = LLM.from_model(ckpt.model, Tokenizer(path), path=path, mode=mode)
     llm.group = group  # requests go through the rank-0 broadcast too
     return llm
 
