@@ -182,6 +182,8 @@ class LLM:
         Tensor parallel: every rank calls this; rank 0's arguments decide (`dlmrt/distributed/`).
         """
         if self.group is not None:
+            if recorder is not None:  # it would run rank 0 unfolded, the others folded
+                raise ValueError("recorder: not supported under tensor parallelism")
             prompt, chat, kwargs, should_stop = tp_requests.share_call(
                 self.group, prompt, chat, kwargs, should_stop
             )

@@ -103,3 +103,21 @@ def test_sliced_loading_of_diffusion_gemma(tmp_path_factory):
 
     path, _ = tiny_checkpoint(tmp_path_factory)  # gate|up experts, K = V layers, 1 global kv head
     _sliced_equals_sharded_after_loading(path, 2)
+
+
+def test_tensor_parallel_without_torchrun_says_how_to_launch(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path = write_checkpoint(tmp_path / "m")
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2 -m dlmrt generate"):
+        LLM(path, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size: must be >= 1"):
+        LLM(path, tensor_parallel_size=0)
+
+
+def test_tp_flag_is_an_alias_of_tensor_parallel_size():
+    from dlmrt.cli import build_parser
+
+    args = build_parser().parse_args(["generate", "--tp", "2", "x"])
+    assert args.tensor_parallel_size == 2
+    args = build_parser().parse_args(["serve", "--tensor-parallel-size", "4"])
+    assert args.tensor_parallel_size == 4

@@ -117,3 +117,58 @@ def test_torchrun_generate_prints_once_the_one_process_text(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     want = LLM(model).generate("Hello", max_new_tokens=16, ignore_eos=True).text
     assert proc.stdout == want + "\n"  # rank 0 prints; the other rank only decodes
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    import urllib.request
+
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, deadline: float) -> None:
+    import urllib.request
+
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()[-4000:]
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError("the server did not come up")
+
+
+def test_torchrun_serve_rank_0_serves_the_one_process_text(tmp_path: Path):
+    model = write_checkpoint(tmp_path / "qwen", residual=residual_config())
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    cmd += ["-m", "dlmrt", "serve", "--model", str(model), "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, time.monotonic() + 180)
+        llm = LLM(model)
+        for prompt in ("Hello", "Two"):  # the followers decode one request after another
+            body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+            got = _post(url + "/v1/completions", body)["choices"][0]["text"]
+            assert got == llm.generate(prompt, max_new_tokens=16, ignore_eos=True).text
+    finally:
+        proc.send_signal(2)  # SIGINT to torchrun: forwarded to both ranks
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
