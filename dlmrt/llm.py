@@ -244,9 +244,18 @@ class LLM:
         return self.engine.generate(
             ids, replace(self.canvas_settings, **overrides), max_new_tokens=params.max_new_tokens,
             stop_ids=sorted(self.stop_ids), seed=params.seed or 0,
-            rng=params.rng or ("counter" if self.mode != "eager" else "torch"),
+            rng=self._canvas_rng(params.rng),
             ignore_eos=params.ignore_eos, on_block=on_block, should_stop=should_stop,
         )  # fmt: skip
+
+    def _canvas_rng(self, rng: str | None) -> str:
+        """Counter noise in the graph modes and under tensor parallelism (torch's multinomial
+        draws need the whole vocabulary on one rank), else transformers' torch draws."""
+        if rng == "torch" and self.group is not None:
+            raise ValueError(
+                "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
+            )
+        return rng or ("counter" if self.mode != "eager" or self.group is not None else "torch")
 
     def _output(self, ids: list[int], res: EngineResult, t0: float) -> GenerationOutput:
         return GenerationOutput(

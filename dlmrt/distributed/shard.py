@@ -13,9 +13,8 @@ expert rows, with one all-reduce after each row-parallel part:
                   shared experts are summed before one all-reduce per MoE block; DiffusionGemma's
                   experts all-reduce before their post-norm (see docs/tensor-parallel.md: why TP
                   and not EP)
-    vocabulary    block style (QwenDLM, LLaDA2): vocab-parallel embedding and LM head, the rules'
-                  statistics and z combined in `vocab.py`; DiffusionGemma: replicated (its canvas
-                  step is not vocab-parallel yet)
+    vocabulary    vocab-parallel embedding and LM head; the rules' statistics, the draws, z and
+                  DiffusionGemma's soft embedding combined in `vocab.py`
 
 `model.cfg` becomes the rank's local config (head counts), so the engines size their KV arenas
 per rank. A dimension that does not divide raises `ShardError` naming it.
@@ -166,8 +165,7 @@ def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Modul
             all_reduce_output(m, group)  # routed + shared partial sums: one all-reduce
         elif isinstance(m, dg.Experts):
             _gemma_experts(m, group, name)
-    if not isinstance(model, dg.DiffusionGemma):
-        _vocab_parallel(model, model.EMBED, group)
+    _vocab_parallel(model, getattr(model, "EMBED", "embed_tokens"), group)
     _local_config(model)
     if fuse and hasattr(model, "fuse_projections"):  # the loader fuses after sliced loading
         model.fuse_projections()

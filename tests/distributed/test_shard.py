@@ -121,3 +121,18 @@ def test_tp_flag_is_an_alias_of_tensor_parallel_size():
     assert args.tensor_parallel_size == 2
     args = build_parser().parse_args(["serve", "--tensor-parallel-size", "4"])
     assert args.tensor_parallel_size == 4
+
+
+def test_one_rank_sharded_diffusion_gemma_decodes_the_plain_tokens(tmp_path_factory, group):
+    from dg_helpers import tiny_checkpoint
+
+    path, _ = tiny_checkpoint(tmp_path_factory)
+    plain, tp = LLM(path, mode="eager"), sharded_llm(path, group, torch.float32)
+    assert isinstance(tp.model.model.embed_tokens, VocabParallelEmbedding)
+    for seed in (0, 3):
+        kw = dict(max_new_tokens=16, rng="counter", seed=seed)
+        want = plain.generate([7, 30, 55, 12, 90, 41], **kw)
+        got = generate_sharded(tp, group, [7, 30, 55, 12, 90, 41], **kw)
+        assert got.token_ids == want.token_ids, seed
+    with pytest.raises(ValueError, match="rng: 'torch' is not supported under tensor"):
+        generate_sharded(tp, group, [7, 30], max_new_tokens=8, rng="torch")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 
 from dlmrt import LLM
@@ -24,9 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33]  # "Hello, world!"
 
 
-def _torchrun(job: dict, tmp: Path, timeout: float = 240) -> tuple[object, float]:
+def _torchrun(job: dict, tmp: Path, timeout: float = 240, peer_s: int = 20):
+    """(rank 0's JSON, seconds); peer_s: DLMRT_TP_TIMEOUT_S (GPU: Triton compiles take a while)."""
     (tmp / "job.json").write_text(json.dumps(job))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DLMRT_TP_TIMEOUT_S="20")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env["DLMRT_TP_TIMEOUT_S"] = str(peer_s)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(job["world"])]
     cmd += ["--standalone", str(WORKER), str(tmp / "job.json"), str(tmp / "out.json")]
     t0 = time.monotonic()
@@ -60,7 +63,7 @@ def _canvas_runs(tmp_path_factory) -> list[dict]:
 
     path, _ = tiny_checkpoint(tmp_path_factory)
     runs = []
-    for kw in (dict(rng="counter"), dict(rng="torch", seed=2), dict(rng="counter", seed=4)):
+    for kw in (dict(rng="counter"), dict(seed=2), dict(rng="counter", seed=4)):
         runs.append(
             {
                 "model": str(path),
@@ -71,17 +74,25 @@ def _canvas_runs(tmp_path_factory) -> list[dict]:
     return runs
 
 
-def _one_process(runs: list[dict]) -> list[dict]:
+def _one_process(runs: list[dict], device: str = "cpu", mode: str = "eager") -> list[dict]:
     llms: dict[str, LLM] = {}
     out = []
     for run in runs:
-        llm = llms.setdefault(run["model"], LLM(run["model"], mode="eager"))
-        res = llm.generate(run["prompt"], **run["kwargs"])
+        if run["model"] not in llms:
+            llms[run["model"]] = LLM(run["model"], mode=mode, device=device, dtype="float32")
+        llm = llms[run["model"]]
+        kwargs = dict(run["kwargs"])
+        if llm.family.style != "block":
+            kwargs.setdefault("rng", "counter")  # TP's default (torch draws need every logit)
+        res = llm.generate(run["prompt"], **kwargs)
+        vocab = llm.model.lm_head.weight.shape[0]
         out.append(
             {
                 "token_ids": res.token_ids,
                 "rounds_per_block": res.rounds_per_block,
                 "finish_reason": res.finish_reason,
+                "mode": res.mode,
+                "lm_head_rows": vocab // 2,  # sharded: half the vocabulary on each rank
             }
         )
     return out
@@ -91,6 +102,20 @@ def test_tp2_decodes_the_tokens_of_one_process(tmp_path: Path, tmp_path_factory)
     runs = _block_runs(tmp_path) + _canvas_runs(tmp_path_factory)
     got, _ = _torchrun({"world": 2, "runs": runs}, tmp_path)
     want = _one_process(runs)
+    assert isinstance(got, list), got
+    for run, g, w in zip(runs, got, want, strict=True):
+        assert g == w, (Path(run["model"]).name, run["kwargs"])
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tp2_on_two_gpus_decodes_the_tokens_of_one_gpu(tmp_path: Path, tmp_path_factory):
+    """NCCL, fp32, mode auto (round_graph under TP: collectives captured in the round graphs);
+    the one-GPU reference runs round_graph too."""
+    runs = _block_runs(tmp_path) + _canvas_runs(tmp_path_factory)
+    job = {"world": 2, "runs": runs, "device": "cuda", "mode": "auto"}
+    got, _ = _torchrun(job, tmp_path, timeout=600, peer_s=300)
+    want = _one_process(runs, "cuda", "round_graph")
     assert isinstance(got, list), got
     for run, g, w in zip(runs, got, want, strict=True):
         assert g == w, (Path(run["model"]).name, run["kwargs"])

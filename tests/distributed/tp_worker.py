@@ -4,7 +4,7 @@
     python -m torch.distributed.run --nproc-per-node 2 tp_worker.py JOB.json OUT.json
 
 JOB: {"world": N, "runs": [{"model": DIR, "prompt": [ids], "kwargs": {...}}, ...],
-      "exit_rank": R or null}  exit_rank: that rank leaves (exit code 0) after loading, so rank 0
+      "exit_rank": R or null, "device": "cpu" | "cuda", "mode": an execution mode}  exit_rank: that rank leaves (exit code 0) after loading, so rank 0
       must report the dead peer (the error goes to OUT as {"error": message}).
 """
 
@@ -27,7 +27,13 @@ def main(job_path: str, out_path: str) -> int:
         for run in job["runs"]:
             model = run["model"]
             if model not in llms:
-                llms[model] = LLM(model, tensor_parallel_size=job["world"], mode="eager")
+                llms[model] = LLM(
+                    model,
+                    tensor_parallel_size=job["world"],
+                    mode=job.get("mode", "eager"),
+                    device=job.get("device", "cpu"),
+                    dtype="float32",
+                )
             if job.get("exit_rank") == rank:
                 os._exit(0)  # a rank that vanishes without a word
             out = llms[model].generate(run["prompt"], **run["kwargs"])
@@ -36,6 +42,8 @@ def main(job_path: str, out_path: str) -> int:
                     "token_ids": out.token_ids,
                     "rounds_per_block": out.rounds_per_block,
                     "finish_reason": out.finish_reason,
+                    "mode": out.mode,
+                    "lm_head_rows": llms[model].model.lm_head.weight.shape[0],
                 }
             )
     except PeerLost as e:
