@@ -116,3 +116,31 @@ def write_result(path: str, payload: dict, revision: str | None) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def gemm_only_ms(cfg, rows: int, iters: int) -> float:
+    """The round's weight GEMMs (36 layers + adapter + LM head + z GEMM), graph-replayed."""
+    dev = torch.device("cuda")
+    h = cfg.hidden_size
+    x = torch.randn(rows, h, device=dev, dtype=torch.bfloat16)
+    big = torch.randn(rows, cfg.intermediate_size, device=dev, dtype=torch.bfloat16)
+    w = {
+        "qkv": torch.randn(cfg.q_size + 2 * cfg.kv_size, h, device=dev, dtype=torch.bfloat16),
+        "o": torch.randn(h, cfg.q_size, device=dev, dtype=torch.bfloat16),
+        "gu": torch.randn(2 * cfg.intermediate_size, h, device=dev, dtype=torch.bfloat16),
+        "d": torch.randn(h, cfg.intermediate_size, device=dev, dtype=torch.bfloat16),
+        "head": torch.randn(cfg.vocab_size, h, device=dev, dtype=torch.bfloat16),
+    }
+    q = torch.randn(rows, cfg.q_size, device=dev, dtype=torch.bfloat16)
+    p = torch.randn(rows, cfg.vocab_size, device=dev, dtype=torch.bfloat16)
+
+    def gemms() -> None:
+        for _ in range(cfg.num_hidden_layers + 1):  # + the adapter's MLP
+            x @ w["qkv"].T, q @ w["o"].T, x @ w["gu"].T, big @ w["d"].T
+        x @ w["head"].T, p @ w["head"]
+
+    graph = torch.cuda.CUDAGraph()
+    gemms()
+    with torch.cuda.graph(graph):
+        gemms()
+    return cuda_time(graph.replay, iters) * 1e3

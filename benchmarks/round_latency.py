@@ -1,7 +1,7 @@
 """One denoising round at a full model shape (random bf16 weights) in each execution mode.
 
     python benchmarks/round_latency.py [--model qwen_dlm|llada2] [--contexts 1024 4096]
-        [--out benchmarks/results/round_latency.json]
+        [--quantization fp8] [--kv-cache-dtype fp8] [--out benchmarks/results/round_latency.json]
 
 qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
 llada2: LLaDA-2.1-mini (see moe_models.py), 32 rows, its `llada_editing` rule (quality preset;
@@ -11,7 +11,9 @@ random weights fill about one row per round). diffusion_gemma: DiffusionGemma-26
 include their per-round host work (round_graph: one replay + one `done` read per round;
 block_graph: one launch per block). Also: the QwenDLM round's dense GEMMs alone (graph-replayed),
 and the roofline floor max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s); for MoE the bytes count only
-the experts the round's routing touches (counted from one round's routing).
+the experts the round's routing touches (counted from one round's routing). With
+--quantization fp8 the FP8 floor too (`fp8_model.py`: FP8 weights at 1 byte, FP8 GEMMs at 1,580
+TFLOP/s) and the ratio to it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import argparse
 import sys
 from dataclasses import replace
 
+import fp8_model
 import torch
 from common import (
     PEAK_BYTES,
     PEAK_FLOPS,
     cuda_time,
+    gemm_only_ms,
     qwen_dlm_4b,
     random_model,
     round_flops_bytes,
@@ -46,13 +50,16 @@ from dlmrt.models.llada2 import LLaDA2
 ROUNDS = 23  # QwenDLM: forced rounds per 256-row block
 
 
+KV_DTYPE = "auto"  # --kv-cache-dtype
+
+
 def _block(model, mode: str, context: int, rule, canvas: str = "masks"):
     """(engine, program, start): a block after `context` prefilled tokens, every row
     unresolved; canvas "masks" (a first round) or "random" tokens (rows as diverse as in later
     rounds: with random weights, an all-mask block routes every row to the same experts)."""
     dev, cfg = model.embed_table.device, model.cfg
     rows = cfg.block_size
-    engine = BlockEngine(model, dev, torch.bfloat16, mode)
+    engine = BlockEngine(model, dev, torch.bfloat16, mode, kv_cache_dtype=KV_DTYPE)
     prog = engine.program(RoundSpec(model, rule, 0.0, rows), context + rows)
     engine.prefill(torch.randint(0, 150000, (context,)).tolist(), rows, prog.kv)
     buf = prog.buf
@@ -89,40 +96,12 @@ def touched_experts(model, context: int, rule, canvas: str) -> TouchedExperts:
     return counter
 
 
-def gemm_only_ms(cfg, rows: int, iters: int) -> float:
-    """The round's weight GEMMs (36 layers + adapter + LM head + z GEMM), graph-replayed."""
-    dev = torch.device("cuda")
-    h = cfg.hidden_size
-    x = torch.randn(rows, h, device=dev, dtype=torch.bfloat16)
-    big = torch.randn(rows, cfg.intermediate_size, device=dev, dtype=torch.bfloat16)
-    w = {
-        "qkv": torch.randn(cfg.q_size + 2 * cfg.kv_size, h, device=dev, dtype=torch.bfloat16),
-        "o": torch.randn(h, cfg.q_size, device=dev, dtype=torch.bfloat16),
-        "gu": torch.randn(2 * cfg.intermediate_size, h, device=dev, dtype=torch.bfloat16),
-        "d": torch.randn(h, cfg.intermediate_size, device=dev, dtype=torch.bfloat16),
-        "head": torch.randn(cfg.vocab_size, h, device=dev, dtype=torch.bfloat16),
-    }
-    q = torch.randn(rows, cfg.q_size, device=dev, dtype=torch.bfloat16)
-    p = torch.randn(rows, cfg.vocab_size, device=dev, dtype=torch.bfloat16)
-
-    def gemms() -> None:
-        for _ in range(cfg.num_hidden_layers + 1):  # + the adapter's MLP
-            x @ w["qkv"].T, q @ w["o"].T, x @ w["gu"].T, big @ w["d"].T
-        x @ w["head"].T, p @ w["head"]
-
-    graph = torch.cuda.CUDAGraph()
-    gemms()
-    with torch.cuda.graph(graph):
-        gemms()
-    return cuda_time(graph.replay, iters) * 1e3
-
-
 def time_canvas_mode(model, mode: str, context: int, iters: int) -> tuple[float, int]:
     """DiffusionGemma: (ms per decoder step, steps) from one-canvas requests of 4 and 20 steps
     (never stopping early): the difference removes the prompt's encoder pass and host set-up."""
     from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 
-    engine = EncoderDecoderEngine(model, model.embed_table.device, mode)
+    engine = EncoderDecoderEngine(model, model.embed_table.device, mode, KV_DTYPE)
     prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
     seconds = {}
     for steps in (4, 20):
@@ -207,54 +186,85 @@ def _args() -> argparse.Namespace:
         help="block contents: all masks, or random tokens (diverse rows: MoE routing spreads)",
     )
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM-only timing (qwen_dlm)")
+    ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     ap.add_argument("--out", default="benchmarks/results/round_latency.json")
     ap.add_argument("--git-revision", default=None)
     return ap.parse_args()
 
 
+def _expert_share(shape: dict, context: int, model) -> float:
+    """The share of all routed-expert weights one round reads (0 without experts)."""
+    per_layer = shape.get("touched_experts_per_layer", {}).get(context)
+    experts = getattr(model.cfg, "num_experts", 0)
+    return sum(per_layer) / (len(per_layer) * experts) if per_layer and experts else 0.0
+
+
+def _floors(args, model, floor_of, shape) -> dict[int, dict]:
+    """Per context: the bf16 floor (ms, bound) before any quantization, and what it is made of."""
+    out = {}
+    for context in args.contexts:
+        flops, nbytes = floor_of(context)
+        floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e3
+        bound = "bytes" if nbytes / PEAK_BYTES > flops / PEAK_FLOPS else "flops"
+        share = _expert_share(shape, context, model)
+        out[context] = dict(floor=floor, bound=bound, flops=flops, nbytes=nbytes, share=share)
+    return out
+
+
+def _time(args, model, rule, context: int, mode: str) -> tuple[float, int]:
+    if args.model == "diffusion_gemma":
+        return time_canvas_mode(model, mode, context, args.iters)
+    return time_mode(model, mode, context, args.iters, rule, args.canvas)
+
+
 def main() -> None:
+    global KV_DTYPE
     args = _args()
+    KV_DTYPE = args.kv_cache_dtype
     model, rule, floor_of, shape = build(args.model, args.layers, args.canvas)
     shape["canvas"] = args.canvas
     rows, gemm = [], None
     if args.model == "qwen_dlm" and not args.no_gemm:
         gemm = gemm_only_ms(model.cfg, 256, args.iters)
         print(f"GEMMs alone {gemm:.2f} ms")
+    floors = _floors(args, model, floor_of, shape)
+    installed = fp8_model.quantize(model) if args.quantization == "fp8" else None
     print(f"{'context':>8} {'mode':>12} {'ms/round':>9} {'rounds':>7} {'floor':>7} {'x floor':>8}")
     for context in args.contexts:
-        flops, nbytes = floor_of(context)
-        floor = max(flops / PEAK_FLOPS, nbytes / PEAK_BYTES) * 1e3
+        f = floors[context]
+        fp8_floor = None
+        if installed is not None:
+            rows_ = shape["rows"]
+            fp8_floor = fp8_model.fp8_floor(f["flops"], f["nbytes"], installed, f["share"], rows_)
+            fp8_floor *= 1e3
         for mode in args.modes:
-            if args.model == "diffusion_gemma":
-                ms, rounds = time_canvas_mode(model, mode, context, args.iters)
-            else:
-                ms, rounds = time_mode(model, mode, context, args.iters, rule, args.canvas)
-            rows.append(
-                {
-                    "context": context,
-                    "mode": mode,
-                    "ms_per_round": round(ms, 3),
-                    "rounds_per_block": rounds,
-                    "floor_ms": round(floor, 3),
-                    "floor_bound": "bytes" if nbytes / PEAK_BYTES > flops / PEAK_FLOPS else "flops",
-                    "ratio_to_floor": round(ms / floor, 2),
+            ms, rounds = _time(args, model, rule, context, mode)
+            row = {"context": context, "mode": mode, "ms_per_round": round(ms, 3)}
+            row |= {"rounds_per_block": rounds, "floor_ms": round(f["floor"], 3)}
+            row |= {"floor_bound": f["bound"], "ratio_to_floor": round(ms / f["floor"], 2)}
+            if fp8_floor is not None:
+                row |= {
+                    "fp8_floor_ms": round(fp8_floor, 3),
+                    "ratio_to_fp8_floor": round(ms / fp8_floor, 2),
                 }
-            )
-            print(
-                f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {floor:>7.3f} {ms / floor:>8.2f}",
-                flush=True,
-            )
+            rows.append(row)
+            print(f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {f['floor']:>7.3f} "
+                  f"{ms / f['floor']:>8.2f}" + (f" fp8 floor {fp8_floor:.3f}" if fp8_floor else ""),
+                  flush=True)  # fmt: skip
         torch.cuda.empty_cache()
     eager = {r["context"]: r["ms_per_round"] for r in rows if r["mode"] == "eager"}
     for r in rows:
         r["speedup_vs_eager"] = round(eager[r["context"]] / r["ms_per_round"], 2) if eager else None
+    dtype = {"weights": "fp8" if installed else "bf16", "kv_cache": args.kv_cache_dtype}
     write_result(
         args.out,
         {
             "benchmark": "round_latency",
             "model": args.model,
             "command": " ".join(sys.argv),
-            "shape": {**shape, "dtype": "bf16"},
+            "shape": {**shape, "dtype": dtype},
+            "fp8_installed_weights": None if installed is None else sum(installed.values()),
             "gemm_only_ms": None if gemm is None else round(gemm, 3),
             "results": rows,
             "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),

@@ -9,10 +9,9 @@ device, allocated once, and filled one tensor at a time, so the weights are neve
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,12 @@ from tqdm import tqdm
 
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
+from dlmrt.json_file import read_json
 from dlmrt.models.config import eos_ids
+from dlmrt.quant.config import read_quant_config
+from dlmrt.quant.fp8 import Fp8Weight
+from dlmrt.quant.placement import collect_fp8, place_fp8
+from dlmrt.quant.reader import Fp8Reader
 from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")
@@ -38,21 +42,7 @@ class Checkpoint:
     model: torch.nn.Module
     config: Any  # the family's frozen config dataclass
     generation_config: dict[str, Any]
-
-
-def read_json(path: Path, required: bool = True) -> dict[str, Any] | None:
-    """Parse a JSON object file; a missing optional file gives None, anything unreadable raises."""
-    if not path.is_file():
-        if required:
-            raise CheckpointError(f"{path}: file not found")
-        return None
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable JSON ({e})") from e
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+    fp8: dict[str, Fp8Weight] = field(default_factory=dict)  # its FP8 weights (dlmrt/quant/)
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -174,29 +164,20 @@ def check_tensors(
 
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype, device: torch.device, *, check_finite: bool = True,
+    quantization: str | None = None,
     shard: Callable[[torch.nn.Module], Any] | None = None,  # TP: dlmrt/distributed/loading.py
 ) -> Checkpoint:  # fmt: skip
     """Load `path` (an HF-format directory) into the registered family's model.
 
     check_finite: every floating-point tensor, as stored in `dtype` on `device`, must be free of
-    NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check."""
+    NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check.
+    quantization: None runs an FP8 checkpoint's FP8 weights in FP8, "fp8" also quantizes the other
+    candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md)."""
     root = _directory(Path(path))
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)
-    archs = raw.get("architectures") or []
-    if isinstance(archs, str):
-        archs = [archs]
-    arch = archs[0] if archs else None
-    if arch is None:
-        raise CheckpointError(f"{cfg_path}: missing required config field 'architectures'")
-    try:
-        model_cls, parse = models.resolve(arch)
-    except KeyError:
-        raise CheckpointError(
-            f"{cfg_path}: unsupported architecture '{arch}' "
-            f"(supported: {', '.join(models.supported_architectures())})"
-        ) from None
-    config = parse(raw, cfg_path)
+    arch, (model_cls, parse) = _architecture(raw, cfg_path)
+    config, qcfg = parse(raw, cfg_path), read_quant_config(root, raw)
     gen_path = root / "generation_config.json"
     gen_cfg = read_json(gen_path, required=False) or {}
     eos_ids(gen_cfg.get("eos_token_id"), gen_path, config.vocab_size)  # stop ids in the vocabulary
@@ -210,28 +191,26 @@ def load_checkpoint(
     found, source = map_names(
         tensor_shapes(weight_files(root)), getattr(model_cls, "checkpoint_name", None), root
     )
+    found, fp8_reader = Fp8Reader.split(found, source, qcfg, slices)
     tied = check_tensors(expected, found, config.tie_word_embeddings, root)
 
     model = model.to_empty(device=device)
     if tied:
         model.tie_lm_head()
     finite = FiniteCheck() if check_finite else None
-    _stream_weights(model.state_dict(), found, source, slices, root, finite, reader)
+    _stream_weights(model.state_dict(), found, source, slices, root, finite, fp8_reader, reader)
     if finite is not None:
         finite.raise_if_bad(dtype)
+    fp8, why = collect_fp8(fp8_reader, model.state_dict(), quantization)
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
+    place_fp8(model, fp8, why, device)
     log.info(
-        "loaded %s (%s, %s%s) on %s in %s",
-        root,
-        arch,
-        "tied" if tied else "untied",
-        ", ORL residual" if getattr(config, "residual", None) else "",
-        device,
-        dtype,
-    )
-    return Checkpoint(root, model, config, gen_cfg)
+        "loaded %s (%s, %s%s) on %s in %s", root, arch, "tied" if tied else "untied",
+        ", ORL residual" if getattr(config, "residual", None) else "", device, dtype,
+    )  # fmt: skip
+    return Checkpoint(root, model, config, gen_cfg, fp8)
 
 
 def _stream_weights(
@@ -241,9 +220,11 @@ def _stream_weights(
     slices: dict[str, tuple[str, int]],
     root: Path,
     finite: FiniteCheck | None,
+    fp8: Fp8Reader,
     reader: Any = None,  # sliced loading: reader.read(file, stored name, name) -> this rank's part
 ) -> None:
-    """Copy every checkpoint tensor into its (allocated) parameter, one file open at a time."""
+    """Copy every checkpoint tensor into its (allocated) parameter, one file open at a time
+    (an FP8 weight dequantized: `Fp8Reader.take` keeps the FP8 tensor and its scale)."""
     by_file: dict[Path, list[str]] = {}
     for name, (f, _) in found.items():
         by_file.setdefault(f, []).append(name)
@@ -256,6 +237,7 @@ def _stream_weights(
                         target = target[slices[name][1]]
                     stored = source[name]
                     tensor = reader.read(st, stored, name) if reader else st.get_tensor(stored)
+                    tensor = fp8.take(name, f, tensor)
                     if target.is_floating_point() and not tensor.is_floating_point():
                         raise CheckpointError(
                             f"{f}: tensor '{source[name]}' has dtype "
@@ -286,6 +268,21 @@ def resolve_model_path(model: str) -> Path:
             "(dlmrt never downloads weights; fetch them first, e.g. `hf download`)"
         )
     return _directory(path)
+
+
+def _architecture(raw: dict[str, Any], cfg_path: Path) -> tuple[str, tuple[type, Any]]:
+    """config.json's first architecture and its family's (model class, config parser)."""
+    archs = raw.get("architectures") or []
+    arch = archs if isinstance(archs, str) else (archs[0] if archs else None)
+    if arch is None:
+        raise CheckpointError(f"{cfg_path}: missing required config field 'architectures'")
+    try:
+        return arch, models.resolve(arch)
+    except KeyError:
+        raise CheckpointError(
+            f"{cfg_path}: unsupported architecture '{arch}' "
+            f"(supported: {', '.join(models.supported_architectures())})"
+        ) from None
 
 
 def _directory(path: Path) -> Path:

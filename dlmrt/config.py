@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dlmrt.engine.kv_cache import KV_CACHE_DTYPES  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ROLES = ("base", "orl")
+QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,11 +64,39 @@ class EngineConfig:
         },
     )
 
+    quantization: str | None = field(
+        default=None,
+        metadata={
+            "help": "none | fp8: fp8 quantizes the linear weights per channel at load (an FP8 "
+            "checkpoint's own weights stay as stored), none runs every weight in --dtype; None: "
+            "as stored (FP8 if the checkpoint's config says so)",
+            "choices": QUANTIZATIONS,
+        },
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "auto | fp8 | fp8_e4m3: the KV arena's dtype; auto: the model's dtype, fp8 "
+            "(= fp8_e4m3): e4m3 K and V (half the arena memory and read bytes)",
+            "choices": KV_CACHE_DTYPES,
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.role is not None and self.role not in ROLES:
             raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization: expected one of {', '.join(QUANTIZATIONS)}, "
+                f"got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype: expected one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         from dlmrt.engine.graph.modes import MODES
 
         if self.mode not in MODES:

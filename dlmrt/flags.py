@@ -20,8 +20,9 @@ def add_dataclass_flags(
 ) -> None:
     """One --kebab-case flag per dataclass field; `None` defaults mean "decided by the checkpoint".
 
-    choices: allowed values per field name. keep_absent: flags not given stay out of the
-    namespace (argparse.SUPPRESS), so a saved config's values survive (training resume).
+    choices: allowed values per field name (else the field's `metadata["choices"]`).
+    keep_absent: flags not given stay out of the namespace (argparse.SUPPRESS), so a saved
+    config's values survive (training resume).
     """
     from dlmrt.params import EDITING_PRESETS, RULE_NAMES
 
@@ -42,7 +43,11 @@ def add_dataclass_flags(
         kind = int if ann.startswith("int") else float if ann.startswith("float") else str
         default = "" if f.default is None else f" (default: {f.default})"
         group.add_argument(
-            *flags, type=kind, default=value, choices=choices.get(f.name), help=help_text + default
+            *flags,
+            type=kind,
+            default=value,
+            help=help_text + default,
+            choices=choices.get(f.name, f.metadata.get("choices")),
         )
 
 

@@ -46,6 +46,9 @@ class LLM:
     >>> llm = LLM("/models/QwenDLM-4B-ORL")
     >>> out = llm.generate("Write a prime checker.", max_new_tokens=512)
     >>> out.text, out.tokens_per_forward, out.request_tps
+
+    quantization="fp8" quantizes the linear weights to FP8 at load; an FP8 checkpoint is detected
+    from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena.
     """
 
     def __init__(
@@ -57,6 +60,8 @@ class LLM:
         mode: str = "auto",
         fold_commits: bool = True,
         skip_weight_check: bool = False,
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         tensor_parallel_size: int | None = None,
     ) -> None:
         if isinstance(dtype, torch.dtype):
@@ -69,6 +74,8 @@ class LLM:
             mode=mode,
             fold_commits=fold_commits,
             skip_weight_check=skip_weight_check,
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
         )
         config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
@@ -84,12 +91,10 @@ class LLM:
         else:
             path = resolve_model_path(str(model))
         check = not config.skip_weight_check
-        dtype, device, shard = (
-            config.torch_dtype(),
-            config.torch_device(),
-            tp_setup.loader(self.group),
-        )
-        ckpt = load_checkpoint(path, dtype, device, check_finite=check, shard=shard)
+        ckpt = load_checkpoint(
+            path, config.torch_dtype(), config.torch_device(), check_finite=check,
+            quantization=config.quantization, shard=tp_setup.loader(self.group),
+        )  # fmt: skip
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
 
     @classmethod
@@ -150,7 +155,8 @@ class LLM:
             None  # the encoder-decoder style's (same attributes for every family)
         )
         mode, fold = self.mode, self.config.fold_commits
-        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold)
+        kv = self.config.kv_cache_dtype
+        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold, kv)
         log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
 
     def _setup_canvases(self, path: Path) -> None:
@@ -158,7 +164,8 @@ class LLM:
         default in a graph mode) runs the static path in the engine's mode; torch's draws (the
         default in eager mode: transformers' own noise) run the reference loop."""
         self.mask_id = None
-        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode)
+        kv = self.config.kv_cache_dtype
+        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode, kv)
         self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
         length = self.engine.canvas_length
         log.info("canvas decoding, canvas %d: %s", length, self.canvas_settings)
@@ -176,13 +183,14 @@ class LLM:
         """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
-        `recorder` receives every round's `RoundRecord`; `on_block(index, rounds, tokens)` each block.
+        `recorder` receives every round's `RoundRecord` (after its block; any mode); `on_block(index,
+        rounds, tokens)` each block.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         Tensor parallel: every rank calls this; rank 0's arguments decide (`dlmrt/distributed/`).
         """
         if self.group is not None:
-            if recorder is not None:  # it would run rank 0 unfolded, the others folded
+            if recorder is not None:  # a rank-0 callback the other ranks would not mirror
                 raise ValueError("recorder: not supported under tensor parallelism")
             prompt, chat, kwargs, should_stop = tp_requests.share_call(
                 self.group, prompt, chat, kwargs, should_stop

@@ -35,7 +35,7 @@ class GenerationOutput:
     num_prefill_forwards: int
     request_time_s: float
     rounds_per_block: list[int] = field(default_factory=list)
-    mode: str = "eager"  # execution mode that ran the request (eager when a recorder was given)
+    mode: str = "eager"  # execution mode that ran the request
 
     @property
     def num_generated_tokens(self) -> int:
@@ -52,10 +52,11 @@ class GenerationOutput:
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:
-    """What a block-style round consumed and produced (for the trainer): device tensors, cloned.
+    """What a block-style round consumed and produced (the trainer, the drafts): device tensors.
 
-    They are created under `torch.inference_mode()`: clone them outside it (or use them as
-    constants, e.g. the stop-gradient z of replay) before they enter an autograd graph.
+    Copied out of the engine's device-side trace after the block (`engine/block/trace.py`), in
+    every mode. They are created under `torch.inference_mode()`: clone them outside it (or use
+    them as constants, e.g. the stop-gradient z of replay) before they enter an autograd graph.
     """
 
     block_index: int
@@ -66,6 +67,9 @@ class RoundRecord:
     entropy: torch.Tensor  # [B] per-row entropy of this round's prediction
     accepted: torch.Tensor  # [B] rows accepted this round
     edited: torch.Tensor | None = None  # [B] resolved rows rewritten this round (editing rules)
+    proposal: torch.Tensor | None = None  # [B] this round's candidate token per row (argmax/sample)
+    confidence: torch.Tensor | None = None  # [B] fp32 probability of `proposal`
+    canvas_after: torch.Tensor | None = None  # [B] the canvas after the round's decision
 
 
 @dataclass

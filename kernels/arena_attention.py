@@ -49,8 +49,9 @@ def _arena_attention_kernel(
     for start in range(0, tile_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         in_tile = offs_n < tile_end
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_tile[:, None],
-                    other=0.0)  # fmt: skip
+        k = tl.load(
+            k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_tile[:, None], other=0.0
+        ).to(q.dtype)  # fmt: skip (an FP8 arena: dequantized in registers)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -63,7 +64,7 @@ def _arena_attention_kernel(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_tile[:, None],
-                    other=0.0)  # fmt: skip
+                    other=0.0).to(q.dtype)  # fmt: skip
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

@@ -45,30 +45,15 @@ def _tile(
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr,
-    gate_ptr,
-    up_ptr,
-    h_ptr,
-    order_ptr,
-    tile_end_ptr,
-    counts_ptr,
-    starts_ptr,
-    stride_x,
-    stride_ge,
-    stride_gn,
-    stride_ue,
-    stride_un,
+    x_ptr, gate_ptr, up_ptr,
+    gate_scale_ptr, up_scale_ptr,  # [E, INTER] fp32 per-channel scales of FP8 weights (SCALED)
+    h_ptr, order_ptr, tile_end_ptr, counts_ptr, starts_ptr,
+    stride_x, stride_ge, stride_gn, stride_ue, stride_un,
     H: tl.constexpr,  # constexpr: static per model, and the loop bounds
-    INTER: tl.constexpr,
-    TOP_K: tl.constexpr,
-    E: tl.constexpr,
-    E_PAD: tl.constexpr,
-    GELU: tl.constexpr,
-    IEEE: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-):
+    INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+    GELU: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SCALED: tl.constexpr = False,
+):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -86,14 +71,17 @@ def _gate_up_kernel(
         a_mask = valid[:, None] & k_ok[None, :]
         a = tl.load(x_ptr + row[:, None] * stride_x + kk[None, :], mask=a_mask, other=0.0)
         w_mask = k_ok[:, None] & n_ok[None, :]
-        wg = tl.load(g_base + kk[:, None], mask=w_mask, other=0.0)  # [BK, BN]
-        wu = tl.load(u_base + kk[:, None], mask=w_mask, other=0.0)
+        wg = tl.load(g_base + kk[:, None], mask=w_mask, other=0.0).to(a.dtype)  # [BK, BN]
+        wu = tl.load(u_base + kk[:, None], mask=w_mask, other=0.0).to(a.dtype)
         if IEEE:
             acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
             acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
         else:
             acc_g = tl.dot(a, wg, acc_g)
             acc_u = tl.dot(a, wu, acc_u)
+    if SCALED:  # FP8 weights: w = code * scale per output channel, applied to the sums
+        acc_g = acc_g * tl.load(gate_scale_ptr + e64 * INTER + n, mask=n_ok, other=0.0)[None, :]
+        acc_u = acc_u * tl.load(up_scale_ptr + e64 * INTER + n, mask=n_ok, other=0.0)[None, :]
     dtype = h_ptr.dtype.element_ty
     g = acc_g.to(dtype).to(tl.float32)
     if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
@@ -110,6 +98,7 @@ def _gate_up_kernel(
 def _down_kernel(
     h_ptr,
     down_ptr,
+    down_scale_ptr,  # [E, H] fp32 (SCALED)
     w_ptr,
     y_ptr,
     order_ptr,
@@ -126,6 +115,7 @@ def _down_kernel(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    SCALED: tl.constexpr = False,
 ):
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -141,10 +131,13 @@ def _down_kernel(
         k_ok = kk < INTER
         a = tl.load(h_base + kk[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
         wd = tl.load(d_base + kk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        wd = wd.to(a.dtype)
         if IEEE:
             acc = tl.dot(a, wd, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, wd, acc)
+    if SCALED:
+        acc = acc * tl.load(down_scale_ptr + e64 * H + n, mask=n_ok, other=0.0)[None, :]
     weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
     y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]  # as torch: y, then y * w
     tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
@@ -179,9 +172,16 @@ def moe_mlp(
     down: torch.Tensor,
     activation: str,
     sum_dtype: torch.dtype | None = None,  # noqa: ARG001 (the slots are always summed in fp32)
+    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    bn: int = 64,  # the tiles and launch shape (benchmarks/moe_fp8.py sweeps them)
+    bk: int | None = None,  # default 64; 128 for FP8 weights (measured: 0.21 vs 0.26 ms, LLaDA)
+    warps: int = 4,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k], gate_up [E, 2I, H] or ([E, I, H], [E, I, H]),
-    down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype."""
+    down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype. `scales`: the weights are
+    e4m3 codes with per-output-channel fp32 scales (gate [E, I], up [E, I], down [E, H]): each
+    tile is converted to x's dtype in registers (weight-only FP8: half the bytes read)."""
     if activation not in ("silu", "gelu_tanh"):
         raise ValueError(f"moe_mlp: unknown activation {activation!r}")
     rows, top_k = index.shape
@@ -196,14 +196,17 @@ def moe_mlp(
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
-    bn, bk = 64, 64
+    common["SCALED"] = scales is not None
+    bk = bk or (128 if scales is not None else 64)
+    launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
+    gs, us, ds = (s.contiguous() for s in scales) if scales is not None else (x, x, x)
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
-        x, gate, up, h, order, tile_end, counts, starts,
+        x, gate, up, gs, us, h, order, tile_end, counts, starts,
         x.stride(0), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
-        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common,
+        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
-        h, down, weights.contiguous(), y, order, tile_end, counts, starts,
-        down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common,
+        h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
+        down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     return y.sum(1).to(x.dtype)

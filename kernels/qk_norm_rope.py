@@ -50,7 +50,8 @@ def _qk_norm_rope_kernel(
     b = (rot * s).to(x.dtype).to(tl.float32)
     dest = tl.load(pos_ptr + row) if AT_POS else row
     tl.store(
-        out_ptr + head * stride_oh + dest * stride_or + offs, (a + b).to(out_ptr.dtype.element_ty)
+        out_ptr + head * stride_oh + dest * stride_or + offs,
+        (a + b).to(x.dtype).to(out_ptr.dtype.element_ty),  # an FP8 arena: rounded as the twin
     )
 
 

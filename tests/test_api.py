@@ -223,6 +223,11 @@ def test_recorder_rounds(orl_llm):
         target = full[b * block : (b + 1) * block]
         for prev, nxt in zip(recs, recs[1:]):
             assert prev.unresolved.sum() - prev.accepted.sum() == nxt.unresolved.sum()
+            assert prev.canvas_after.equal(nxt.canvas)  # the trace's rows chain
+        assert recs[-1].canvas_after.equal(target)  # the last round leaves the final tokens
+        for r in recs:  # accepted rows take the round's proposal; confidences are probabilities
+            assert r.canvas_after[r.accepted].equal(r.proposal[r.accepted])
+            assert ((r.confidence >= 0) & (r.confidence <= 1)).all()
         for r in recs:
             assert not (r.accepted & ~r.unresolved).any()
             assert r.canvas[~r.unresolved].equal(target[~r.unresolved])

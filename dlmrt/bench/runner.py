@@ -223,6 +223,8 @@ def _report(
         "device": str(llm.device),
         "dtype": str(llm.dtype).removeprefix("torch."),
         "mode": llm.mode,
+        "quantization": llm.config.quantization,  # None: as the checkpoint is stored
+        "kv_cache_dtype": llm.config.kv_cache_dtype,
         "default_rule": llm.default_rule,
         "dataset": args.dataset,
         "kind": kind,

@@ -19,6 +19,8 @@ def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
     group = init_from_env(config.tensor_parallel_size, config.torch_device(), envs.tp_timeout_s())
     if group is None:
         return config, None
+    if config.quantization == "fp8":  # FP8 scales are not sliced with their weights yet
+        raise ValueError("quantization: 'fp8' is not supported with tensor parallelism yet")
     if group.is_root:
         log.info("tensor parallel: %d ranks, device %s", group.world, group.device)
     return replace(config, device=str(group.device)), group

@@ -9,11 +9,28 @@ KVCache      block style: K and V of [layers, kv_heads, max_len, head_dim]. Rows
              permanent with its commit (a commit pass, or the folded joint pass).
 ContextArena encoder-decoder style: per layer K and V of [kv_heads, max_len, head_dim] (layers
              differ in head count and head_dim). Arena row j holds position j.
+
+`kv_cache_dtype="fp8"` stores both in e4m3 with a fixed per-tensor scale of 1 (as vLLM does
+without calibrated scales): K is RMS-normalised per head before it is written (QK-norm), so its
+entries are O(1), far inside e4m3's ±448; V has no norm but a trained model's values are small
+too. The writers round to e4m3 from the compute dtype; the readers dequantize in registers
+(`kernels/arena_attention.py`) or, on the torch paths, before the attention op. Half the arena
+memory and half its read bytes; no per-head scales to calibrate or to carry in the checkpoint.
 """
 
 from __future__ import annotations
 
 import torch
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # auto: the model's compute dtype
+
+
+def arena_dtype(kv_cache_dtype: str, compute: torch.dtype) -> torch.dtype:
+    """The arena's storage dtype for a `kv_cache_dtype` choice (a clear error for a bad name)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        choices = ", ".join(KV_CACHE_DTYPES)
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: expected one of {choices}")
+    return compute if kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
 
 class KVCache:

@@ -89,12 +89,14 @@ class Experts(nn.Module):
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         # sum_dtype=x.dtype: transformers accumulates the experts in the model dtype (twin only)
         return ops.moe_mlp(
-            x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh", sum_dtype=x.dtype
-        )
+            x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh",
+            sum_dtype=x.dtype, scales=self.fp8_scales,
+        )  # fmt: skip
 
 
 class Layer(nn.Module):
@@ -159,6 +161,13 @@ class DiffusionGemma(nn.Module):
 
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
+
+    def use_fp8(self, fp8: dict) -> list[str]:
+        """Run these FP8 weights ({parameter name: Fp8Weight}); returns the names not installed
+        (the loader dequantizes them). See `models/fp8_install.py`."""
+        from dlmrt.models.fp8_install import install_fp8  # the FP8 machinery loads on demand
+
+        return install_fp8(self, fp8, self.cfg.block_size)
 
     def fuse_projections(self) -> None:
         for module in self.modules():

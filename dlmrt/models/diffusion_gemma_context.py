@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from dlmrt import ops
+
 
 class ContextCache:
     """K/V of every encoded context row (the prompt, then each committed canvas), per layer.
@@ -135,11 +137,12 @@ class ArenaContext:
     def keys(self, layer: int, sliding: bool, k: torch.Tensor, v: torch.Tensor):
         """Write this pass's rows (device indices), return the arena rows to attend."""
         ak, av = self.arena.k[layer], self.arena.v[layer]
-        ak.index_copy_(1, self.pos, k)
-        av.index_copy_(1, self.pos, v)
-        if not sliding:
-            return ak, av
-        return ak.index_select(1, self.gather), av.index_select(1, self.gather)
+        ops.write_rows(ak, 1, self.pos, k)
+        ops.write_rows(av, 1, self.pos, v)
+        if sliding:
+            ak, av = ops.select_rows(ak, 1, self.gather), ops.select_rows(av, 1, self.gather)
+        # an FP8 arena is dequantized before SDPA (a kernel reading FP8 directly: issue 14's)
+        return ak.to(k.dtype), av.to(v.dtype)
 
     def finish(self) -> None:
         pass

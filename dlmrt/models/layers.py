@@ -12,17 +12,25 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
+from dlmrt.ops import fp8 as fp8_ops
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight (plain gain, not 1 + w); `forward(x, residual)` fuses the residual add."""
+    """x / rms(x) * weight (plain gain, not 1 + w); `forward(x, residual)` fuses the residual add.
+    `fp8_out` (set when every consumer is an FP8 GEMM): the output is a `QuantAct`, quantized in
+    the norm's own kernel."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fp8_out = False
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.fp8_out:
+            if residual is None:
+                return fp8_ops.rms_norm_fp8(x, self.weight, self.eps)
+            return fp8_ops.add_rms_norm_fp8(x, residual, self.weight, self.eps)
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps)
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
@@ -101,9 +109,8 @@ def attend_arena(
         return ops.arena_attention(q, layer_k, layer_v, ctx.positions, ctx.block_size, scale)
     n = ctx.kv_len
     keys = torch.arange(n, device=q.device)
-    return block_attention(
-        q, layer_k[:, :n], layer_v[:, :n], ctx.positions, keys, ctx.block_size, scale
-    )
+    k, v = layer_k[:, :n].to(q.dtype), layer_v[:, :n].to(q.dtype)  # an FP8 arena: dequantized
+    return block_attention(q, k, v, ctx.positions, keys, ctx.block_size, scale)
 
 
 class Attention(nn.Module):
@@ -126,11 +133,14 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
         self.qkv_weight: torch.Tensor | None = None
+        self.qkv_fp8: nn.Module | None = None  # an Fp8Linear of q|k|v (models/fp8_install.py)
 
     def fuse(self) -> None:
         self.qkv_weight = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_fp8 is not None:
+            return self.qkv_fp8(x).split(self.split, dim=-1)
         if self.qkv_weight is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return F.linear(x, self.qkv_weight).split(self.split, dim=-1)
@@ -138,8 +148,8 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttnContext
     ) -> torch.Tensor:
-        rows = x.shape[0]
         q, k, v = self._qkv(x)
+        rows = q.shape[0]
         q = q.view(rows, self.heads, self.head_dim)
         k = k.view(rows, self.kv_heads, self.head_dim)
         v = v.view(rows, self.kv_heads, self.head_dim)
@@ -154,7 +164,7 @@ class Attention(nn.Module):
         layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
         # K is normalised, rotated and written into the arena in one step; V is copied in.
         ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions)
-        layer_v.index_copy_(1, ctx.positions, v.transpose(0, 1))
+        ops.write_rows(layer_v, 1, ctx.positions, v.transpose(0, 1))
         out = attend_arena(q, layer_k, layer_v, ctx, self.scale)
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
@@ -168,11 +178,17 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up_weight: torch.Tensor | None = None
+        self.gate_up_fp8: nn.Module | None = None  # Fp8Linear of gate|up (models/fp8_install.py)
+        self.down_fp8 = False  # down_proj is an Fp8Linear: SiLU·up quantizes its own output
 
     def fuse(self) -> None:
         self.gate_up_weight = fuse_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_fp8 is not None:
+            gate_up = self.gate_up_fp8(x)
+            act = fp8_ops.silu_mul_fp8(gate_up) if self.down_fp8 else ops.silu_mul(gate_up)
+            return self.down_proj(act)
         if self.gate_up_weight is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(ops.silu_mul(F.linear(x, self.gate_up_weight)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.models.block_lm import BlockLM
 from dlmrt.models.layers import RMSNorm, SwiGLU, attend_arena
@@ -55,8 +56,9 @@ class Attention(nn.Module):
         return partial_rope(x, *rope).transpose(0, 1)  # [heads, rows, dim]
 
     def forward(self, x: torch.Tensor, rope, ctx: AttnContext) -> torch.Tensor:
-        rows = x.shape[0]
-        qkv = self.query_key_value(x).view(rows, self.heads + 2 * self.kv_heads, self.head_dim)
+        qkv = self.query_key_value(x)  # x may be a QuantAct (FP8 weights): no .shape
+        rows = qkv.shape[0]
+        qkv = qkv.view(rows, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)
         q = self._norm_rope(q, self.query_layernorm, rope)
         k = self._norm_rope(k, self.key_layernorm, rope)
@@ -66,8 +68,8 @@ class Attention(nn.Module):
             out = block_attention(q, k, v, pos, pos, ctx.block_size, self.scale, ctx.mask)
         else:
             layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
-            layer_k.index_copy_(1, pos, k.to(layer_k.dtype))
-            layer_v.index_copy_(1, pos, v.to(layer_v.dtype))
+            ops.write_rows(layer_k, 1, pos, k)
+            ops.write_rows(layer_v, 1, pos, v)
             out = attend_arena(q, layer_k, layer_v, ctx, self.scale)
         return self.dense(out.transpose(0, 1).reshape(rows, -1))
 

@@ -60,10 +60,13 @@ class Experts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
         self.up_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         gate_up = (self.gate_proj, self.up_proj)
-        return ops.moe_mlp(x, weights, index, gate_up, self.down_proj, "silu")
+        return ops.moe_mlp(
+            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales
+        )
 
 
 class SparseMoE(nn.Module):

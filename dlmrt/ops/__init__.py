@@ -14,11 +14,12 @@ import torch
 
 from dlmrt import envs
 from dlmrt.ops import reference
+from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
-OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax")
+OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8")
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -137,13 +138,24 @@ def moe_mlp(
     down: torch.Tensor,
     activation: str,
     sum_dtype: torch.dtype | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed gated-MLP experts (stacked [E, ...] weights), weighted sum per row; see
     `reference.moe_mlp`. CUDA: a grouped GEMM with device-side grouping, no host sync, so it can be
-    captured in a CUDA graph (kernels/moe_mlp.py; it sums the k slots in fp32 whatever `sum_dtype`)."""
+    captured in a CUDA graph (kernels/moe_mlp.py; it sums the k slots in fp32 whatever `sum_dtype`).
+    `scales` (gate [E, I], up [E, I], down [E, H] fp32): the weights are FP8 codes, converted in the
+    kernel's registers; the twin dequantizes them to x's dtype first."""
     fast = x.is_cuda and x.dtype in _MOE_DTYPES
-    fn = _resolve("moe_mlp") if fast else reference.moe_mlp
-    return fn(x, weights, index, gate_up, down, activation, sum_dtype)
+    if fast and implementation("moe_mlp") == "triton":
+        fn = _resolve("moe_mlp")
+        return fn(x, weights, index, gate_up, down, activation, sum_dtype, scales)
+    if scales is not None:
+        gate, up = gate_up if isinstance(gate_up, tuple) else gate_up.chunk(2, dim=1)
+        gate, up, down = (
+            (w.float() * s.unsqueeze(-1)).to(x.dtype) for w, s in zip((gate, up, down), scales)
+        )
+        gate_up = (gate, up)
+    return reference.moe_mlp(x, weights, index, gate_up, down, activation, sum_dtype)
 
 
 def moe_route_grouped(

@@ -6,6 +6,23 @@ import torch
 import torch.nn.functional as F
 
 
+def write_rows(dest: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> None:
+    """dest.index_copy_(dim, index, src) rounded to dest's dtype; an FP8 arena through a byte
+    view (torch has no FP8 index_copy_)."""
+    src = src.to(dest.dtype)
+    if dest.element_size() == 1 and dest.is_floating_point():
+        dest.view(torch.uint8).index_copy_(dim, index, src.view(torch.uint8))
+    else:
+        dest.index_copy_(dim, index, src)
+
+
+def select_rows(src: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """src.index_select(dim, index), also for FP8 (through a byte view)."""
+    if src.element_size() == 1 and src.is_floating_point():
+        return src.view(torch.uint8).index_select(dim, index).view(src.dtype)
+    return src.index_select(dim, index)
+
+
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim]
@@ -17,6 +34,7 @@ def arena_attention(
     """Block-causal attention over the whole arena: row p sees keys [0, (p // B + 1) * B)."""
     keys = torch.arange(k.shape[1], device=k.device)
     mask = (keys // block_size).unsqueeze(0) <= (positions // block_size).unsqueeze(1)
+    k, v = k.to(q.dtype), v.to(q.dtype)  # an FP8 arena is read dequantized
     groups = q.shape[0] // k.shape[0]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)
@@ -86,7 +104,7 @@ def qk_norm_rope(
     y = rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
     if out is None:
         return y.contiguous()
-    out.index_copy_(1, positions, y)
+    write_rows(out, 1, positions, y)  # an FP8 arena: rounded from the dtype
     return out
 
 

@@ -1,6 +1,8 @@
-"""`dlmrt train {sft, eval, export}`: flags of `sft` derive from the `TrainConfig` fields.
+"""`dlmrt train {sft, orl, eval, export}`: flags of `sft` and `orl` derive from the `TrainConfig`
+and `ORLConfig` fields.
 
     dlmrt train sft --task arithmetic --out runs/demo [--device cuda] [--steps N] [--resume]
+    dlmrt train orl --model DIR --task arithmetic --out runs/orl [--recipe FILE] [--resume]
     dlmrt train eval --model runs/demo --rule threshold --threshold 0.9 --problems 500
     dlmrt train export runs/demo dlmrt-demo --dtype bfloat16
 
@@ -29,7 +31,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     from dlmrt.flags import add_dataclass_flags
     from dlmrt.train.config import TrainConfig
 
-    train = sub.add_parser("train", help="train a block-diffusion model (SFT on a task)")
+    train = sub.add_parser("train", help="train a block-diffusion model (SFT or ORL on a task)")
     tsub = train.add_subparsers(dest="train_command", required=True)
 
     sft = tsub.add_parser(
@@ -48,6 +50,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     # absent flags keep the config's (or, on --resume, the run's) value
     add_dataclass_flags(sft, TrainConfig, "training (TrainConfig)", CHOICES, keep_absent=True)
 
+    _add_orl_parser(tsub)
     _add_eval_parser(tsub)
 
     ex = tsub.add_parser(
@@ -58,6 +61,31 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("dest", help="new model directory")
     ex.add_argument("--dtype", default="bfloat16", help="weights dtype (default: bfloat16)")
     ex.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+
+
+def _add_orl_parser(tsub: argparse._SubParsersAction) -> None:
+    from dlmrt.flags import add_dataclass_flags
+    from dlmrt.train.orl.config import CHOICES as ORL_CHOICES
+    from dlmrt.train.orl.config import ORLConfig
+    from dlmrt.train.orl.tasks import NAMES
+
+    orl = tsub.add_parser(
+        "orl",
+        help="on-policy residual learning (ORL) of a QwenDLM-format model on a verifiable task",
+        description="ORL (docs/orl-training.md): rollouts with the current weights through "
+        "dlmrt's engine, verified, replayed with their exact captured states (packed staircase "
+        "attention), CE + AEC. OUT becomes an HF model directory (`LLM(OUT, role='orl')`) with "
+        "orl_config.json, log.jsonl and checkpoints/. Under torchrun: data parallel.",
+    )
+    orl.add_argument("--out", default=None, help="run directory (or `out` in the recipe)")
+    orl.add_argument("--recipe", default=None, help="TOML file of ORLConfig fields (and `out`)")
+    orl.add_argument(
+        "--resume", action="store_true", help="continue the run in OUT from its last checkpoint"
+    )
+    orl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    orl.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    choices = {**ORL_CHOICES, "task": NAMES}
+    add_dataclass_flags(orl, ORLConfig, "ORL training (ORLConfig)", choices, keep_absent=True)
 
 
 def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
@@ -112,6 +140,8 @@ def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     if args.train_command == "sft":
         return _sft(args)
+    if args.train_command == "orl":
+        return _orl(args)
     if args.train_command == "eval":
         return _eval(args)
     from dlmrt.train.export import export
@@ -138,6 +168,32 @@ def _sft(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {"out": str(res.out), "step": res.step}
     if res.evals:
         summary["eval"] = res.evals[-1]
+    if res.interrupted:
+        summary["interrupted"] = True
+    print(json.dumps(summary))
+    return 130 if res.interrupted else 0
+
+
+def _orl(args: argparse.Namespace) -> int:
+    from dlmrt.train.orl.config import ORLConfig
+    from dlmrt.train.orl.loop import train_orl
+    from dlmrt.train.orl.recipe import load_recipe
+    from dlmrt.train.orl.run_dir import saved_config
+
+    given = load_recipe(args.recipe) if args.recipe else {}
+    out = args.out or given.pop("out", None)
+    given.pop("out", None)
+    if out is None:
+        raise ValueError("--out: required (or `out` in the recipe)")
+    fields = dataclasses.fields(ORLConfig)
+    given.update({f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})
+    saved = saved_config(Path(out)) if args.resume else None
+    cfg = dataclasses.replace(saved, **given) if saved else ORLConfig(**given)
+    res = train_orl(cfg, out, resume=args.resume, progress=not args.no_progress)
+    summary: dict[str, Any] = {"out": str(res.out), "step": res.step}
+    if res.entries:
+        last = res.entries[-1]
+        summary.update({k: last[k] for k in ("reward", "loss") if k in last})
     if res.interrupted:
         summary["interrupted"] = True
     print(json.dumps(summary))

@@ -25,6 +25,7 @@ MAX_NEW = 24
 QUESTIONS = [(1, 2), (12, 30), (7, 8), (100, 23), (5, 5), (9, 9)]
 TOP_FIELDS = {
     "schema", "created", "dlmrt_version", "model", "device", "dtype", "mode", "default_rule",
+    "quantization", "kv_cache_dtype",
     "dataset", "kind", "n_problems", "limit", "shuffle", "chat", "prompt_template", "scorer",
     "timeout_s", "sweep", "runs",
 }  # fmt: skip
@@ -95,6 +96,7 @@ def test_bench_metrics_consistent(mixed, tmp_path, monkeypatch, capsys):
     assert main(args) == 0
     report = json.loads(out.read_text())
     assert TOP_FIELDS <= set(report) and report["n_problems"] == len(QUESTIONS)
+    assert report["quantization"] is None and report["kv_cache_dtype"] == "auto"
     assert report["kind"] == "math" and report["sweep"] is None and len(report["runs"]) == 1
     run = report["runs"][0]
     assert RUN_FIELDS <= set(run) and SUMMARY_FIELDS <= set(run["summary"])

@@ -100,14 +100,26 @@ def test_graphs_are_captured_once_and_reused(checkpoints):
     assert program.runner.graphs == graphs and first.token_ids == second.token_ids
 
 
-def test_recorder_requests_run_eagerly_with_the_same_tokens(checkpoints):
-    """A recorder needs the host between rounds: that request runs eagerly, same tokens."""
-    llm = LLM(checkpoints["tiny-orl"], device="cuda", dtype="float32", mode="block_graph")
-    fast = llm.generate(_prompt(5), max_new_tokens=24, ignore_eos=True)
-    records = []
-    slow = llm.generate(_prompt(5), max_new_tokens=24, ignore_eos=True, recorder=records.append)
-    assert slow.mode == "eager" and fast.mode == "block_graph"
-    assert slow.token_ids == fast.token_ids and len(records) == slow.num_denoising_forwards
+@pytest.mark.parametrize("mode", ["round_graph", "block_graph"])
+def test_recorder_in_graph_modes_equals_eager(checkpoints, mode):
+    """The trace written inside the captured rounds gives the eager records, field for field."""
+    ckpt = checkpoints["tiny-orl"]
+    kw = dict(max_new_tokens=24, ignore_eos=True, temperature=0.7, seed=3)
+    runs = {}
+    for m in ("eager", mode):
+        llm = LLM(ckpt, device="cuda", dtype="float32", mode=m)
+        records = []
+        plain = llm.generate(_prompt(5), **kw)
+        out = llm.generate(_prompt(5), recorder=records.append, **kw)
+        assert out.mode == m and out.token_ids == plain.token_ids
+        assert len(records) == out.num_denoising_forwards
+        runs[m] = records
+    for a, b in zip(runs["eager"], runs[mode], strict=True):
+        assert (a.block_index, a.round) == (b.block_index, b.round)
+        for name in ("canvas", "unresolved", "accepted", "proposal", "canvas_after"):
+            assert getattr(a, name).equal(getattr(b, name)), name
+        for name in ("z", "entropy", "confidence"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=1e-5, atol=1e-5)
 
 
 def test_auto_mode_falls_back_when_the_while_self_test_fails(monkeypatch, checkpoints):

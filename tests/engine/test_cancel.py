@@ -23,7 +23,8 @@ def test_should_stop_cancels_between_rounds_and_engine_recovers(orl_ckpt):
         llm.generate(
             "hello", max_new_tokens=24, ignore_eos=True, should_stop=stop, recorder=rounds.append
         )
-    assert len(polls) == 4 and len(rounds) == 3
+    # block 0 finished in 3 rounds (recorded after it); the 4th poll, before block 1, cancels
+    assert len(polls) == 4 and len(rounds) == 3 and {r.block_index for r in rounds} == {0}
     again = llm.generate("hello", max_new_tokens=24, ignore_eos=True)
     assert again.token_ids == baseline.token_ids
 

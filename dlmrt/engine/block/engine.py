@@ -25,9 +25,8 @@ from dlmrt.decoding import DecodeRule
 from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
-from dlmrt.engine.graph.loop import EagerRunner
 from dlmrt.engine.graph.workspace import Workspace
-from dlmrt.engine.kv_cache import KVCache
+from dlmrt.engine.kv_cache import KVCache, arena_dtype
 from dlmrt.outputs import BlockCallback, EngineResult, Recorder, StopCheck
 
 log = logging.getLogger("dlmrt")
@@ -43,6 +42,7 @@ class _Request:
     ignore_eos: bool
     on_block: BlockCallback | None
     should_stop: StopCheck | None
+    recorder: Recorder | None
 
 
 def _emit(res: EngineResult, req: _Request, index: int, rounds: int, canvas: torch.Tensor) -> bool:
@@ -81,8 +81,10 @@ class BlockEngine:
         dtype: torch.dtype,
         mode: str = "eager",
         fold_commits: bool = True,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
+        self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
         self.workspace = Workspace(mode, self._new_arena)
@@ -90,17 +92,17 @@ class BlockEngine:
     def _new_arena(self, rows: int) -> KVCache:
         c = self.cfg
         heads, dim = c.num_key_value_heads, c.head_dim
-        return KVCache(c.num_hidden_layers, heads, dim, rows, self.dtype, self.device)
+        return KVCache(c.num_hidden_layers, heads, dim, rows, self.kv_dtype, self.device)
 
-    def program(self, spec: RoundSpec, max_len: int, recorder: Recorder | None = None):
+    def program(self, spec: RoundSpec, max_len: int, traced: bool = False) -> BlockProgram:
         """The program for `spec` over an arena of at least `max_len` rows (documented for the
-        benchmarks: `program.runner.run(program.rounds)` times a block's rounds). With a
-        `recorder`, an uncached eager program that reports every round."""
+        benchmarks: `program.runner.run(program.rounds)` times a block's rounds). `traced`: its
+        rounds also write the device-side `RoundTrace` a recorder reads after each block."""
         kv = self.workspace.reserve(max_len)
-        if recorder is not None:
-            return BlockProgram(spec, kv, EagerRunner(), self.device, recorder)
-        key = (spec.block_length, spec.rule, spec.temperature)
-        return self.workspace.program(key, lambda run: BlockProgram(spec, kv, run, self.device))
+        key = (spec.block_length, spec.rule, spec.temperature, traced)
+        return self.workspace.program(
+            key, lambda run: BlockProgram(spec, kv, run, self.device, traced)
+        )
 
     def generate(
         self,
@@ -118,24 +120,26 @@ class BlockEngine:
         on_block: BlockCallback | None = None,
         should_stop: StopCheck | None = None,
     ) -> EngineResult:
-        """Decode one request. A `recorder` runs it eagerly and unfolded: one record per round of
-        the unfolded schedule (what the trainer replays), at the cost of the commit passes."""
+        """Decode one request. A `recorder` gets one `RoundRecord` per round of the unfolded
+        schedule (what the trainer replays), in any mode: the rounds write a device-side trace,
+        handed over after each finished block (`trace.py`); the request then runs unfolded, at the
+        cost of the commit passes. Same tokens either way."""
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
         spec = RoundSpec(self.model, rule, temperature, block_length)
-        req = _Request(lay, stop_ids, max_new_tokens, ignore_eos, on_block, should_stop)
+        req = _Request(lay, stop_ids, max_new_tokens, ignore_eos, on_block, should_stop, recorder)
         with torch.inference_mode():
-            prog = self.program(spec, lay.max_len, recorder)
+            prog = self.program(spec, lay.max_len, traced=recorder is not None)
             res = EngineResult([], "length", mode=prog.runner.name)
             if lay.first_block:
                 self.prefill(prompt_ids[: lay.first_block * block_length], block_length, prog.kv)
                 res.prefill_forwards = 1
-            self._blocks(prog, prompt_ids, mask_id, seed, req, res, recorder is None)
+            self._blocks(prog, prompt_ids, mask_id, seed, req, res)
         return res
 
-    def _blocks(self, prog, prompt_ids, mask_id, seed, req, res, may_fold) -> None:
+    def _blocks(self, prog, prompt_ids, mask_id, seed, req, res) -> None:
         """The block loop of `generate`."""
         lay, spec, buf, runner = req.lay, prog.spec, prog.buf, prog.runner
-        fold = self.fold_commits and may_fold
+        fold = self.fold_commits and prog.trace is None
         check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
         unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
         for b in range(lay.first_block, lay.num_blocks):
@@ -155,6 +159,9 @@ class BlockEngine:
                 )
             steps = int(buf.step)  # rounds run in this block (incl. a joint pass's round 0)
             res.denoising_forwards += steps - int(pending)
+            if prog.trace is not None:
+                for record in prog.trace.records(b, steps):
+                    req.recorder(record)
             unsettled = check and not last and not bool(buf.done)
             if unsettled:
                 continue  # block b's tokens are final after its folded check

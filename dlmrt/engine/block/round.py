@@ -135,12 +135,14 @@ def _context(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> Attn
     return AttnContext(buf.positions, spec.block_length, kv, kv_len)
 
 
-def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> None:
-    """One round, in place on `buf` (kv_len: see `_context`)."""
+def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> Decision:
+    """One round, in place on `buf` (kv_len: see `_context`); returns its decision."""
     ctx = _context(spec, buf, kv, kv_len)
     receives = spec.receives(buf.unresolved) if buf.z is not None else None
     logits = spec.model(buf.canvas, ctx, z=buf.z, receives=receives)
-    store_round(buf, decide_block(spec, buf, logits))
+    d = decide_block(spec, buf, logits)
+    store_round(buf, d)
+    return d
 
 
 def decide_block(spec: RoundSpec, buf: BlockBuffers, logits: torch.Tensor) -> Decision:

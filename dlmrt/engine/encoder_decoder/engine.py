@@ -33,7 +33,7 @@ from dlmrt.engine.encoder_decoder.step import (
 )
 from dlmrt.engine.graph.loop import Loop, Pass, Runner
 from dlmrt.engine.graph.workspace import Workspace
-from dlmrt.engine.kv_cache import ContextArena
+from dlmrt.engine.kv_cache import ContextArena, arena_dtype
 from dlmrt.outputs import BlockCallback, EngineResult, StopCheck
 
 log = logging.getLogger("dlmrt")
@@ -52,15 +52,22 @@ class CanvasProgram:
 
 
 class EncoderDecoderEngine:
-    def __init__(self, model: torch.nn.Module, device: torch.device, mode: str = "eager") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        mode: str = "eager",
+        kv_cache_dtype: str = "auto",
+    ) -> None:
         self.model, self.device, self.mode = model, device, mode
         self.canvas_length: int = model.cfg.canvas_length
         self.embed_dtype = model.embed_table.dtype
+        self.kv_dtype = arena_dtype(kv_cache_dtype, self.embed_dtype)  # kv_cache.py: FP8 arena
         self.workspace = Workspace(mode, self._new_arena)
         self._torch_rng_logged = False
 
     def _new_arena(self, rows: int) -> ContextArena:
-        return ContextArena(self.model.cfg, rows, self.embed_dtype, self.device)
+        return ContextArena(self.model.cfg, rows, self.kv_dtype, self.device)
 
     def program(self, settings: ebc.CanvasSettings, rows: int) -> CanvasProgram:
         """The program for `settings` over an arena of at least `rows` rows (documented for

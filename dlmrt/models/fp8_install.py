@@ -1,0 +1,124 @@
+"""Install FP8 weights into a built model: which projections run FP8, and who quantizes their input.
+
+`install_fp8(model, fp8, rows)` takes the loader's `{parameter name: Fp8Weight}` (per-channel
+e4m3, `dlmrt/quant/fp8.py`) and returns the names it did not install (the loader dequantizes
+those into their bf16 parameters). What runs FP8, and why:
+- Routed experts (LLaDA2, DiffusionGemma): always. Their GEMMs read weights, not compute (a
+  32-row block touches most experts), so the expert kernel reads the codes and converts them in
+  registers (weight-only FP8: half the bytes); routing is unchanged.
+- Dense linears whose input comes from a norm or SiLU·up (q|k|v, gate|up, down, the LM head):
+  FP8 GEMMs with the activation quantized inside its producer (RMSNorm `fp8_out`, silu_mul_fp8),
+  kept where they measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`).
+- Never: o / dense (the attention output has no fused quantizer; slower in FP8 at <= 256 rows),
+  shared experts (their input is shared with the router), embeddings, norms, routers, the ORL
+  adapter and DiffusionGemma's self-conditioning MLP (as in the ORL paper).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from dlmrt.models.fp8_linear import Fp8Linear
+from dlmrt.models.layers import SwiGLU
+from dlmrt.ops.fp8_choice import use_fp8_gemm
+from dlmrt.quant.fp8 import Fp8Weight
+
+log = logging.getLogger("dlmrt")
+
+
+def _cat(weights: list[Fp8Weight]) -> Fp8Weight:
+    return Fp8Weight(torch.cat([w.qweight for w in weights]), torch.cat([w.scale for w in weights]))
+
+
+def _free(*linears: nn.Linear) -> None:
+    for lin in linears:  # the bf16 copy is never read again: give its memory back
+        lin.weight = nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
+
+
+class _Installer:
+    def __init__(self, model: nn.Module, fp8: dict[str, Fp8Weight], rows: int) -> None:
+        self.model, self.fp8, self.rows = model, fp8, rows
+        self.dtype = model.embed_table.dtype
+        self.device = model.embed_table.device
+        self.done: list[str] = []
+
+    def _take(self, names: list[str], fused_input: bool = True) -> Fp8Weight | None:
+        """The concatenated weights of `names` if all are FP8 and the GEMM wins, else None."""
+        if not all(n in self.fp8 for n in names):
+            return None
+        w = _cat([self.fp8[n] for n in names])
+        n_out, k = w.shape
+        ok, why = use_fp8_gemm(self.rows, n_out, k, self.device, fused_input)
+        log.info("fp8 %s: %s (%s)", names[0].rsplit(".", 2)[0], "FP8" if ok else "bf16", why)
+        if not ok:
+            return None
+        self.done += names
+        return Fp8Weight(w.qweight.to(self.device), w.scale.to(self.device))
+
+    def linear(self, names: list[str], fused_input: bool = True) -> Fp8Linear | None:
+        w = self._take(names, fused_input)
+        return None if w is None else Fp8Linear(w, self.dtype)
+
+    def experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...]) -> None:
+        names = [f"{prefix}.{p}" for p in projs]
+        if not all(n in self.fp8 for n in names):
+            return
+        scales = []
+        for proj, name in zip(projs, names):
+            w = self.fp8[name]
+            setattr(experts, proj, nn.Parameter(w.qweight.to(self.device), requires_grad=False))
+            scales.append(w.scale.to(self.device).float())
+        if len(scales) == 2:  # fused gate|up [E, 2I]: split into the gate and up halves
+            gate, up = scales[0].chunk(2, dim=1)
+            scales = [gate.contiguous(), up.contiguous(), scales[1]]
+        experts.fp8_scales = tuple(scales)
+        self.done += names
+        log.info("fp8 %s: FP8 weight-only (routed experts)", prefix)
+
+
+def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
+    attn = getattr(layer, "self_attn", None) or layer.attention
+    if hasattr(attn, "qkv_fp8"):  # QwenDLM: q|k|v as one FP8 GEMM
+        qkv = ins.linear([f"{prefix}.self_attn.{p}_proj.weight" for p in "qkv"])
+        if qkv is not None:
+            attn.qkv_fp8, attn.qkv_weight = qkv, None
+            _free(attn.q_proj, attn.k_proj, attn.v_proj)
+    else:  # LLaDA2: query_key_value is already one linear
+        qkv = ins.linear([f"{prefix}.attention.query_key_value.weight"])
+        if qkv is not None:
+            attn.query_key_value = qkv
+    layer.input_layernorm.fp8_out = qkv is not None  # the norm's one consumer is FP8
+    mlp = layer.mlp
+    if type(mlp) is SwiGLU:  # a dense MLP (never the adapter or shared experts)
+        p = f"{prefix}.mlp"
+        mlp.gate_up_fp8 = ins.linear([f"{p}.gate_proj.weight", f"{p}.up_proj.weight"])
+        if mlp.gate_up_fp8 is not None:
+            mlp.gate_up_weight = None
+            _free(mlp.gate_proj, mlp.up_proj)
+            layer.post_attention_layernorm.fp8_out = True
+        down = ins.linear([f"{p}.down_proj.weight"], fused_input=mlp.gate_up_fp8 is not None)
+        if down is not None:
+            mlp.down_proj, mlp.down_fp8 = down, mlp.gate_up_fp8 is not None
+    elif hasattr(mlp, "experts"):
+        ins.experts(f"{prefix}.mlp.experts", mlp.experts, ("gate_proj", "up_proj", "down_proj"))
+
+
+def install_fp8(model: nn.Module, fp8: dict[str, Fp8Weight], rows: int) -> list[str]:
+    """Install what runs FP8 (see the module docstring); returns the names left to dequantize."""
+    ins = _Installer(model, fp8, rows)
+    is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
+    for i, layer in enumerate(model.model.layers):
+        prefix = f"model.layers.{i}"
+        if is_block:
+            _block_layer(ins, prefix, layer)
+        else:
+            ins.experts(f"{prefix}.experts", layer.experts, ("gate_up_proj", "down_proj"))
+    head = ins.linear(["lm_head.weight"], fused_input=is_block)
+    if head is not None:
+        model.lm_head = head
+        if is_block:
+            model.model.norm.fp8_out = True
+    return [n for n in fp8 if n not in set(ins.done)]

@@ -1,0 +1,78 @@
+"""FP8 ops: the producers that quantize their output (RMSNorm, SiLU·up, a plain row quantizer)
+and the FP8 linear that consumes them. Each resolved like every op (`dlmrt.ops.implementation`):
+CUDA -> kernels/fp8_quant.py and `torch._scaled_mm`; otherwise the torch twin.
+
+Twins ("dequantize, then the bf16 op"): a producer is its plain op followed by `quantize_rows`;
+`fp8_linear` multiplies the dequantized activation by the dequantized weight in fp32 and rounds
+once to the output dtype. The fast path differs from the twin only in the GEMM's accumulation
+order (`use_fast_accum`), so tests compare them within rounding.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torch.nn.functional as F
+
+from dlmrt.ops import implementation, reference
+from dlmrt.quant.fp8 import Fp8Weight, QuantAct, quantize_rows
+
+
+def _kernels():
+    return importlib.import_module("dlmrt._kernels.fp8_quant")
+
+
+def _fast(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.stride(-1) == 1 and implementation("fp8") == "triton"
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float) -> QuantAct:
+    """quantize_rows(rms_norm(x)) in one kernel on CUDA."""
+    if _fast(x):
+        q, s, _ = _kernels().rms_norm_fp8(x, None, weight, eps)
+        return QuantAct(q, s)
+    return quantize_rows(reference.rms_norm(x, weight, eps))
+
+
+def add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[QuantAct, torch.Tensor]:
+    """(quantize_rows(rms_norm(x + residual)), x + residual) in one kernel on CUDA."""
+    if _fast(x):
+        q, s, total = _kernels().rms_norm_fp8(x, residual, weight, eps)
+        return QuantAct(q, s), total
+    y, total = reference.add_rms_norm(x, residual, weight, eps)
+    return quantize_rows(y), total
+
+
+def silu_mul_fp8(gate_up: torch.Tensor) -> QuantAct:
+    """quantize_rows(silu_mul(gate_up)) in one kernel on CUDA."""
+    if _fast(gate_up):
+        return QuantAct(*_kernels().silu_mul_fp8(gate_up))
+    return quantize_rows(reference.silu_mul(gate_up))
+
+
+def quant_rows(x: torch.Tensor) -> QuantAct:
+    """Per-row e4m3 codes and scales of x [M, K] (for a consumer whose producer is not fused)."""
+    if _fast(x):
+        return QuantAct(*_kernels().quant_rows(x))
+    return quantize_rows(x)
+
+
+def fp8_linear(
+    x: QuantAct | torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """x [M, K] (codes + row scales, or a plain tensor quantized here) @ w [N, K]^T -> [M, N]."""
+    act = x if isinstance(x, QuantAct) else quant_rows(x)
+    if act.q.is_cuda and implementation("fp8") == "triton":
+        out = torch._scaled_mm(  # row-wise scales need a bf16 output; an fp32 model casts it
+            act.q,
+            w.qweight.t(),
+            scale_a=act.scale,
+            scale_b=w.scale.view(1, -1),
+            out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+        )
+        return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
+    return F.linear(act.dequantize(torch.float32), w.dequantize(torch.float32)).to(out_dtype)

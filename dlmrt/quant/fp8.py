@@ -1,0 +1,64 @@
+"""FP8 (e4m3) weights with per-output-channel scales, and per-row quantized activations.
+
+A weight w [N, K] (or stacked experts [E, N, K]) is stored as `qweight` e4m3 and `scale` fp32
+[N] ([E, N]) with w ≈ qweight * scale[..., None]: one scale per output channel, so a GEMM applies
+it to its output columns (`torch._scaled_mm`'s row-wise scaling, or the expert kernel's epilogue).
+An activation x [M, K] meets it as a `QuantAct`: e4m3 rows and one fp32 scale per row, computed
+by the kernel that produces x (RMSNorm, SiLU·up: `dlmrt/ops/fp8.py`). Pure torch: runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+MIN_SCALE = 1e-12  # an all-zero row gets this scale (its codes are all zero)
+
+
+@dataclass(frozen=True, eq=False)
+class Fp8Weight:
+    """qweight e4m3 [N, K] / [E, N, K]; scale fp32 [N] / [E, N]; w ≈ qweight * scale[..., None]."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.qweight.float() * self.scale.unsqueeze(-1)).to(dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.qweight.shape
+
+    def narrow(self, start: int, rows: int) -> Fp8Weight:
+        """Output channels [start, start + rows) (the last but one dim): a view."""
+        dim = self.qweight.dim() - 2
+        return Fp8Weight(self.qweight.narrow(dim, start, rows), self.scale.narrow(dim, start, rows))
+
+
+class QuantAct(NamedTuple):
+    """An activation as e4m3 rows [M, K] and per-row fp32 scales [M, 1]: x ≈ q * scale."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.q.float() * self.scale).to(dtype)
+
+
+def quantize_per_channel(w: torch.Tensor) -> Fp8Weight:
+    """Round w [..., N, K] to e4m3 with one scale per output channel (amax / 448)."""
+    amax = w.detach().float().abs().amax(dim=-1)
+    scale = (amax / FP8_MAX).clamp_min(MIN_SCALE)
+    q = (w.float() / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return Fp8Weight(q, scale)
+
+
+def quantize_rows(x: torch.Tensor) -> QuantAct:
+    """Per-row e4m3 quantization of x [M, K] (the torch twin of the fused producers)."""
+    amax = x.float().abs().amax(dim=-1, keepdim=True)
+    scale = (amax / FP8_MAX).clamp_min(MIN_SCALE)
+    return QuantAct((x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale)

@@ -1,0 +1,124 @@
+"""After the weights streamed in: which weights are FP8, where they run, and the startup log.
+
+`collect_fp8` gathers the checkpoint's FP8 weights (the reader) and, with `quantization="fp8"`,
+quantizes every other FP8 candidate (`policy.py`) per channel, except those in the checkpoint's ignore
+list and those sharing storage with a weight that stays in the compute dtype (a tied lm_head).
+Every parameter then holds the dequantized weight, the CPU path. `place_fp8` hands the FP8 weights
+to the model's `use_fp8` on CUDA (the FP8 kernels) and re-dequantizes what it declines.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+
+from dlmrt.config import QUANTIZATIONS
+from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.quant.policy import classify, matches
+from dlmrt.quant.reader import Fp8Reader
+
+log = logging.getLogger("dlmrt")
+
+
+def collect_fp8(
+    reader: Fp8Reader, params: dict[str, torch.Tensor], quantization: str | None
+) -> tuple[dict[str, Fp8Weight], dict[str, str]]:
+    """(FP8 weights by parameter name, why each other FP8 candidate stays in the compute dtype).
+
+    quantization None: the checkpoint's FP8 weights; "fp8": also quantize the rest at load;
+    "none": no FP8 weights (an FP8 checkpoint runs dequantized)."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization: expected one of {', '.join(QUANTIZATIONS)}, got {quantization!r}"
+        )
+    stored = reader.weights(params)
+    if not stored and quantization is None:
+        return {}, {}  # an unquantized checkpoint, run as stored: nothing to say
+    if quantization == "none":
+        return {}, {n: "quantization='none': dequantized at load" for n in stored}
+    fp8 = {n: w for n, w in stored.items() if classify(n)[0]}
+    why = {n: f"stored FP8, but a {classify(n)[1]}: dequantized" for n in stored if n not in fp8}
+    shared = {p.data_ptr() for n, p in params.items() if not classify(n)[0]}
+    names = _stored_names(reader)
+    for name, param in params.items():
+        if name in fp8 or not classify(name)[0]:
+            continue
+        pattern = next(
+            (p for s in names.get(name, [name]) if (p := matches(reader.ignore, s))), None
+        )
+        if pattern is not None:
+            why[name] = f"in the checkpoint's ignore list ('{pattern}')"
+        elif param.data_ptr() in shared:
+            why[name] = "tied to the embeddings"
+        elif quantization != "fp8":
+            why[name] = "stored unquantized"
+        else:
+            fp8[name] = quantize_per_channel(param)
+            with torch.no_grad():
+                param.copy_(fp8[name].dequantize(param.dtype))
+    return fp8, why
+
+
+def _stored_names(reader: Fp8Reader) -> dict[str, list[str]]:
+    """Parameter name -> the checkpoint names it was read from (per-expert tensors of a stack)."""
+    out: dict[str, list[str]] = {}
+    for name, stored in reader.source.items():
+        param = reader.slices[name][0] if name in reader.slices else name
+        out.setdefault(param, []).append(stored)
+    return out
+
+
+def place_fp8(
+    model: torch.nn.Module,
+    fp8: dict[str, Fp8Weight],
+    why: dict[str, str],
+    device: torch.device,
+) -> dict[str, Fp8Weight]:
+    """Run what the model can in FP8 (CUDA + `model.use_fp8`); the rest stays dequantized.
+
+    Returns the FP8 weights the model runs (empty on CPU). Logs what is FP8 and what is not, why."""
+    if not fp8 and not why:
+        return {}
+    dtype = next(model.parameters()).dtype
+    running: dict[str, Fp8Weight] = {}
+    if not has_fp8_kernels(device):
+        reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
+        why |= {n: reason for n in fp8}
+    elif not hasattr(model, "use_fp8"):
+        why |= {n: f"{type(model).__name__} has no FP8 kernels (use_fp8)" for n in fp8}
+    else:
+        running = dict(fp8)  # use_fp8 moves what it installs to the device
+        declined = model.use_fp8(running)
+        params = model.state_dict()
+        for name in declined:
+            with torch.no_grad():
+                params[name].copy_(running.pop(name).dequantize(params[name].dtype))
+            why[name] = (
+                "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
+                "or slower in FP8 at its shape)"
+            )
+    _log(running, why)
+    return running
+
+
+def has_fp8_kernels(device: torch.device) -> bool:
+    """Whether the models' FP8 kernels can run on `device` (CUDA; the CPU path dequantizes)."""
+    return device.type == "cuda"
+
+
+def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
+    kinds = Counter(classify(n)[1] for n in running)
+    mib = sum(w.qweight.numel() + 4 * w.scale.numel() for w in running.values()) / 2**20
+    if running:
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        log.info("FP8 weights: %d tensor(s), %.1f MiB (%s)", len(running), mib, parts)
+    else:
+        log.info("FP8 weights: none run in FP8")
+    reasons = Counter(why.values())
+    for reason, count in sorted(reasons.items()):
+        example = next(n for n, r in why.items() if r == reason)
+        log.info("compute dtype: %d FP8 candidate(s): %s (e.g. %s)", count, reason, example)
+    log.info("compute dtype always: embeddings, norms, routers, the ORL residual adapter and "
+             "the self-conditioning MLP (dlmrt/quant/policy.py)")  # fmt: skip

@@ -1,0 +1,121 @@
+"""One ORL step after the rollouts: plan -> packed replay -> losses -> one optimizer step."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from dlmrt.train.masks import FLEX_TILE, attention_mask
+from dlmrt.train.orl import dist
+from dlmrt.train.orl.balance import share
+from dlmrt.train.orl.capture import Rollout
+from dlmrt.train.orl.config import ORLConfig
+from dlmrt.train.orl.losses import LossSpec, combine, row_terms
+from dlmrt.train.orl.plan import Doc, Target, pack_docs, plan
+from dlmrt.train.orl.replay import replay_logits
+from dlmrt.train.orl.row import PackedRow, build_row, flex_length
+from dlmrt.train.orl.selection import select_rounds
+
+
+@dataclass
+class Replayer:
+    cfg: ORLConfig
+    model: torch.nn.Module
+    device: torch.device
+    attention: str  # flex | dense
+    bf16: bool
+    rank_world: tuple[int, int] = (0, 1)
+
+    @property
+    def spec(self) -> LossSpec:
+        c = self.cfg
+        return LossSpec(c.temperature, c.aec_rho, c.aec_weight, c.entropy_gate, c.zeta, c.rkl_cap)
+
+    def autocast(self):
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def losses(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """Backward of this rank's share of the step's loss; the step's global statistics."""
+        cfg, vocab = self.cfg, self.model.cfg.vocab_size
+        p = plan(rollouts, cfg.select_fraction, cfg.aec_gate, vocab)
+        verified = sum(r.verified for r in rollouts)
+        tokens = sum(len(r.token_ids) for r in rollouts)
+        forwards = sum(r.forwards for r in rollouts)
+        responses, aec_den, n_rollouts, verified, states, pairs, tokens, forwards = dist.all_sum(
+            [p.responses, p.aec_den, len(rollouts), verified, p.states, p.pairs, tokens,
+             forwards], self.device)  # fmt: skip
+        stats = {"rollouts": n_rollouts, "verified": verified, "reward": verified / n_rollouts,
+                 "states": states, "pairs": pairs, "rollout_tokens": tokens,
+                 "rollout_tpf": tokens / max(forwards, 1)}  # fmt: skip
+        sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
+        replay_tokens = 0
+        mine = share(p.docs, *self.rank_world) if responses > 0 else []
+        for docs in pack_docs(mine, cfg.pack_tokens):
+            row = self.row(docs)
+            with self.autocast():
+                logits = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
+                nums = row_terms(logits, logits.detach(), row, self.spec)
+                loss, parts = combine(nums, responses, aec_den, self.spec)
+            loss.backward()
+            sums += torch.stack([loss, parts["ce"], parts["rkl"], parts["aec"]]).detach().float()
+            replay_tokens += row.num_tokens
+        loss, ce, rkl, aec, replay_tokens = dist.all_sum([*sums.tolist(), replay_tokens],
+                                                         self.device)  # fmt: skip
+        return {**stats, "replay_tokens": replay_tokens, "loss": loss, "ce": ce, "rkl": rkl,
+                "aec": aec, "responses": responses}  # fmt: skip
+
+    def row(self, docs: list[Doc]) -> PackedRow:
+        """The packed row; flex rows padded to a power-of-two number of tiles (few shapes)."""
+        vocab = self.model.cfg.vocab_size
+        if self.attention != "flex":
+            return build_row(docs, vocab, self.device)
+        n = sum(d.length for d in docs)
+        return build_row(docs, vocab, self.device, length=flex_length(n, FLEX_TILE))
+
+    @torch.no_grad()
+    def check(self, rollout: Rollout) -> float:
+        """max |replayed - rollout logits| of the rollout's first selected state (same weights)."""
+        first = min(rollout.blocks)
+        k = select_rounds(rollout.blocks[first], self.cfg.select_fraction)[0]
+        state = rollout.blocks[first][k]
+        row = self.row([Doc(rollout, [state], 1.0, [Target()])])
+        # in the rollout's precision (the weights' dtype, no autocast): exactness, not bf16 noise
+        got = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
+        return (got.float() - state.logits.float()).abs().max().item()
+
+
+def param_groups(model: torch.nn.Module, cfg: ORLConfig) -> list[dict]:
+    """Backbone and adapter (lr x adapter_lr_scale); weight decay on matrices only."""
+    groups: dict[tuple[bool, bool], list] = {}
+    for name, p in model.named_parameters():
+        adapter = ".residual_adapter." in name
+        decay = p.ndim >= 2 and "embed_tokens" not in name
+        groups.setdefault((adapter, decay), []).append(p)
+    return [
+        {"params": ps, "lr": cfg.lr * (cfg.adapter_lr_scale if adapter else 1.0),
+         "weight_decay": cfg.weight_decay if decay else 0.0, "adapter": adapter}
+        for (adapter, decay), ps in sorted(groups.items())
+    ]  # fmt: skip
+
+
+def optimizer_step(model, optimizer, scheduler, cfg: ORLConfig) -> dict[str, float]:
+    """Sum gradients across ranks, clip, step; the relative update sizes ||dW|| / ||W||."""
+    dist.sum_gradients(model)
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    old = {}
+    for g in optimizer.param_groups:
+        old.setdefault(g["adapter"], []).extend((p, p.detach().clone()) for p in g["params"])
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    out = {"grad_norm": grad_norm.item()}
+    for adapter, pairs in old.items():
+        delta = torch.sqrt(sum(((p.detach() - w) ** 2).sum() for p, w in pairs))
+        norm = torch.sqrt(sum((w**2).sum() for _, w in pairs))
+        out["update_adapter" if adapter else "update_backbone"] = (delta / norm).item()
+    return out

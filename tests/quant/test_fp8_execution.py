@@ -1,0 +1,119 @@
+"""FP8 execution on the CPU: what `use_fp8` installs, the twins' numerics, the FP8 KV arena."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
+from fp8_helpers import quantize_model
+
+from dlmrt import LLM
+from dlmrt.attention import AttnContext
+from dlmrt.engine.kv_cache import arena_dtype
+from dlmrt.models.fp8_linear import Fp8Linear
+from dlmrt.ops import fp8 as fp8_ops
+from dlmrt.ops import reference
+from dlmrt.quant.fp8 import FP8, quantize_per_channel, quantize_rows
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp8")
+    return {
+        "qwen": write_checkpoint(root / "q", residual=residual_config(), vocab_size=320),
+        "llada": write_llada2_checkpoint(root / "l", vocab_size=320),
+    }
+
+
+def test_quantize_per_channel_round_trip_error_is_bounded():
+    w = torch.randn(48, 80) * torch.rand(48, 1) * 10
+    q = quantize_per_channel(w)
+    assert q.qweight.dtype == FP8 and q.scale.shape == (48,)
+    err = (q.dequantize(torch.float32) - w).abs() / w.abs().amax(1, keepdim=True)
+    assert err.max() <= 2**-4 + 1e-6  # half an e4m3 step at the top of the range
+    zero = quantize_per_channel(torch.zeros(3, 16))
+    assert zero.dequantize(torch.float32).eq(0).all()
+
+
+def test_twins_are_quantize_after_the_plain_op():
+    x, r = torch.randn(5, 64), torch.randn(5, 64)
+    w = torch.rand(64) + 0.5
+    act, total = fp8_ops.add_rms_norm_fp8(x, r, w, 1e-6)
+    plain, plain_total = reference.add_rms_norm(x, r, w, 1e-6)
+    assert total.equal(plain_total) and act.q.equal(quantize_rows(plain).q)
+    gu = torch.randn(5, 96)
+    assert fp8_ops.silu_mul_fp8(gu).q.equal(quantize_rows(reference.silu_mul(gu)).q)
+    wq = quantize_per_channel(torch.randn(32, 64))
+    y = fp8_ops.fp8_linear(act, wq, torch.float32)
+    expect = act.dequantize(torch.float32) @ wq.dequantize(torch.float32).t()
+    torch.testing.assert_close(y, expect)
+
+
+@pytest.mark.parametrize("family", ["qwen", "llada"])
+def test_use_fp8_installs_the_projections_the_policy_names(ckpts, family):
+    model = LLM(ckpts[family], device="cpu").engine.model
+    fp8, left = quantize_model(model)
+    layer = model.model.layers[0]
+    if family == "qwen":
+        assert (
+            isinstance(layer.self_attn.qkv_fp8, Fp8Linear)
+            and layer.self_attn.q_proj.weight.numel() == 0
+        )
+        assert isinstance(layer.mlp.gate_up_fp8, Fp8Linear) and layer.mlp.down_fp8
+        assert layer.post_attention_layernorm.fp8_out
+    else:
+        assert isinstance(layer.attention.query_key_value, Fp8Linear)
+        moe = model.model.layers[-1].mlp.experts
+        assert moe.gate_proj.dtype == FP8 and moe.fp8_scales is not None
+    assert layer.input_layernorm.fp8_out and isinstance(model.lm_head, Fp8Linear)
+    kept = {n.split(".", 3)[-1] for n in left}  # o / dense and shared experts stay bf16
+    expected = {"self_attn.o_proj.weight"} if family == "qwen" else {"attention.dense.weight"}
+    assert expected <= kept and not any(n.startswith("mlp.experts.") for n in kept)
+    assert not any("adapter" in n for n in fp8)
+
+
+@pytest.mark.parametrize("family", ["qwen", "llada"])
+def test_fp8_forward_tracks_the_dequantized_model(ckpts, family):
+    """Against the bf16 model holding the dequantized weights, only activation rounding differs."""
+    llm = LLM(ckpts[family], device="cpu")
+    model = llm.engine.model
+    ref = copy.deepcopy(model)
+    fp8, _ = quantize_model(model)
+    with torch.no_grad():
+        for name, w in fp8.items():
+            ref.get_parameter(name).copy_(w.dequantize(torch.float32))
+    ids, pos = torch.randint(0, 300, (16,)), torch.arange(16)
+    a = model(ids, AttnContext(pos, 8, None, None))
+    b = ref(ids, AttnContext(pos, 8, None, None))
+    assert ((a - b).norm() / b.norm()) < 0.5  # tiny random models amplify; the demo test is tight
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.5
+    out = llm.generate("hello", max_new_tokens=16, ignore_eos=True)
+    assert len(out.token_ids) == 16
+
+
+def test_kv_cache_dtype_names_and_fp8_arena(ckpts):
+    assert arena_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert arena_dtype("fp8", torch.float32) == FP8
+    with pytest.raises(ValueError, match="kv_cache_dtype='int4'.*auto, fp8"):
+        arena_dtype("int4", torch.float32)
+    llm = LLM(ckpts["qwen"], device="cpu")
+    from dlmrt.engine.block.engine import BlockEngine
+
+    e = llm.engine
+    llm.engine = BlockEngine(e.model, e.device, e.dtype, e.mode, kv_cache_dtype="fp8")
+    out = llm.generate("hello", max_new_tokens=16, ignore_eos=True)
+    arena = llm.engine.workspace.arena
+    assert len(out.token_ids) == 16
+    assert arena.k.dtype == arena.v.dtype == FP8 and arena.k.view(torch.uint8).any()
+
+
+def test_write_rows_rounds_into_an_fp8_arena():
+    dest = torch.zeros(2, 6, 4, dtype=FP8)
+    src = torch.randn(2, 3, 4)
+    reference.write_rows(dest, 1, torch.tensor([1, 3, 5]), src)
+    assert dest[:, [1, 3, 5]].float().equal(src.to(FP8).float())
+    assert dest[:, [0, 2, 4]].float().eq(0).all()
+    picked = reference.select_rows(dest, 1, torch.tensor([5, 1]))
+    assert picked.dtype == FP8 and picked.float().equal(dest[:, [5, 1]].float())
