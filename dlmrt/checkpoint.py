@@ -105,20 +105,12 @@ def map_names(
             duplicates.append(stored)
         else:
             mapped[name], source[name] = found[stored], stored
-    if skipped:
-        log.info(
-            "%s: ignoring %d tensor(s) the model does not use, e.g. %s",
-            root,
-            len(skipped),
-            skipped[0],
-        )
-    if duplicates:
-        log.info(
-            "%s: ignoring %d tied duplicate tensor(s), e.g. %s",
-            root,
-            len(duplicates),
-            duplicates[0],
-        )
+    for names, what in (
+        (skipped, "tensor(s) the model does not use"),
+        (duplicates, "tied duplicate tensor(s)"),
+    ):
+        if names:
+            log.info("%s: ignoring %d %s, e.g. %s", root, len(names), what, names[0])
     return mapped, source
 
 
@@ -171,13 +163,10 @@ def check_tensors(
 
 
 def load_checkpoint(
-    path: str | Path,
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    check_finite: bool = True,
+    path: str | Path, dtype: torch.dtype, device: torch.device, *, check_finite: bool = True,
     quantization: str | None = None,
-) -> Checkpoint:
+    shard: Callable[[torch.nn.Module], Any] | None = None,  # TP: dlmrt/distributed/loading.py
+) -> Checkpoint:  # fmt: skip
     """Load `path` (an HF-format directory) into the registered family's model.
 
     check_finite: every floating-point tensor, as stored in `dtype` on `device`, must be free of
@@ -196,6 +185,7 @@ def load_checkpoint(
     with torch.device("meta"):
         model = model_cls(config).to(dtype)  # free on meta: the one allocation below is in `dtype`
     expected = {n: tuple(p.shape) for n, p in model.state_dict().items()}
+    reader = shard(model) if shard is not None else None  # reshapes the meta model, reads slices
     slices = model.checkpoint_slices() if hasattr(model, "checkpoint_slices") else {}
     expected = expand_slices(expected, slices)
     found, source = map_names(
@@ -208,7 +198,7 @@ def load_checkpoint(
     if tied:
         model.tie_lm_head()
     finite = FiniteCheck() if check_finite else None
-    _stream_weights(model.state_dict(), found, source, slices, root, finite, fp8_reader)
+    _stream_weights(model.state_dict(), found, source, slices, root, finite, fp8_reader, reader)
     if finite is not None:
         finite.raise_if_bad(dtype)
     fp8, why = collect_fp8(fp8_reader, model.state_dict(), quantization)
@@ -231,6 +221,7 @@ def _stream_weights(
     root: Path,
     finite: FiniteCheck | None,
     fp8: Fp8Reader,
+    reader: Any = None,  # sliced loading: reader.read(file, stored name, name) -> this rank's part
 ) -> None:
     """Copy every checkpoint tensor into its (allocated) parameter, one file open at a time
     (an FP8 weight dequantized: `Fp8Reader.take` keeps the FP8 tensor and its scale)."""
@@ -244,7 +235,9 @@ def _stream_weights(
                     target = params[name] if name not in slices else params[slices[name][0]]
                     if name in slices:
                         target = target[slices[name][1]]
-                    tensor = fp8.take(name, f, st.get_tensor(source[name]))
+                    stored = source[name]
+                    tensor = reader.read(st, stored, name) if reader else st.get_tensor(stored)
+                    tensor = fp8.take(name, f, tensor)
                     if target.is_floating_point() and not tensor.is_floating_point():
                         raise CheckpointError(
                             f"{f}: tensor '{source[name]}' has dtype "

@@ -148,6 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dlmrt.config import EngineConfig
+    from dlmrt.distributed.requests import root_only
     from dlmrt.llm import LLM
     from dlmrt.params import DecodeParams
 
@@ -156,6 +157,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.watch_delay < 0:
         raise ValueError(f"--watch-delay: must be >= 0, got {args.watch_delay}")
     llm = LLM(**engine_kwargs)
+    return root_only(llm, lambda: _generate_and_print(llm, args, params))
+
+
+def _generate_and_print(llm: Any, args: argparse.Namespace, params: Any) -> int:
+    """Rank 0 under torchrun (`dlmrt/distributed/requests.py`): read, generate, print."""
     # stdin: a here-string or `echo` adds one trailing newline that is not part of the prompt
     prompt = sys.stdin.read().removesuffix("\n") if args.prompt == "-" else args.prompt
     generated = [0]  # blocks numbered from the first generated one (not the absolute index)

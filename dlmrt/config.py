@@ -48,6 +48,14 @@ class EngineConfig:
             "first half of the next block's first round: one forward less per block, same tokens"
         },
     )
+    tensor_parallel_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "tensor-parallel ranks (launch them with torchrun --nproc-per-node N); "
+            "None: torchrun's WORLD_SIZE, 1 without torchrun",
+            "aliases": ("--tp",),
+        },
+    )
     skip_weight_check: bool = field(
         default=False,
         metadata={

@@ -168,3 +168,15 @@ class DraftBuilder:
                 states = states[: len(out)].replace(MASKED, FINAL)
             draft = Draft(block, r + 1, prefix, tuple(tokens), states, tuple(conf), last)
             self._emit(draft)
+
+
+def chain(first: Callable | None, second: Callable) -> Callable:
+    """A recorder that calls the user's (if any), then the draft builder's."""
+    if first is None:
+        return second
+
+    def both(record) -> None:
+        first(record)
+        second(record)
+
+    return both

@@ -23,6 +23,12 @@ def hf_hub_cache() -> Path:
     return Path(os.environ.get("HF_HOME", Path.home() / ".cache/huggingface")) / "hub"
 
 
+def tp_timeout_s() -> float:
+    """DLMRT_TP_TIMEOUT_S: seconds a tensor-parallel collective outside a CUDA graph waits for a
+    peer before the job ends with an error naming it (default 120)."""
+    return float(os.environ.get("DLMRT_TP_TIMEOUT_S", "120"))
+
+
 def fp8_gemms() -> str:
     """DLMRT_FP8_GEMMS: which dense linears of an FP8 model run as FP8 GEMMs on CUDA: "measured"
     (default: each shape timed at start-up against bf16, the faster kept), "all" or "none"."""

@@ -30,6 +30,7 @@ def add_dataclass_flags(
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
+        flags = (flag, *f.metadata.get("aliases", ()))
         help_text = f.metadata.get("help", "")
         value = argparse.SUPPRESS if keep_absent else f.default
         ann = str(f.type)
@@ -37,12 +38,12 @@ def add_dataclass_flags(
             on = f.default is True
             action = argparse.BooleanOptionalAction if on else "store_true"
             shown = help_text + (" (default: on)" if on else " (default: off)")
-            group.add_argument(flag, action=action, default=value, help=shown)
+            group.add_argument(*flags, action=action, default=value, help=shown)
             continue
         kind = int if ann.startswith("int") else float if ann.startswith("float") else str
         default = "" if f.default is None else f" (default: {f.default})"
         group.add_argument(
-            flag,
+            *flags,
             type=kind,
             default=value,
             help=help_text + default,

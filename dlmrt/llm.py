@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,14 +20,15 @@ from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
 from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+from dlmrt.distributed import requests as tp_requests
+from dlmrt.distributed import setup as tp_setup
 from dlmrt.draft_stream import DraftStream
-from dlmrt.drafts import DraftBuilder, DraftCallback
+from dlmrt.drafts import DraftBuilder, DraftCallback, chain
 from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.outputs import (
     BlockCallback,
     CanvasRecorder,
-    EngineResult,
     GenerationOutput,
     Recorder,
     StopCheck,
@@ -71,6 +71,7 @@ class LLM:
         skip_weight_check: bool = False,
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
+        tensor_parallel_size: int | None = None,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -84,7 +85,9 @@ class LLM:
             skip_weight_check=skip_weight_check,
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
         )
+        config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
         if model is None:
             from dlmrt.demo import demo_model_path
 
@@ -99,7 +102,7 @@ class LLM:
         check = not config.skip_weight_check
         ckpt = load_checkpoint(
             path, config.torch_dtype(), config.torch_device(), check_finite=check,
-            quantization=config.quantization,
+            quantization=config.quantization, shard=tp_setup.loader(self.group),
         )  # fmt: skip
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
 
@@ -124,6 +127,7 @@ class LLM:
             fold_commits=fold_commits,
         )  # fmt: skip
         llm = cls.__new__(cls)
+        llm.group = None
         llm._setup(model, tokenizer, Path(path), config)
         return llm
 
@@ -138,7 +142,9 @@ class LLM:
             self.default_rule = self.family.default_rule(config.role, has_adapter)
         except ValueError as e:
             raise CheckpointError(f"{path / 'config.json'}: {e}") from None
-        self.mode, self.mode_reason = select_mode(config.mode, self.device, self.family.moe)
+        self.mode, self.mode_reason = tp_setup.agree_mode(
+            *select_mode(config.mode, self.device, self.family.moe), self.group
+        )
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         if self.family.style == BLOCK:
             self._setup_blocks(path)
@@ -194,12 +200,37 @@ class LLM:
         (or drafts) runs unfolded: its records follow the unfolded rounds.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
+        Tensor parallel: every rank calls this; rank 0's arguments decide (`dlmrt/distributed/`).
         """
-        params = DecodeParams.from_kwargs(**kwargs)
+        if self.group is not None:
+            if recorder is not None or on_round is not None:  # rank-0 callbacks, not mirrored
+                raise ValueError("recorder / on_round: not supported under tensor parallelism")
+            prompt, chat, kwargs, should_stop = tp_requests.share_call(
+                self.group, prompt, chat, kwargs, should_stop
+            )
         check_callbacks(chat, recorder, on_block, should_stop, on_round)
         if on_round is not None:
             builder = DraftBuilder(on_round, on_block)
-            recorder, on_block = _both(recorder, builder.record), builder.on_block
+            recorder, on_block = chain(recorder, builder.record), builder.on_block
+        return self._generate(prompt, chat, recorder, on_block, should_stop, kwargs)
+
+    def follow(self) -> None:
+        """Tensor parallel, ranks > 0 of a server: decode what rank 0's `generate` calls share,
+        until rank 0 calls `release_followers()`."""
+
+        def run(req):
+            prompt, chat, kwargs, poll = tp_requests.unpack(self.group, req)
+            return self._generate(prompt, chat, None, None, poll, kwargs)
+
+        tp_requests.follow(self.group, run)
+
+    def release_followers(self) -> None:
+        """Rank 0: end the other ranks' `follow` (a no-op without tensor parallelism)."""
+        if self.group is not None:
+            tp_requests.stop(self.group)
+
+    def _generate(self, prompt, chat, recorder, on_block, should_stop, kwargs) -> GenerationOutput:
+        params = DecodeParams.from_kwargs(**kwargs)
         t0 = time.perf_counter()
         ids = self._prompt_ids(prompt, chat)
         check_not_empty(ids, prompt)
@@ -209,7 +240,7 @@ class LLM:
             res = self._generate_blocks(ids, params, recorder, on_block, should_stop)
         else:
             res = self._generate_canvases(ids, params, recorder, on_block, should_stop)
-        return self._output(ids, res, t0)
+        return GenerationOutput.of(self.tokenizer.decode(res.token_ids), len(ids), res, t0)
 
     def stream(self, prompt: str | list[int], *, chat: bool = False, **kwargs: Any) -> DraftStream:
         """Iterate the request's `Draft`s (a block at a time); afterwards `.output` holds its
@@ -240,24 +271,19 @@ class LLM:
         return self.engine.generate(
             ids, replace(self.canvas_settings, **overrides), max_new_tokens=params.max_new_tokens,
             stop_ids=sorted(self.stop_ids), seed=params.seed or 0,
-            rng=params.rng or ("counter" if self.mode != "eager" else "torch"),
+            rng=self._canvas_rng(params.rng),
             ignore_eos=params.ignore_eos, on_block=on_block, should_stop=should_stop,
             recorder=recorder,
         )  # fmt: skip
 
-    def _output(self, ids: list[int], res: EngineResult, t0: float) -> GenerationOutput:
-        return GenerationOutput(
-            text=self.tokenizer.decode(res.token_ids),
-            token_ids=res.token_ids,
-            finish_reason=res.finish_reason,
-            prompt_tokens=len(ids),
-            num_denoising_forwards=res.denoising_forwards,
-            num_commit_forwards=res.commit_forwards,
-            num_prefill_forwards=res.prefill_forwards,
-            request_time_s=time.perf_counter() - t0,
-            rounds_per_block=res.rounds_per_block,
-            mode=res.mode,
-        )
+    def _canvas_rng(self, rng: str | None) -> str:
+        """Counter noise in the graph modes and under tensor parallelism (torch's multinomial
+        draws need the whole vocabulary on one rank), else transformers' torch draws."""
+        if rng == "torch" and self.group is not None:
+            raise ValueError(
+                "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
+            )
+        return rng or ("counter" if self.mode != "eager" or self.group is not None else "torch")
 
     def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
         if isinstance(prompt, str):
@@ -267,15 +293,3 @@ class LLM:
         if chat:
             raise ValueError("chat: needs a text prompt, got token ids")
         return check_token_ids(prompt, self.model_config.vocab_size)
-
-
-def _both(first: Callable | None, second: Callable) -> Callable:
-    """A recorder that calls the user's (if any), then the draft builder's."""
-    if first is None:
-        return second
-
-    def both(record) -> None:
-        first(record)
-        second(record)
-
-    return both

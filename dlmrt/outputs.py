@@ -3,6 +3,7 @@ denoising step (canvas style) records, and the callback types of the engines and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,6 +37,15 @@ class GenerationOutput:
     request_time_s: float
     rounds_per_block: list[int] = field(default_factory=list)
     mode: str = "eager"  # execution mode that ran the request
+
+    @classmethod
+    def of(cls, text: str, prompt_tokens: int, res: EngineResult, t0: float) -> GenerationOutput:
+        """The output of an engine's `res` for a request that started at perf_counter() `t0`."""
+        return cls(
+            text, res.token_ids, res.finish_reason, prompt_tokens, res.denoising_forwards,
+            res.commit_forwards, res.prefill_forwards, time.perf_counter() - t0,
+            res.rounds_per_block, mode=res.mode,
+        )  # fmt: skip
 
     @property
     def num_generated_tokens(self) -> int:

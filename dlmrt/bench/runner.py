@@ -48,9 +48,15 @@ def _bench(args: Any) -> int:
     if base.ignore_eos:
         log.warning("--ignore-eos: every answer is length-terminated, so every answer is wrong")
 
+    from dlmrt.distributed.requests import root_only
     from dlmrt.llm import LLM
 
     llm = LLM(**values(args, EngineConfig))
+    # torchrun: rank 0 runs the benchmark (scoring, tables, files), the other ranks follow
+    return root_only(llm, lambda: _run(args, llm, problems, points))
+
+
+def _run(args: Any, llm: Any, problems: list, points: list) -> int:
     chat = not args.no_chat
     template = pick_template(args.prompt_template, llm.path, problems[0].kind, chat)
     print(f"dlmrt: prompt template ({template[1]}): {template[0]!r}", file=sys.stderr)

@@ -3,6 +3,8 @@
 Greedy (temperature 0): token = argmax, statistics of softmax(logits). Sampling (temperature T > 0):
 statistics of softmax(logits / T) and the token drawn by inverse CDF from one uniform per row, so a
 round consumes exactly B uniforms from the request's seeded generator whatever the vocabulary.
+Under tensor parallelism the logits are this rank's vocabulary shard and every statistic (and the
+draw) is combined across the ranks (`dlmrt/distributed/vocab.py`): the same proposal on every rank.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import torch
 
 from dlmrt import ops
 from dlmrt.decoding.base import Proposal
+from dlmrt.distributed import group as tp
+from dlmrt.distributed import vocab
 
 
 def propose(
@@ -18,6 +22,9 @@ def propose(
     temperature: float,
     uniform: torch.Tensor | None = None,  # [B] in [0, 1); required when temperature > 0
 ) -> Proposal:
+    group = tp.active()
+    if group is not None:
+        return _propose_sharded(logits, temperature, uniform, group)
     argmax, confidence, entropy, log_z = ops.token_stats(logits, temperature)
     if temperature <= 0:
         return Proposal(argmax, confidence, entropy, log_z)
@@ -31,4 +38,15 @@ def propose(
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     tokens = tokens.clamp_(max=logits.shape[-1] - 1)
     confidence = p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return Proposal(tokens, confidence, entropy, log_z)
+
+
+def _propose_sharded(logits, temperature: float, uniform, group) -> Proposal:
+    """`propose` from this rank's vocabulary shard of the logits."""
+    argmax, confidence, entropy, log_z = vocab.token_stats(logits, temperature, group)
+    if temperature <= 0:
+        return Proposal(argmax, confidence, entropy, log_z)
+    if uniform is None:
+        raise ValueError("temperature > 0 needs uniform noise")
+    tokens, confidence = vocab.sample(logits, temperature, log_z, uniform, group)
     return Proposal(tokens, confidence, entropy, log_z)

@@ -21,6 +21,8 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
+from dlmrt.distributed import group as tp
+from dlmrt.distributed import vocab
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
@@ -186,9 +188,14 @@ class DiffusionGemma(nn.Module):
     def soft_embedding(self, sc_logits: torch.Tensor, sc_temperature: float) -> torch.Tensor:
         """softmax(sc_logits / T) @ E * sqrt(hidden), as transformers: softmax in fp32, cast,
         then @ E (not the fused exp(x - logZ) twin)."""
-        probs = F.softmax(sc_logits.float() / sc_temperature, dim=-1, dtype=torch.float32)
+        y, group = sc_logits.float() / sc_temperature, tp.active()
+        if group is None:
+            probs = F.softmax(y, dim=-1, dtype=torch.float32)
+        else:  # tensor parallel: this rank's vocabulary shard; partial sums, one all-reduce
+            probs = torch.exp(y - vocab.logsumexp(y, group).unsqueeze(-1))
         scale = self.embed_scale(self.embed_table.dtype)
-        return (probs.to(self.embed_table.dtype) @ self.embed_table) * scale
+        soft = vocab.reduce_sum(probs.to(self.embed_table.dtype) @ self.embed_table, group)
+        return soft * scale
 
     def _embed(self, ids: torch.Tensor, canvas: int, sc_logits, sc_temperature: float, first):
         scale = self.embed_scale(self.embed_table.dtype)

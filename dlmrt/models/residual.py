@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from dlmrt import ops
+from dlmrt.distributed import group as tp
+from dlmrt.distributed import vocab
 from dlmrt.errors import CheckpointError
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, RMSNorm, SwiGLU
 from dlmrt.ops.reference import rms_normalize
@@ -156,11 +158,16 @@ def soft_embedding(
     """z = softmax(logits / T) @ E for every row: [rows, vocab] x [vocab, hidden] -> [rows, hidden].
 
     `log_z` (logsumexp of logits / T, fp32) is the decoder's log-normaliser; passing it skips a
-    second reduction over the vocabulary.
+    second reduction over the vocabulary. Under tensor parallelism (`dlmrt/distributed/vocab.py`)
+    each rank's shard gives a partial sum, and one all-reduce the whole z.
     """
+    group = tp.active()  # sharded: logits and E are this rank's vocabulary shard
     if log_z is None:
-        log_z = torch.logsumexp(logits.float() / temperature, dim=-1)
-    return ops.softmax_probs(logits, log_z, temperature, embed.dtype) @ embed
+        y = logits.float() / temperature
+        log_z = torch.logsumexp(y, dim=-1) if group is None else vocab.logsumexp(y, group)
+    return vocab.reduce_sum(
+        ops.softmax_probs(logits, log_z, temperature, embed.dtype) @ embed, group
+    )
 
 
 @torch.no_grad()

@@ -39,14 +39,21 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.max_request_bytes < 1:
         raise ValueError(f"max_request_bytes: must be >= 1, got {args.max_request_bytes}")
 
-    import uvicorn
-
     from dlmrt.config import EngineConfig
+    from dlmrt.distributed.requests import root_only
     from dlmrt.flags import values
     from dlmrt.llm import LLM
-    from dlmrt.server.app import build_app
 
     llm = LLM(**values(args, EngineConfig))
+    # torchrun: rank 0 serves HTTP, the other ranks decode the requests it shares
+    return root_only(llm, lambda: _serve(args, llm))
+
+
+def _serve(args: argparse.Namespace, llm: Any) -> int:
+    import uvicorn
+
+    from dlmrt.server.app import build_app
+
     app = build_app(
         llm,
         served_model_name=args.served_model_name,

@@ -20,6 +20,9 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.decoding.noise import counter_uniform
+from dlmrt.distributed import group as tp
+from dlmrt.distributed import vocab as tp_vocab
 from dlmrt.engine.kv_cache import ContextArena
 from dlmrt.outputs import CanvasStepRecord
 
@@ -41,12 +44,13 @@ class CanvasBuffers:
     """Static device state of the active canvas; one set per settings, reused across canvases."""
 
     def __init__(self, spec: CanvasSpec, device: torch.device) -> None:
-        rows, cfg = spec.length, spec.model.cfg
+        rows = spec.length
         dtype = spec.model.embed_table.dtype
         long = dict(dtype=torch.long, device=device)
         self.canvas = torch.zeros(rows, **long)
         self.argmax = torch.zeros(rows, **long)
-        self.sc = torch.zeros(rows, cfg.vocab_size, dtype=dtype, device=device)
+        vocab = spec.model.lm_head.out_features  # tensor parallel: this rank's vocabulary shard
+        self.sc = torch.zeros(rows, vocab, dtype=dtype, device=device)
         self.first = torch.ones((), dtype=torch.bool, device=device)  # no self-conditioning yet
         self.history = torch.full((spec.settings.stability_threshold, rows), -1, **long)
         self.step = torch.zeros((), **long)  # steps taken in this canvas
@@ -93,10 +97,7 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     logits = spec.model(buf.canvas, ctx, spec.length, buf.sc, first=buf.first)
     t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
     z = logits / ebc.temperature(s, t_step)
-    probs = torch.softmax(z, dim=-1, dtype=torch.float32)
-    sampled = ebc.counter_sample(probs, buf.seed, buf.index, t_step)
-    argmax = torch.argmax(z, dim=-1)
-    entropy = ebc.token_entropy(z)
+    sampled, argmax, entropy, confidence = _draw(z, buf, t_step)
     accepted = ebc.accept(entropy, s.entropy_bound)
     vocab = spec.model.cfg.vocab_size
     renoise = ebc.counter_canvas(buf.seed, buf.index, t_step, spec.length, vocab)
@@ -105,10 +106,27 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     buf.canvas.copy_(torch.where(accepted, sampled, renoise))
     buf.argmax.copy_(argmax)
     if buf.trace_argmax is not None:  # fixed per spec: the same branch every step
-        _trace(buf, argmax, probs.gather(-1, argmax[:, None])[:, 0], accepted)
+        _trace(buf, argmax, confidence, accepted)
     buf.sc.copy_(z.to(buf.sc.dtype))
     buf.first.fill_(False)
     buf.step.add_(1)
+
+
+def _draw(z: torch.Tensor, buf: CanvasBuffers, t_step: torch.Tensor):
+    """(counter sample, argmax, entropy, argmax probability) of softmax(z) per row. Tensor
+    parallel: z is this rank's vocabulary shard, combined across the ranks
+    (`dlmrt/distributed/vocab.py`)."""
+    group = tp.active()
+    if group is None:
+        probs = torch.softmax(z, dim=-1, dtype=torch.float32)
+        sampled = ebc.counter_sample(probs, buf.seed, buf.index, t_step)
+        argmax = torch.argmax(z, dim=-1)
+        confidence = probs.gather(-1, argmax[:, None])[:, 0]
+        return sampled, argmax, ebc.token_entropy(z), confidence
+    argmax, confidence, entropy, log_z = tp_vocab.token_stats(z, 0.0, group)
+    u = counter_uniform(buf.seed, buf.index, 2 * t_step, z.shape[0])  # as `ebc.counter_sample`
+    sampled, _ = tp_vocab.sample(z, 0.0, log_z, u, group)
+    return sampled, argmax, entropy, confidence
 
 
 def _trace(buf: CanvasBuffers, argmax, confidence, accepted) -> None:

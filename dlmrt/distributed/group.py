@@ -1,0 +1,135 @@
+"""The tensor-parallel process group: set up from torchrun's env vars, one per process.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `init_from_env` joins
+the default group (gloo on the CPU, NCCL on CUDA) with a timeout, so a collective outside a CUDA
+graph whose peer died fails after at most `timeout_s` instead of hanging. `active()` is the group
+the vocab-parallel math combines over (None: not sharded, every code path is the plain one).
+
+A leaf module: imports nothing from dlmrt (the decoding and model layers read `active()`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class PeerLost(RuntimeError):
+    """A collective failed: another rank died, or did not answer within the timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class TPGroup:
+    """One tensor-parallel group: this process's rank among `world` ranks."""
+
+    rank: int
+    world: int
+    device: torch.device
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    control: Any = None  # a gloo group for host-side objects (requests, flags); None: the default
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of x over the ranks, in place (every rank gets the same bits)."""
+        _guard("all_reduce", self, lambda: dist.all_reduce(x))
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[world, *x.shape]: every rank's x, in rank order."""
+        out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        _guard("all_gather", self, lambda: dist.all_gather_single(out, x.contiguous()))
+        return out.view(self.world, *x.shape)
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """Rank 0's `obj` on every rank (others pass anything), pickled over the control group
+        (gloo, CPU tensors, no timeout: followers may wait for the next request for hours)."""
+        data = pickle.dumps(obj) if self.is_root else b""
+        size = torch.tensor([len(data)], dtype=torch.long)
+        _guard("broadcast", self, lambda: dist.broadcast(size, 0, group=self.control))
+        buf = torch.zeros(int(size), dtype=torch.uint8)
+        if self.is_root:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        _guard("broadcast", self, lambda: dist.broadcast(buf, 0, group=self.control))
+        return obj if self.is_root else pickle.loads(buf.numpy().tobytes())
+
+    def broadcast_flag(self, value: bool) -> bool:
+        """Rank 0's `value` on every rank (one byte over the control group)."""
+        flag = torch.tensor([int(value)], dtype=torch.uint8)
+        _guard("broadcast", self, lambda: dist.broadcast(flag, 0, group=self.control))
+        return bool(flag.item())
+
+
+def _guard(op: str, group: TPGroup, fn: Callable[[], Any]) -> None:
+    """Run a collective; a failure (a dead peer, a timeout) becomes `PeerLost` naming the op.
+    Under CUDA graph capture the collective is only recorded: no error can surface here."""
+    try:
+        fn()
+    except Exception as e:  # gloo / NCCL raise RuntimeError or DistBackendError subclasses
+        raise PeerLost(
+            f"tensor parallel: {op} failed on rank {group.rank} of {group.world}: another rank "
+            f"died or did not answer within {group.timeout_s:.0f} s ({type(e).__name__}: {e})"
+        ) from e
+
+
+_ACTIVE: TPGroup | None = None
+
+
+def active() -> TPGroup | None:
+    """The group sharded models combine over; None when nothing is sharded."""
+    return _ACTIVE
+
+
+def set_active(group: TPGroup | None) -> None:
+    global _ACTIVE
+    _ACTIVE = group
+
+
+def launched_world_size() -> int:
+    """WORLD_SIZE as torchrun set it (1 when not launched by torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_from_env(
+    size: int | None, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> TPGroup | None:
+    """Join torchrun's group; None when there is nothing to shard (world 1, size None or 1).
+
+    `size` (tensor_parallel_size) must equal torchrun's world size when given; the device becomes
+    cuda:LOCAL_RANK on CUDA. Raises ValueError naming the mismatch."""
+    world = launched_world_size()
+    if size is not None and size < 1:
+        raise ValueError(f"tensor_parallel_size: must be >= 1, got {size}")
+    if size is not None and size > 1 and world == 1:
+        raise ValueError(
+            f"tensor_parallel_size={size}: launch the ranks with torchrun, e.g. "
+            f"`torchrun --nproc-per-node {size} -m dlmrt generate ...`"
+        )
+    if size is not None and world not in (1, size):
+        raise ValueError(
+            f"tensor_parallel_size={size} but torchrun started WORLD_SIZE={world} ranks"
+        )
+    if world == 1:
+        return None
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=365))
+    group = TPGroup(dist.get_rank(), dist.get_world_size(), device, timeout_s, control)
+    set_active(group)
+    return group

@@ -1,0 +1,73 @@
+"""Join torchrun's group and shard a loaded model: what `LLM` calls (`dlmrt/llm.py`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import torch
+
+from dlmrt import envs
+from dlmrt.config import EngineConfig
+from dlmrt.distributed.group import TPGroup, init_from_env
+
+log = logging.getLogger("dlmrt")
+
+
+def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
+    """(config on this rank's device, the group) or (config, None) when not tensor parallel."""
+    group = init_from_env(config.tensor_parallel_size, config.torch_device(), envs.tp_timeout_s())
+    if group is None:
+        return config, None
+    if config.quantization == "fp8":  # FP8 scales are not sliced with their weights yet
+        raise ValueError("quantization: 'fp8' is not supported with tensor parallelism yet")
+    if group.is_root:
+        log.info("tensor parallel: %d ranks, device %s", group.world, group.device)
+    return replace(config, device=str(group.device)), group
+
+
+def loader(group: TPGroup | None):
+    """The `shard` hook of `load_checkpoint`: each rank reads only its slices (None: plain)."""
+    if group is None:
+        return None
+    from dlmrt.distributed.loading import sliced_loader
+
+    return sliced_loader(group)
+
+
+_LEVEL = {"eager": 0, "round_graph": 1, "block_graph": 2}
+
+
+def _collective_capture_self_test(group: TPGroup) -> None:
+    """Capture an all-reduce in a CUDA graph and replay it twice (NCCL capture support)."""
+    x = torch.ones(4, device=group.device)
+    group.all_reduce(x)  # warm-up outside the graph (NCCL initialises its communicator)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=stream):
+        group.all_reduce(x)
+    x.fill_(1.0)
+    graph.replay()
+    graph.replay()
+    if x.sum().item() != 4 * group.world**2:
+        raise RuntimeError("an all-reduce captured in a CUDA graph replayed wrongly")
+
+
+def agree_mode(mode: str, reason: str, group: TPGroup | None) -> tuple[str, str]:
+    """One execution mode for every rank: at most round_graph (a WHILE body with collectives has
+    no self-test yet), eager if capturing an all-reduce fails, then the lowest rank's choice."""
+    if group is None:
+        return mode, reason
+    if mode == "block_graph":
+        mode, reason = "round_graph", "tensor parallel: block_graph with collectives untested"
+    if mode == "round_graph":
+        try:
+            _collective_capture_self_test(group)
+        except Exception as e:  # any failure of the fast path means: fall back, say why
+            mode, reason = "eager", f"tensor parallel: all-reduce capture failed ({e})"
+    level = torch.tensor([_LEVEL[mode]], dtype=torch.long)
+    torch.distributed.all_reduce(level, torch.distributed.ReduceOp.MIN, group=group.control)
+    agreed = next(m for m, v in _LEVEL.items() if v == int(level))
+    if agreed != mode:
+        reason = f"another rank could only run {agreed}"
+    return agreed, reason
