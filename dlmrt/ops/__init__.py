@@ -6,6 +6,7 @@ runs the twins. Tests force either implementation with `use(impl)`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -43,6 +44,9 @@ def implementation(name: str) -> str:
     return _IMPL[name]
 
 
+_pdl = functools.cache(envs.pdl)  # read once: the kernels' launches bake it in
+
+
 def _resolve(name: str, module_name: str | None = None) -> Callable:
     if implementation(name) == "triton":
         module = importlib.import_module(f"dlmrt._kernels.{module_name or name}")
@@ -67,8 +71,9 @@ def arena_attention(
     scale: float,
 ) -> torch.Tensor:
     """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py."""
-    fn = _resolve("arena_attention") if q.is_cuda else reference.arena_attention
-    return fn(q, k, v, positions, block_size, scale)
+    if q.is_cuda and implementation("arena_attention") == "triton":
+        return _resolve("arena_attention")(q, k, v, positions, block_size, scale, pdl=_pdl())
+    return reference.arena_attention(q, k, v, positions, block_size, scale)
 
 
 def token_stats(
