@@ -23,6 +23,7 @@ from dlmrt.attention import AttnContext
 from dlmrt.blocks import Layout, finish, initial_canvas, layout
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine.block.fold import folds_check
+from dlmrt.engine.block.prefill import PrefillGraphs
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.graph.workspace import Workspace
@@ -177,7 +178,15 @@ class BlockEngine:
         return (index + 1) * block_length if self.device.type == "cpu" else None
 
     def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
-        """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits."""
+        """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits.
+        Graph modes: a captured graph per length bucket (`prefill.py`), eager beyond the largest."""
+        ws = self.workspace
+        if ws.pool is not None and kv is ws.arena:
+            graphs = ws.extras.get("prefill")
+            if graphs is None:  # dropped with the arena: the graphs hold pointers into it
+                graphs = ws.extras["prefill"] = PrefillGraphs(self.model, kv, self.device, ws.pool)
+            if graphs.run(tokens, block_length):
+                return
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(len(tokens), device=self.device)
         kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel

@@ -1,0 +1,71 @@
+"""Prefill per length bucket (engine/block/prefill.py): the buckets, and that padding changes nothing.
+
+CPU: the padded forward runs eagerly (no graphs) over the same static buffers the graph modes
+capture; its K/V for the prompt rows equal the unpadded prefill's, and a request whose prefill is
+padded gives the same tokens. The captured graphs themselves: tests/engine/test_overhead_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import residual_config, write_checkpoint
+
+from dlmrt import LLM
+from dlmrt.engine.block.prefill import MAX_GRAPH_ROWS, PrefillGraphs, bucket_rows
+
+
+@pytest.mark.parametrize("block", [4, 16, 32])
+def test_buckets_cover_each_length_with_bounded_padding(block):
+    buckets = set()
+    for rows in range(block, MAX_GRAPH_ROWS + 1, block):
+        bucket = bucket_rows(rows, block)
+        assert bucket is not None and bucket % block == 0 and bucket >= rows
+        assert 3 * (bucket - rows) <= bucket  # at most a third of a bucket is padding
+        buckets.add(bucket)
+    assert bucket_rows(max(buckets), block) == max(buckets)  # a bucket is its own bucket
+    assert len(buckets) <= 2 * (MAX_GRAPH_ROWS // block).bit_length()  # few graphs
+    assert bucket_rows(MAX_GRAPH_ROWS + block, block) is None  # longer: eager
+    for bad in (0, block + 1):
+        with pytest.raises(ValueError, match="multiple"):
+            bucket_rows(bad, block)
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = write_checkpoint(tmp_path_factory.mktemp("prefill"), residual=residual_config("masked"))
+    return LLM(path, device="cpu")
+
+
+def _prompt(n: int) -> list[int]:
+    return [(29 * i + 5) % 256 for i in range(n)]
+
+
+def test_padded_prefill_writes_the_same_prompt_kv(llm):
+    engine, block = llm.engine, 4
+    rows = 5 * block  # bucket: 6 blocks, one padded block
+    assert bucket_rows(rows, block) == 6 * block
+    plain, padded = engine._new_arena(64), engine._new_arena(64)
+    with torch.inference_mode():
+        engine.prefill(_prompt(rows), block, plain)
+        assert PrefillGraphs(engine.model, padded, engine.device).run(_prompt(rows), block)
+    # [layers, kv_heads, rows, head_dim]: the prompt rows agree, the padding wrote its own rows
+    torch.testing.assert_close(padded.k[:, :, :rows], plain.k[:, :, :rows], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(padded.v[:, :, :rows], plain.v[:, :, :rows], rtol=1e-6, atol=1e-6)
+    assert padded.k[:, :, rows : 6 * block].abs().sum() > 0
+    assert plain.k[:, :, rows:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("prompt_len", [21, 37, 70])
+def test_padded_prefill_gives_the_same_tokens(llm, monkeypatch, prompt_len):
+    kw = dict(rule="threshold", threshold=0.25, block_length=4, max_new_tokens=12, ignore_eos=True)
+    want = llm.generate(_prompt(prompt_len), **kw).token_ids
+    engine, runs = llm.engine, []
+
+    def padded(tokens, block_length, kv):
+        runs.append(bucket_rows(len(tokens), block_length) - len(tokens))
+        assert PrefillGraphs(engine.model, kv, engine.device).run(tokens, block_length)
+
+    monkeypatch.setattr(engine, "prefill", padded)
+    assert llm.generate(_prompt(prompt_len), **kw).token_ids == want
+    assert runs and runs[0] > 0  # the prefill was padded
