@@ -13,7 +13,6 @@ import importlib
 import pkgutil
 
 import pytest
-import torch
 
 triton = pytest.importorskip("triton")
 from triton.runtime.autotuner import Autotuner  # noqa: E402

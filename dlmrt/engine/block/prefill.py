@@ -48,7 +48,9 @@ class PrefillGraphs:
     `pool` None: no graphs, the padded forward runs eagerly (the CPU tests of the padding: on the
     CPU the rows attend to the first `bucket` arena rows, host-bounded, under the same rule)."""
 
-    def __init__(self, model: torch.nn.Module, kv: KVCache, device: torch.device, pool=None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, kv: KVCache, device: torch.device, pool=None
+    ) -> None:
         self.model, self.kv, self.pool, self.device = model, kv, pool, device
         self.stream = torch.cuda.Stream(device) if pool is not None else None
         rows = min(MAX_GRAPH_ROWS, kv.max_len)
