@@ -38,6 +38,11 @@ from dlmrt.tokenizer import Tokenizer
 log = logging.getLogger("dlmrt")
 
 
+DEMO_PROMPT = (
+    "Sam has 23 apples. He buys 15 more, then gives away 9. How many apples does Sam have?"
+)
+
+
 class LLM:
     """Load a checkpoint once; `generate()` runs one request at a time.
 
@@ -83,6 +88,18 @@ class LLM:
             path, config.torch_dtype(), config.torch_device(), check_finite=check
         )
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
+        if model is None and self.device.type == "cuda":
+            self._log_demo_speed()
+
+    def _log_demo_speed(self) -> None:
+        """The demo model on a GPU: one warm-up request (captures its graphs), then one timed,
+        logged, so a user sees the engine's speed on the default model."""
+        for _ in range(2):
+            out = self.generate(DEMO_PROMPT, max_new_tokens=64)
+        log.info(
+            "demo model in %s: %.0f tokens/s, %.3f ms per round (%d tokens, a warm-up request)",
+            out.mode, out.request_tps, out.ms_per_round, len(out.token_ids),
+        )  # fmt: skip
 
     @classmethod
     def from_model(
