@@ -179,7 +179,7 @@ class BlockEngine:
 
     def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
         """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits.
-        Graph modes: a captured graph per length bucket (`prefill.py`), eager beyond the largest."""
+        Graph modes: captured graphs per length bucket, chunks of <= 2048 rows (`prefill.py`)."""
         ws = self.workspace
         if ws.pool is not None and kv is ws.arena:
             graphs = ws.extras.get("prefill")
