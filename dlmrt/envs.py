@@ -34,7 +34,7 @@ def fp8_gemms() -> str:
 
 def pdl() -> bool:
     """DLMRT_PDL: "1" launches the round's Triton kernels with programmatic dependent launch
-    (Hopper+, `kernels/arena_attention.py`): each waits in-kernel (gdc_wait) for its producer, so
+    (Hopper+, `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer, so
     its launch overlaps the previous kernel's tail. Default "0" (off) until measured on vs off."""
     value = os.environ.get("DLMRT_PDL", "0")
     if value not in ("0", "1"):

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 # No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
 # and the head dim: a round or a joint pass (<= 32 rows) takes a 32-row tile so few rows are
@@ -38,7 +40,7 @@ def _arena_attention_kernel(
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
     rows,
     GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     if PDL:  # programmatic dependent launch: wait for the producer of q/k/v before reading them
         tl.extra.cuda.gdc_wait()
@@ -93,7 +95,6 @@ def arena_attention(
     positions: torch.Tensor,  # [rows] int64 absolute positions of the query rows (ascending)
     block_size: int,
     scale: float,
-    pdl: bool = False,  # programmatic dependent launch (Hopper+; DLMRT_PDL, read by dlmrt.ops)
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     heads, rows, head_dim = q.shape
     # Written row-major [rows, heads, head_dim], returned as a [heads, rows, head_dim] view: the
@@ -108,6 +109,6 @@ def arena_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), rows,
         GROUPS=heads // k.shape[0], BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        IEEE=ieee, PDL=pdl, num_warps=warps, num_stages=stages, launch_pdl=pdl,
+        IEEE=ieee, num_warps=warps, num_stages=stages, **pdl.launch(),
     )  # fmt: skip
     return out

@@ -6,7 +6,6 @@ runs the twins. Tests force either implementation with `use(impl)`.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -41,10 +40,9 @@ def implementation(name: str) -> str:
         ok, why = _triton_ok()
         _IMPL[name] = "triton" if ok else "torch"
         log.info("op %s -> %s (%s)", name, _IMPL[name], why)
+        if ok:  # the kernels' PDL switch (kernels/pdl.py), from DLMRT_PDL
+            importlib.import_module("dlmrt._kernels.pdl").ENABLED = envs.pdl()
     return _IMPL[name]
-
-
-_pdl = functools.cache(envs.pdl)  # read once: the kernels' launches bake it in
 
 
 def _resolve(name: str, module_name: str | None = None) -> Callable:
@@ -71,9 +69,8 @@ def arena_attention(
     scale: float,
 ) -> torch.Tensor:
     """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py."""
-    if q.is_cuda and implementation("arena_attention") == "triton":
-        return _resolve("arena_attention")(q, k, v, positions, block_size, scale, pdl=_pdl())
-    return reference.arena_attention(q, k, v, positions, block_size, scale)
+    fn = _resolve("arena_attention") if q.is_cuda else reference.arena_attention
+    return fn(q, k, v, positions, block_size, scale)
 
 
 def token_stats(
