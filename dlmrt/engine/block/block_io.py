@@ -12,8 +12,9 @@ when there is one. After the round loop the `report` pass packs what the host ne
 
     report = [canvas (B) | step, halt, done]   int64
 
-and ONE copy + sync brings it back. Reusing the pinned rows is safe: a block's inputs are written
-after the previous block's read-back, which waited for every earlier copy.
+and ONE copy + sync brings it back. Before the host rewrites the pinned input row it waits for the
+event recorded after the last copy out of it (already passed unless a request was cancelled
+between a block's start and its read-back).
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ class BlockIO:
         self.cuda = device.type == "cuda"
         self.inputs, self.host_in = _staging(2 * self.rows + 3, device)
         self.report, self.host_out = _staging(self.rows + 3, device)
+        self.copied = torch.cuda.Event() if self.cuda else None  # the last copy of host_in
 
     def stage(
         self, tail: list[int], mask_id: int, block_start: int, seed: int, until_filled: bool
     ) -> None:
         """Host side of a block's start: canvas = the prompt `tail` then masks (the tail rows
         resolved), in one copy. The `start` pass then loads the buffers from it."""
+        if self.copied is not None:
+            self.copied.synchronize()  # the DMA of the previous block's inputs has read them
         b, n, host = self.rows, len(tail), self.host_in.numpy()
         host[:n] = tail
         host[n:b] = mask_id
@@ -60,6 +64,8 @@ class BlockIO:
         host[b + n : 2 * b] = 1
         host[2 * b :] = (block_start, seed, int(until_filled))
         self.inputs.copy_(self.host_in, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
     def start(self) -> None:
         """Device side (capturable): every block buffer from `inputs`; z, counters and flags zeroed."""

@@ -79,11 +79,12 @@ class PrefillGraphs:
         self.ids = torch.full((kv.max_len,), PAD_ID, dtype=torch.long, device=device)
         self.offsets = torch.arange(min(MAX_GRAPH_ROWS, kv.max_len), device=device)
         self.start = torch.zeros((), dtype=torch.long, device=device)
-        # Pinned staging: one host write and one async copy per prefill. Reusing it is safe: the
-        # request's first read-back (after its first block) waits for this copy to have run.
+        # Pinned staging: one host write and one async copy per prefill; the host waits for the
+        # previous copy out of it (`copied`, long passed in practice) before rewriting it.
         self.host = torch.full((kv.max_len,), PAD_ID, dtype=torch.long)
+        self.copied = None
         if device.type == "cuda":
-            self.host = self.host.pin_memory()
+            self.host, self.copied = self.host.pin_memory(), torch.cuda.Event()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
     def run(self, tokens: list[int], block_length: int) -> bool:
@@ -93,10 +94,14 @@ class PrefillGraphs:
         if plan is None or plan[-1][0] + plan[-1][1] > self.kv.max_len:
             return False
         end = plan[-1][0] + plan[-1][1]
+        if self.copied is not None:
+            self.copied.synchronize()
         host = self.host.numpy()
         host[:rows] = tokens
         host[rows:end] = PAD_ID
         self.ids[:end].copy_(self.host[:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
         for start, bucket in plan:
             self.start.fill_(start)
             if self.pool is None:
