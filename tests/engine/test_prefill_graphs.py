@@ -1,4 +1,4 @@
-"""Prefill per length bucket (engine/block/prefill.py): the buckets, and that padding changes nothing.
+"""Prefill per length bucket (engine/graph/prefill.py): the buckets, and that padding changes nothing.
 
 CPU: the padded forward runs eagerly (no graphs) over the same static buffers the graph modes
 capture; its K/V for the prompt rows equal the unpadded prefill's, and a request whose prefill is
@@ -10,10 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import residual_config, write_checkpoint
+from dg_helpers import SETTINGS, ckpt  # noqa: F401
+from dg_helpers import _prompt as dg_prompt
 
 from dlmrt import LLM
-from dlmrt.engine.block import prefill
-from dlmrt.engine.block.prefill import MAX_GRAPH_ROWS, PrefillGraphs, bucket_rows, chunks
+from dlmrt.engine.graph import prefill
+from dlmrt.engine.graph.prefill import MAX_GRAPH_ROWS, bucket_rows, chunks
 
 
 @pytest.mark.parametrize("block", [4, 16, 32])
@@ -57,7 +59,7 @@ def test_padded_prefill_writes_the_same_prompt_kv(llm, monkeypatch, max_rows):
     plain, padded = engine._new_arena(64), engine._new_arena(64)
     with torch.inference_mode():
         engine.prefill(_prompt(rows), block, plain)
-        assert PrefillGraphs(engine.model, padded, engine.device).run(_prompt(rows), block)
+        assert engine.prefill_graphs(padded).run(_prompt(rows), block)
     # [layers, kv_heads, rows, head_dim]: the prompt rows agree (to the GEMMs' rounding: the CPU
     # BLAS blocks M = 44 and M = 48 rows differently; a visible padded row would move them O(1)),
     # and the padding wrote its own rows
@@ -76,9 +78,42 @@ def test_padded_prefill_gives_the_same_tokens(llm, monkeypatch, prompt_len, max_
 
     def padded(tokens, block_length, kv):
         runs.append(sum(b for _, b in chunks(len(tokens), block_length)) - len(tokens))
-        assert PrefillGraphs(engine.model, kv, engine.device).run(tokens, block_length)
+        assert engine.prefill_graphs(kv).run(tokens, block_length)
 
     monkeypatch.setattr(engine, "prefill", padded)
     monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", max_rows)
     assert llm.generate(_prompt(prompt_len), **kw).token_ids == want
     assert runs and runs[0] > 0  # the prefill was padded
+
+
+def test_padded_encoder_pass_gives_the_same_context_and_tokens(ckpt, monkeypatch):  # noqa: F811
+    """DiffusionGemma: the prompt's encoder pass padded to ENCODE_GRANULE writes the same context
+    K/V (prompt 13 > the sliding window), and a padded, chunked one decodes the same tokens."""
+    from dlmrt.checkpoint import load_checkpoint
+    from dlmrt.decoding import entropy_bound_canvas as ebc
+    from dlmrt.engine import EncoderDecoderEngine
+    from dlmrt.engine.encoder_decoder.engine import ENCODE_GRANULE
+    from dlmrt.engine.encoder_decoder.step import encode
+    from dlmrt.engine.kv_cache import ContextArena
+
+    model = load_checkpoint(ckpt[0], torch.float32, torch.device("cpu")).model
+    engine = EncoderDecoderEngine(model, torch.device("cpu"), "eager")
+    prompt, dtype, cpu = dg_prompt(13, 1), torch.float32, torch.device("cpu")
+    plain, padded = (ContextArena(model.cfg, 64, dtype, cpu) for _ in range(2))
+    with torch.inference_mode():
+        encode(model, plain, torch.tensor(prompt), torch.zeros((), dtype=torch.long))
+        assert engine.encoder_graphs(padded).run(prompt, ENCODE_GRANULE)
+    for a, b in zip(plain.k + plain.v, padded.k + padded.v, strict=True):
+        torch.testing.assert_close(b[:, : len(prompt)], a[:, : len(prompt)], rtol=1e-5, atol=1e-5)
+    s = ebc.CanvasSettings(**SETTINGS[0])
+    kw = dict(max_new_tokens=20, stop_ids=[], seed=3)
+    monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", 16)
+    prompt = dg_prompt(21, 2)  # two chunks of 16 rows, 11 of them padding
+    want = engine.generate(prompt, s, **kw).token_ids
+
+    def padded_encode(tokens, arena):
+        assert engine.encoder_graphs(arena).run(tokens, ENCODE_GRANULE)
+
+    monkeypatch.setattr(engine, "_encode_prompt", padded_encode)
+    assert engine.generate(prompt, s, **kw).token_ids == want
+    assert chunks(32, ENCODE_GRANULE) == [(0, 16), (16, 16)]

@@ -23,9 +23,9 @@ from dlmrt.attention import AttnContext
 from dlmrt.blocks import Layout, finish, layout
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine.block.fold import folds_check
-from dlmrt.engine.block.prefill import PrefillGraphs
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
+from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
 from dlmrt.outputs import BlockCallback, EngineResult, Recorder, StopCheck
@@ -179,15 +179,25 @@ class BlockEngine:
 
     def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
         """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits.
-        Graph modes: captured graphs per length bucket, chunks of <= 2048 rows (`prefill.py`)."""
+        Graph modes: captured graphs per length bucket, chunks of <= 2048 rows
+        (`engine/graph/prefill.py`)."""
         ws = self.workspace
         if ws.pool is not None and kv is ws.arena:
             graphs = ws.extras.get("prefill")
             if graphs is None:  # dropped with the arena: the graphs hold pointers into it
-                graphs = ws.extras["prefill"] = PrefillGraphs(self.model, kv, self.device, ws.pool)
+                graphs = ws.extras["prefill"] = self.prefill_graphs(kv, ws.pool)
             if graphs.run(tokens, block_length):
                 return
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(len(tokens), device=self.device)
         kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel
         self.model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
+
+    def prefill_graphs(self, kv: KVCache, pool=None) -> PrefillGraphs:
+        """Prefill chunks over `kv` (pool None: run eagerly, padded as the graphs are: tests)."""
+        model = self.model
+
+        def forward(ids, positions, block_length: int, kv_len: int | None) -> None:
+            model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
+
+        return PrefillGraphs(forward, kv.max_len, self.device, pool)

@@ -26,11 +26,11 @@ captured at a bucket's first use and hold pointers into one arena: they live in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from dlmrt.attention import AttnContext
 from dlmrt.engine.graph.capture import capture
-from dlmrt.engine.kv_cache import KVCache
 
 MAX_GRAPH_ROWS = 2048  # rows per chunk at most: bounds the graph pool (activations)
 PAD_ID = 0  # any valid id: the padded rows are invisible to the real ones
@@ -65,33 +65,36 @@ def chunks(rows: int, block_length: int) -> list[tuple[int, int]] | None:
     return [(s, bucket_rows(min(size, rows - s), block_length)) for s in range(0, rows, size)]
 
 
+Forward = Callable[[torch.Tensor, torch.Tensor, int, "int | None"], None]
+
+
 class PrefillGraphs:
-    """Captured prefill chunks over one arena, keyed by (bucket rows, block length).
+    """Captured prefill chunks over one arena, keyed by (bucket rows, granule).
 
-    `pool` None: no graphs, the padded chunks run eagerly (the CPU tests of the padding and the
-    chunks: on the CPU the rows attend to the first s + L arena rows, host-bounded, same rule)."""
+    `forward(ids, positions, granule, kv_len)` is the style's clean pass over those rows (the block
+    style: granule = the block length; DiffusionGemma's causal encoder pass: a fixed granule, the
+    prompt padded up to it first). `pool` None: no graphs, the padded chunks run eagerly (the CPU
+    tests: there rows attend to the first s + L arena rows, host-bounded, under the same rule)."""
 
-    def __init__(
-        self, model: torch.nn.Module, kv: KVCache, device: torch.device, pool=None
-    ) -> None:
-        self.model, self.kv, self.pool, self.device = model, kv, pool, device
+    def __init__(self, forward: Forward, max_len: int, device: torch.device, pool=None) -> None:
+        self.forward, self.max_len, self.pool, self.device = forward, max_len, pool, device
         self.stream = torch.cuda.Stream(device) if pool is not None else None
-        self.ids = torch.full((kv.max_len,), PAD_ID, dtype=torch.long, device=device)
-        self.offsets = torch.arange(min(MAX_GRAPH_ROWS, kv.max_len), device=device)
+        self.ids = torch.full((max_len,), PAD_ID, dtype=torch.long, device=device)
+        self.offsets = torch.arange(min(MAX_GRAPH_ROWS, max_len), device=device)
         self.start = torch.zeros((), dtype=torch.long, device=device)
         # Pinned staging: one host write and one async copy per prefill; the host waits for the
         # previous copy out of it (`copied`, long passed in practice) before rewriting it.
-        self.host = torch.full((kv.max_len,), PAD_ID, dtype=torch.long)
+        self.host = torch.full((max_len,), PAD_ID, dtype=torch.long)
         self.copied = None
         if device.type == "cuda":
             self.host, self.copied = self.host.pin_memory(), torch.cuda.Event()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
-    def run(self, tokens: list[int], block_length: int) -> bool:
+    def run(self, tokens: list[int], granule: int) -> bool:
         """Write the prompt's K/V by graph replays; False (nothing done) if it runs eagerly."""
         rows = len(tokens)
-        plan = chunks(rows, block_length)
-        if plan is None or plan[-1][0] + plan[-1][1] > self.kv.max_len:
+        plan = chunks(-(-rows // granule) * granule, granule)
+        if plan is None or plan[-1][0] + plan[-1][1] > self.max_len:
             return False
         end = plan[-1][0] + plan[-1][1]
         if self.copied is not None:
@@ -105,17 +108,16 @@ class PrefillGraphs:
         for start, bucket in plan:
             self.start.fill_(start)
             if self.pool is None:
-                self._forward(bucket, block_length, start + bucket)
+                self._chunk(bucket, granule, start + bucket)
                 continue
-            key = (bucket, block_length)
+            key = (bucket, granule)
             if key not in self.graphs:  # its warm-ups write the same K/V as the replay
-                body = lambda b=bucket: self._forward(b, block_length)  # noqa: E731
+                body = lambda b=bucket: self._chunk(b, granule)  # noqa: E731
                 self.graphs[key] = capture(body, self.stream, self.pool)
             self.graphs[key].replay()
         return True
 
-    def _forward(self, bucket: int, block_length: int, kv_len: int | None = None) -> None:
+    def _chunk(self, bucket: int, granule: int, kv_len: int | None = None) -> None:
         """One chunk at the device-side start (kv_len: the CPU's host bound; None on CUDA)."""
         positions = self.start + self.offsets[:bucket]
-        ctx = AttnContext(positions, block_length, self.kv, kv_len)
-        self.model(self.ids[positions], ctx, compute_logits=False)
+        self.forward(self.ids[positions], positions, granule, kv_len)
