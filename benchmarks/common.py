@@ -107,7 +107,7 @@ def git_revision() -> str:
 
 def write_result(path: str, payload: dict, revision: str | None) -> None:
     payload = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "git_revision": revision or git_revision(),
         "torch": torch.__version__,

@@ -199,6 +199,7 @@ def _print_stats(out: Any) -> None:
         f"[{out.num_generated_tokens} tokens, finish={out.finish_reason}, "
         f"{out.num_denoising_forwards} denoising + {out.num_commit_forwards} commit forwards, "
         f"TPF {out.tokens_per_forward:.2f}, {out.request_tps:.1f} tokens/s, "
+        f"{out.ms_per_round:.3f} ms/round, mode {out.mode}, "
         f"{out.request_time_s * 1000:.0f} ms]",
         file=sys.stderr,
     )

@@ -36,3 +36,13 @@ def fp8_gemms() -> str:
     if value not in ("measured", "all", "none"):
         raise ValueError(f"DLMRT_FP8_GEMMS={value!r}: expected 'measured', 'all' or 'none'")
     return value
+
+
+def pdl() -> bool:
+    """DLMRT_PDL: "1" launches the round's Triton kernels with programmatic dependent launch
+    (Hopper+, `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer, so
+    its launch overlaps the previous kernel's tail. Default "0" (off) until measured on vs off."""
+    value = os.environ.get("DLMRT_PDL", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"DLMRT_PDL={value!r}: expected '0' or '1'")
+    return value == "1"

@@ -105,6 +105,10 @@ class LLM:
             quantization=config.quantization, shard=tp_setup.loader(self.group),
         )  # fmt: skip
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
+        if model is None and self.device.type == "cuda":
+            from dlmrt.demo import log_demo_speed
+
+            log_demo_speed(self)
 
     @classmethod
     def from_model(

@@ -59,6 +59,11 @@ class GenerationOutput:
     def request_tps(self) -> float:
         return len(self.token_ids) / self.request_time_s if self.request_time_s > 0 else 0.0
 
+    @property
+    def ms_per_round(self) -> float:
+        """request_time_s per denoising forward, in ms (prefill and host time included)."""
+        return self.request_time_s * 1e3 / max(self.num_denoising_forwards, 1)
+
 
 @dataclass(frozen=True, slots=True)
 class RoundRecord:

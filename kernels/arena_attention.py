@@ -13,14 +13,25 @@ import torch
 import triton
 import triton.language as tl
 
-# bf16 tunes over a few tile shapes; fp32 (exact "ieee" dots, used by parity tests) keeps one
-# small tile: large fp32 tiles spill and take ptxas minutes to compile.
-_BF16_CONFIGS = [
-    triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-    for m, n, w, st in ((64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3))
-]
-_FP32_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
-_KEY = ["rows", "HEAD_DIM", "IEEE", "GROUPS"]
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
+# No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
+# 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
+# and the head dim: a round or a joint pass (<= 32 rows) takes a 32-row tile so few rows are
+# padding; prefill takes 64-row tiles; head dims >= 256 halve BLOCK_N so K/V tiles fit in shared
+# memory. fp32 (exact "ieee" dots, used by parity tests) keeps one small tile: large fp32 tiles
+# spill and take ptxas minutes to compile.
+SMALL_ROWS = 32
+
+
+def tile_config(rows: int, head_dim: int, ieee: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a launch: a pure function of the shape class."""
+    if ieee:
+        return 32, 32, 4, 2
+    block_n = 32 if head_dim >= 256 else 64
+    if rows <= SMALL_ROWS:
+        return 32, block_n, 4, 3
+    return 64, block_n, 4, 2 if head_dim >= 256 else 3
 
 
 @triton.jit
@@ -29,8 +40,10 @@ def _arena_attention_kernel(
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
     rows,
     GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    if PDL:  # programmatic dependent launch: wait for the producer of q/k/v before reading them
+        tl.extra.cuda.gdc_wait()
     pid_m, head = tl.program_id(0), tl.program_id(1)
     kv_head = head // GROUPS
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -75,10 +88,6 @@ def _arena_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
-_attention_bf16 = triton.autotune(configs=_BF16_CONFIGS, key=_KEY)(_arena_attention_kernel)
-_attention_fp32 = triton.autotune(configs=_FP32_CONFIGS, key=_KEY)(_arena_attention_kernel)
-
-
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim] (one layer of the arena)
@@ -92,15 +101,14 @@ def arena_attention(
     # caller's transpose(0, 1).reshape(rows, -1) for o_proj is then free.
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
 
-    def grid(meta):
-        return (triton.cdiv(rows, meta["BLOCK_M"]), heads)
-
     ieee = q.dtype == torch.float32
-    kernel = _attention_fp32 if ieee else _attention_bf16
-    kernel[grid](
+    block_m, block_n, warps, stages = tile_config(rows, head_dim, ieee)
+    grid = (triton.cdiv(rows, block_m), heads)
+    _arena_attention_kernel[grid](
         q, k, v, out, positions, block_size, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), rows,
-        GROUPS=heads // k.shape[0], HEAD_DIM=head_dim, IEEE=ieee,
+        GROUPS=heads // k.shape[0], BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        IEEE=ieee, num_warps=warps, num_stages=stages, **pdl.launch(),
     )  # fmt: skip
     return out

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -30,7 +32,10 @@ def _qk_norm_rope_kernel(
     D: tl.constexpr,
     HALF: tl.constexpr,
     AT_POS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch: wait for the producer before the first load
+        tl.extra.cuda.gdc_wait()
     row, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = tl.arange(0, D)
     partner = (offs + HALF) % D
@@ -85,5 +90,6 @@ def qk_norm_rope(
         HALF=d // 2,
         AT_POS=at_pos,
         num_warps=1 if d <= 128 else 2,
+        **pdl.launch(),
     )
     return out

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -29,7 +31,10 @@ def _rms_norm_kernel(
     BLOCK: tl.constexpr,
     GEMMA: tl.constexpr = False,  # gain in fp32, one cast at the end
     HAS_W: tl.constexpr = True,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch: wait for the producer before the first load
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -66,6 +71,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         HAS_RES=residual is not None,
         BLOCK=triton.next_power_of_2(n),
         num_warps=8 if n > 2048 else 4,
+        **pdl.launch(),
     )
     return out, res_out
 
@@ -78,7 +84,7 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> 
     _rms_norm_kernel[(flat.shape[0],)](
         flat, flat, flat if weight is None else weight, out, out, n, n, n, eps,
         HAS_RES=False, BLOCK=triton.next_power_of_2(n), GEMMA=True, HAS_W=weight is not None,
-        num_warps=8 if n > 2048 else 4,
+        num_warps=8 if n > 2048 else 4, **pdl.launch(),
     )  # fmt: skip
     return out.view(x.shape)
 

@@ -7,9 +7,13 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # programmatic dependent launch: wait for the producer before the first load
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -27,6 +31,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-        gate_up, out, gate_up.stride(0), n, BLOCK=block, num_warps=4
+        gate_up, out, gate_up.stride(0), n, BLOCK=block, num_warps=4, **pdl.launch()
     )
     return out

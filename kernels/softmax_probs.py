@@ -11,11 +11,22 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 
 @triton.jit
 def _softmax_probs_kernel(
-    logits_ptr, log_z_ptr, out_ptr, stride_l, vocab, temperature, BLOCK: tl.constexpr
+    logits_ptr,
+    log_z_ptr,
+    out_ptr,
+    stride_l,
+    vocab,
+    temperature,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch: wait for the producer before the first load
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < vocab
@@ -33,6 +44,14 @@ def softmax_probs(
     out = torch.empty((rows, vocab), dtype=dtype, device=logits.device)
     block = 4096
     _softmax_probs_kernel[(rows, triton.cdiv(vocab, block))](
-        logits, log_z, out, logits.stride(0), vocab, float(temperature), BLOCK=block, num_warps=8
+        logits,
+        log_z,
+        out,
+        logits.stride(0),
+        vocab,
+        float(temperature),
+        BLOCK=block,
+        num_warps=8,
+        **pdl.launch(),
     )
     return out

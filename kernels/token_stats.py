@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 
 @triton.jit
 def _token_stats_kernel(
@@ -24,7 +26,10 @@ def _token_stats_kernel(
     entropy_ptr,
     log_z_ptr,
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # programmatic dependent launch: wait for the producer before the first load
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride_row
     offs = tl.arange(0, BLOCK_V)
@@ -72,5 +77,6 @@ def token_stats(
         log_z,
         BLOCK_V=4096,
         num_warps=8,
+        **pdl.launch(),
     )
     return token, conf, entropy, log_z

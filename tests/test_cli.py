@@ -21,7 +21,7 @@ from dlmrt.params import DecodeParams
 DLMRT = shutil.which("dlmrt")
 STATS = re.compile(
     r"\[(\d+) tokens, finish=(stop|length), \d+ denoising \+ \d+ commit forwards, "
-    r"TPF [\d.]+, [\d.]+ tokens/s, \d+ ms\]"
+    r"TPF [\d.]+, [\d.]+ tokens/s, [\d.]+ ms/round, mode eager, \d+ ms\]"
 )
 
 

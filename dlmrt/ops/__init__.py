@@ -40,6 +40,8 @@ def implementation(name: str) -> str:
         ok, why = _triton_ok()
         _IMPL[name] = "triton" if ok else "torch"
         log.info("op %s -> %s (%s)", name, _IMPL[name], why)
+        if ok:  # the kernels' PDL switch (kernels/pdl.py), from DLMRT_PDL
+            importlib.import_module("dlmrt._kernels.pdl").ENABLED = envs.pdl()
     return _IMPL[name]
 
 

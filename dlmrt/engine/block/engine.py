@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from dlmrt.attention import AttnContext
-from dlmrt.blocks import Layout, finish, initial_canvas, layout
+from dlmrt.blocks import Layout, finish, layout
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
+from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
 from dlmrt.outputs import BlockCallback, EngineResult, Recorder, StopCheck
@@ -45,10 +46,9 @@ class _Request:
     recorder: Recorder | None
 
 
-def _emit(res: EngineResult, req: _Request, index: int, rounds: int, canvas: torch.Tensor) -> bool:
+def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: list[int]) -> bool:
     """Block `index` is final: append its tokens, apply the stop rule; True if the request ended."""
     res.rounds_per_block.append(rounds)
-    tokens = canvas.tolist()
     res.token_ids += tokens[req.lay.tail :] if index == req.lay.first_block else tokens
     res.token_ids, reason = finish(res.token_ids, req.stop_ids, req.max_new_tokens, req.ignore_eos)
     if req.on_block is not None:
@@ -70,7 +70,7 @@ def _fold(prog: BlockProgram, res: EngineResult, req: _Request, index: int, unse
     if bool(fb.redo):
         raise RuntimeError(f"block {index - 1}: the folded check still edits after the last pass")
     res.denoising_forwards += int(fb.passes)
-    return _emit(res, req, index - 1, int(fb.step), fb.canvas)
+    return _emit(res, req, index - 1, int(fb.step), fb.canvas.tolist())
 
 
 class BlockEngine:
@@ -137,35 +137,36 @@ class BlockEngine:
         return res
 
     def _blocks(self, prog, prompt_ids, mask_id, seed, req, res) -> None:
-        """The block loop of `generate`."""
-        lay, spec, buf, runner = req.lay, prog.spec, prog.buf, prog.runner
+        """The block loop of `generate`: per block one staged copy in, the start pass, the
+        (folded commit and) round loop, the report pass and one read-back (`block_io.py`)."""
+        lay, spec, runner = req.lay, prog.spec, prog.runner
         fold = self.fold_commits and prog.trace is None
         check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
         unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
         for b in range(lay.first_block, lay.num_blocks):
             pending = fold and b > lay.first_block  # block b-1 awaits its commit (and check)
-            if pending:
-                prog.fold_buf.stash(buf)
-            canvas, unresolved = initial_canvas(lay, b, prompt_ids, mask_id, self.device)
             last = b == lay.num_blocks - 1
-            buf.load(canvas, unresolved, b * lay.block_length, seed, check and not last)
+            tail = prompt_ids[b * lay.block_length :] if b == lay.first_block else []
+            prog.io.stage(tail, mask_id, b * lay.block_length, seed, check and not last)
+            runner.once(prog.start_after if pending else prog.start)
             prog.kv_len = self._kv_len(b, lay.block_length)
             if pending and _fold(prog, res, req, b, unsettled):
                 return  # block b-1 ended the request: block b's round 0 goes unused
             runner.run(prog.rounds, req.should_stop)
-            if not bool(buf.halt):
+            runner.once(prog.report)
+            out = prog.io.read()  # the block's one read-back
+            if not out.halt:
                 raise RuntimeError(
                     f"block {b} did not finish in {prog.rounds.cap} rounds ({spec.rule.name})"
                 )
-            steps = int(buf.step)  # rounds run in this block (incl. a joint pass's round 0)
-            res.denoising_forwards += steps - int(pending)
+            res.denoising_forwards += out.step - int(pending)  # incl. a joint pass's round 0
             if prog.trace is not None:
-                for record in prog.trace.records(b, steps):
+                for record in prog.trace.records(b, out.step):
                     req.recorder(record)
-            unsettled = check and not last and not bool(buf.done)
+            unsettled = check and not last and not out.done
             if unsettled:
                 continue  # block b's tokens are final after its folded check
-            if _emit(res, req, b, steps, buf.canvas):
+            if _emit(res, req, b, out.step, out.canvas):
                 return  # the last block's commit pass is skipped: nothing reads its KV
             if not fold:
                 runner.once(prog.commit)
@@ -177,8 +178,26 @@ class BlockEngine:
         return (index + 1) * block_length if self.device.type == "cpu" else None
 
     def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
-        """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits."""
+        """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits.
+        Graph modes: captured graphs per length bucket, chunks of <= 2048 rows
+        (`engine/graph/prefill.py`)."""
+        ws = self.workspace
+        if ws.pool is not None and kv is ws.arena:
+            graphs = ws.extras.get("prefill")
+            if graphs is None:  # dropped with the arena: the graphs hold pointers into it
+                graphs = ws.extras["prefill"] = self.prefill_graphs(kv, ws.pool)
+            if graphs.run(tokens, block_length):
+                return
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(len(tokens), device=self.device)
         kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel
         self.model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
+
+    def prefill_graphs(self, kv: KVCache, pool=None) -> PrefillGraphs:
+        """Prefill chunks over `kv` (pool None: run eagerly, padded as the graphs are: tests)."""
+        model = self.model
+
+        def forward(ids, positions, block_length: int, kv_len: int | None) -> None:
+            model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
+
+        return PrefillGraphs(forward, kv.max_len, self.device, pool)

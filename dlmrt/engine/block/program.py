@@ -3,6 +3,9 @@
     rounds   Loop  denoise_round until the block halts (done, or filled when its check is folded)
     fold     Loop  joint passes [block b | block b+1] until one is not discarded (`fold.py`)
     commit   Pass  the clean forward of a finished block (`fold_commits` off)
+    start    Pass  load a block's buffers from its one staged copy (`block_io.py`); `start_after`
+                   stashes block b-1 for its folded commit first
+    report   Pass  pack what the host reads after the round loop into one row (one read-back)
 
 over one set of static buffers (`BlockBuffers`, `FoldBuffers`) and the engine's arena. One program
 per (block length, rule, temperature, traced): the graphs bake them in. A traced program's round
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from dlmrt.engine.block.block_io import BlockIO
 from dlmrt.engine.block.fold import FoldBuffers, joint_pass, max_passes
 from dlmrt.engine.block.round import BlockBuffers, RoundSpec, commit_pass, denoise_round
 from dlmrt.engine.block.trace import RoundTrace
@@ -58,3 +62,7 @@ class BlockProgram:
             (buf, fb),
         )
         self.commit = Pass("commit", lambda: commit_pass(spec, buf, kv, self.kv_len), (buf,))
+        self.io = io = BlockIO(buf, fb, device)
+        self.start = Pass("start", io.start, (buf,))
+        self.start_after = Pass("start_after", io.start_after, (buf, fb))
+        self.report = Pass("report", io.pack, ())

@@ -108,7 +108,8 @@ class BlockBuffers:
         seed: int,
         until_filled: bool = False,
     ) -> None:
-        """Start a block: stream-ordered copies into the static tensors, z = 0, round 0."""
+        """Start a block from device tensors: stream-ordered copies into the static tensors, z = 0,
+        round 0 (benchmarks start a block of any canvas so; the engine uses `block_io.BlockIO`)."""
         self.canvas.copy_(canvas)
         self.init_canvas.copy_(canvas)
         self.halt.zero_()

@@ -21,6 +21,7 @@ import math
 import torch
 
 from dlmrt import reference
+from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine.encoder_decoder.step import (
@@ -33,9 +34,12 @@ from dlmrt.engine.encoder_decoder.step import (
     read_trace,
 )
 from dlmrt.engine.graph.loop import Loop, Pass, Runner
+from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import ContextArena, arena_dtype
 from dlmrt.outputs import BlockCallback, CanvasRecorder, EngineResult, StopCheck
+
+ENCODE_GRANULE = 16  # the prompt's encoder pass is padded to a multiple of this many rows
 
 log = logging.getLogger("dlmrt")
 
@@ -109,11 +113,8 @@ class EncoderDecoderEngine:
         length = self.canvas_length
         canvases = math.ceil(max_new_tokens / length)
         prog = self.program(settings, len(prompt) + (canvases + 1) * length, recorder is not None)
-        if prompt:  # the prompt's encoder pass: eager, variable length
-            ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
-            encode(
-                self.model, prog.arena, ids, torch.zeros((), dtype=torch.long, device=self.device)
-            )
+        if prompt:  # the prompt's encoder pass: graphs per length bucket in the graph modes
+            self._encode_prompt(prompt, prog.arena)
         begin(prog.spec, prog.buf, len(prompt), seed)
 
         def denoise(index: int) -> tuple[torch.Tensor, int]:
@@ -132,6 +133,31 @@ class EncoderDecoderEngine:
         )
         res.prefill_forwards = int(bool(prompt))
         return res
+
+    def _encode_prompt(self, prompt: list[int], arena: ContextArena) -> None:
+        """The prompt's causal encoder pass. Graph modes: captured chunks per length bucket, the
+        prompt padded to a multiple of `ENCODE_GRANULE` (`engine/graph/prefill.py`: a padded row
+        sits after every real one, so causal attention hides it, and it writes only arena rows a
+        canvas pass writes before reading). Eager mode: one eager pass."""
+        ws = self.workspace
+        if ws.pool is not None and arena is ws.arena:
+            graphs = ws.extras.get("prefill")
+            if graphs is None:  # dropped with the arena: the graphs hold pointers into it
+                graphs = ws.extras["prefill"] = self.encoder_graphs(arena, ws.pool)
+            if graphs.run(prompt, ENCODE_GRANULE):
+                return
+        ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
+        encode(self.model, arena, ids, torch.zeros((), dtype=torch.long, device=self.device))
+
+    def encoder_graphs(self, arena: ContextArena, pool=None) -> PrefillGraphs:
+        """Prompt encoder chunks over `arena` (pool None: run eagerly, padded as the graphs are:
+        tests)."""
+        model = self.model
+
+        def forward(ids, positions, _granule: int, _kv_len) -> None:  # the mask is on the device
+            model(ids, AttnContext(positions, 1, arena), 0, compute_logits=False)
+
+        return PrefillGraphs(forward, arena.max_len, self.device, pool)
 
     def _log_torch_rng(self) -> None:
         if self.mode != "eager" and not self._torch_rng_logged:

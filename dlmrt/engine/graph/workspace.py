@@ -4,6 +4,7 @@
   `ARENA_QUANTUM` rows; a growth drops every program (their graphs hold pointers into the old
   arena), so the next request recaptures;
 - one CUDA graph memory pool shared by every graph of the engine (they never run concurrently);
+- `extras`: other graphs over the arena (the block style's prefill graphs), dropped with it;
 - programs (static buffers + the runner that holds their graphs) per request shape, in a bounded
   LRU cache (`runner_cache.py`).
 """
@@ -28,6 +29,9 @@ class Workspace(Generic[A]):
         self._new_arena = new_arena  # rows -> a zeroed arena of that many rows
         self.arena: A | None = None  # KVCache or ContextArena: both have `max_len`
         self.programs = RunnerCache()
+        # Other holders of graphs over the arena (the block style's prefill graphs, by name):
+        # dropped with the programs when the arena grows.
+        self.extras: dict[str, Any] = {}
         self.pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
 
     def reserve(self, rows: int) -> A:
@@ -35,6 +39,7 @@ class Workspace(Generic[A]):
         if self.arena is None or self.arena.max_len < rows:
             self.arena = None  # free the old one before allocating the new one
             self.programs.clear()  # graphs hold pointers into the old arena
+            self.extras.clear()
             self.arena = self._new_arena(-(-rows // ARENA_QUANTUM) * ARENA_QUANTUM)
         return self.arena
 

@@ -1,0 +1,104 @@
+"""BlockIO: a block's host <-> device traffic, one copy in and one read-back out (issue 23).
+
+Starting a block used to be ~25 small launches (the canvas and mask built on the device, each
+static buffer copied or zeroed one by one) and reading it back four syncs (halt, step, done, the
+canvas). Now the host writes the block's inputs into one pinned row,
+
+    inputs = [canvas (B) | unresolved (B) | block_start, seed, until_filled]   int64
+
+copied with ONE async copy into a device row; the `start` pass (captured like any pass in the
+graph modes: one replay) loads every buffer from it, after stashing block b-1 for its folded commit
+when there is one. After the round loop the `report` pass packs what the host needs,
+
+    report = [canvas (B) | step, halt, done]   int64
+
+and ONE copy + sync brings it back. Before the host rewrites the pinned input row it waits for the
+event recorded after the last copy out of it (already passed unless a request was cancelled
+between a block's start and its read-back).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from dlmrt.engine.block.fold import FoldBuffers
+from dlmrt.engine.block.round import BlockBuffers
+
+
+class Report(NamedTuple):
+    canvas: list[int]
+    step: int
+    halt: bool
+    done: bool
+
+
+def _staging(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A device row of n int64 and its host twin (pinned on CUDA: the copies are async)."""
+    host = torch.zeros(n, dtype=torch.long)
+    return torch.zeros(n, dtype=torch.long, device=device), (
+        host.pin_memory() if device.type == "cuda" else host
+    )
+
+
+class BlockIO:
+    def __init__(self, buf: BlockBuffers, fb: FoldBuffers, device: torch.device) -> None:
+        self.buf, self.fb, self.rows = buf, fb, buf.canvas.numel()
+        self.cuda = device.type == "cuda"
+        self.inputs, self.host_in = _staging(2 * self.rows + 3, device)
+        self.report, self.host_out = _staging(self.rows + 3, device)
+        self.copied = torch.cuda.Event() if self.cuda else None  # the last copy of host_in
+
+    def stage(
+        self, tail: list[int], mask_id: int, block_start: int, seed: int, until_filled: bool
+    ) -> None:
+        """Host side of a block's start: canvas = the prompt `tail` then masks (the tail rows
+        resolved), in one copy. The `start` pass then loads the buffers from it."""
+        if self.copied is not None:
+            self.copied.synchronize()  # the DMA of the previous block's inputs has read them
+        b, n, host = self.rows, len(tail), self.host_in.numpy()
+        host[:n] = tail
+        host[n:b] = mask_id
+        host[b : b + n] = 0
+        host[b + n : 2 * b] = 1
+        host[2 * b :] = (block_start, seed, int(until_filled))
+        self.inputs.copy_(self.host_in, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+
+    def start(self) -> None:
+        """Device side (capturable): every block buffer from `inputs`; z, counters and flags zeroed."""
+        b, buf, x = self.rows, self.buf, self.inputs
+        canvas, unresolved = x[:b], x[b : 2 * b].bool()
+        buf.canvas.copy_(canvas)
+        buf.init_canvas.copy_(canvas)
+        buf.unresolved.copy_(unresolved)
+        buf.editable.copy_(unresolved)
+        buf.block_start.copy_(x[2 * b])
+        buf.seed.copy_(x[2 * b + 1])
+        buf.until_filled.copy_(x[2 * b + 2].bool())
+        for t in (buf.halt, buf.edited, buf.post_steps, buf.step, buf.done):
+            t.zero_()
+        if buf.z is not None:
+            buf.z.zero_()
+
+    def start_after(self) -> None:
+        """`start` after stashing block b-1 (awaiting its folded commit) into the fold buffers."""
+        self.fb.stash(self.buf)
+        self.start()
+
+    def pack(self) -> None:
+        """Device side (capturable): what the host reads after the round loop, in one row."""
+        b, buf = self.rows, self.buf
+        self.report[:b].copy_(buf.canvas)
+        self.report[b:].copy_(torch.stack((buf.step, buf.halt.long(), buf.done.long())))
+
+    def read(self) -> Report:
+        """The one read-back of a block (after the `report` pass ran)."""
+        self.host_out.copy_(self.report, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        values = self.host_out.tolist()
+        b = self.rows
+        return Report(values[:b], values[b], bool(values[b + 1]), bool(values[b + 2]))
