@@ -13,13 +13,13 @@ from collections.abc import Callable
 import torch
 
 from dlmrt import envs
-from dlmrt.ops import reference
+from dlmrt.ops import canvas, reference
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
-OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8")
+OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -69,6 +69,23 @@ def arena_attention(
     """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py."""
     fn = _resolve("arena_attention") if q.is_cuda else reference.arena_attention
     return fn(q, k, v, positions, block_size, scale)
+
+
+def canvas_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    decoder: bool,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """DiffusionGemma's attention of a pass (a canvas, or context rows) over one arena layer whose
+    rows at `positions` it has written; `window` 0 = a full layer. Kernel: device-side visible
+    ranges, no mask (kernels/canvas_attention.py); twin: masked SDPA (`dlmrt/ops/canvas.py`)."""
+    if q.is_cuda and implementation("canvas_attention") == "triton":
+        return _resolve("canvas_attention")(q, k, v, positions, decoder, window, scale)
+    return canvas.canvas_attention(q, k, v, positions, decoder, window, scale)
 
 
 def token_stats(
