@@ -9,8 +9,8 @@ already written its own K/V at those rows. Which arena rows a query row sees:
 (W the sliding window; the same sets as the masks of `dlmrt.ops.canvas_attention`'s torch twin.)
 No mask tensor and no gather: a tile of rows loops only over the union of its rows' ranges, so a
 sliding layer costs O(window) whatever the context length. The head dim (512 on the full layers)
-is split across programs along V / the output (BLOCK_DV columns each; every program reads the
-whole K row for the scores, in BLOCK_D chunks to bound registers). An FP8 arena is dequantized in
+is split across programs along V / the output (BLOCK_DV = 128 or 256 columns each, autotuned;
+every program reads the whole K row for the scores, in BLOCK_D chunks to bound registers). An FP8 arena is dequantized in
 registers (`.to(q.dtype)`). K and V are separate arena tensors even on DiffusionGemma's K = V full
 layers (K is normed with a gain and roped, V normed without), so both are read.
 Torch twin: `dlmrt.ops.canvas.canvas_attention`.
@@ -18,17 +18,20 @@ Torch twin: `dlmrt.ops.canvas.canvas_attention`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-_BF16_CONFIGS = [
-    triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
-    for m, n, w, st in ((64, 64, 4, 2), (64, 32, 4, 3), (128, 32, 8, 2), (32, 64, 4, 3))
-]
-_FP32_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
+# bf16 tunes the row / key tiles and the V columns per program (BLOCK_DV 256: half the programs,
+# so the scores are recomputed half as often, but twice the accumulator registers); fp32 (exact
+# "ieee" dots, the parity tests) keeps one small tile.
+_BF16_TILES = ((64, 64, 128, 4, 2), (64, 32, 128, 4, 3), (128, 32, 128, 8, 2), (32, 64, 128, 4, 3))
+_BF16_TILES += ((64, 32, 256, 8, 2), (32, 64, 256, 8, 2))
+_FP32_TILES = ((32, 32, 128, 4, 2),)
 _KEY = ["rows", "HEAD_DIM", "IEEE", "GROUPS", "DECODER", "SLIDING", "WHILE"]
-_FAR = 1 << 30  # a padded row's range start: never the tile's minimum
+_FAR = tl.constexpr(1 << 30)  # a padded row's range start: never the tile's minimum
 
 
 @triton.jit
@@ -127,8 +130,17 @@ def _canvas_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
-_attention_bf16 = triton.autotune(configs=_BF16_CONFIGS, key=_KEY)(_canvas_attention_kernel)
-_attention_fp32 = triton.autotune(configs=_FP32_CONFIGS, key=_KEY)(_canvas_attention_kernel)
+@functools.cache
+def _tuned(head_dim: int, ieee: bool):
+    """The autotuned kernel for one head dim: V splits of BLOCK_DV columns that divide it."""
+    configs = [
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_DV": min(dv, head_dim)}, num_warps=w, num_stages=st
+        )  # fmt: skip
+        for m, n, dv, w, st in (_FP32_TILES if ieee else _BF16_TILES)
+        if dv <= 128 or head_dim % dv == 0
+    ]
+    return triton.autotune(configs=configs, key=_KEY)(_canvas_attention_kernel)
 
 
 def canvas_attention(
@@ -141,23 +153,28 @@ def canvas_attention(
     scale: float,
 ) -> torch.Tensor:  # [heads, rows, head_dim], a view of a row-major [rows, heads, head_dim]
     heads, rows, head_dim = q.shape
-    if head_dim % 16 or (head_dim > 128 and head_dim % 128):
-        raise ValueError(f"canvas_attention: head_dim {head_dim} is not a multiple of 16 (128 above 128)")
+    if (head_dim % 128) if head_dim > 128 else (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise ValueError(
+            f"canvas_attention: head_dim {head_dim} must be a power of two >= 16 or a multiple "
+            "of 128"
+        )
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
     block_d = min(head_dim, 128)
     consts = dict(GROUPS=heads // k.shape[0], DECODER=bool(decoder), SLIDING=window > 0,
-                  HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_DV=block_d)  # fmt: skip
+                  HEAD_DIM=head_dim, BLOCK_D=block_d)  # fmt: skip
     args = (q, k, v, out, positions, scale, max(window, 1),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), rows)  # fmt: skip
     ieee = q.dtype == torch.float32
     if not q.is_cuda:  # TRITON_INTERPRET=1 on the CPU: no timing to autotune with
         grid = (triton.cdiv(rows, 16), heads, head_dim // block_d)
-        _canvas_attention_kernel[grid](*args, **consts, BLOCK_M=16, BLOCK_N=16, IEEE=ieee, WHILE=True)
+        _canvas_attention_kernel[grid](
+            *args, **consts, BLOCK_M=16, BLOCK_N=16, BLOCK_DV=block_d, IEEE=ieee, WHILE=True
+        )
         return out
 
     def grid(meta):
-        return (triton.cdiv(rows, meta["BLOCK_M"]), heads, head_dim // block_d)
+        return (triton.cdiv(rows, meta["BLOCK_M"]), heads, head_dim // meta["BLOCK_DV"])
 
-    (_attention_fp32 if ieee else _attention_bf16)[grid](*args, **consts, IEEE=ieee, WHILE=False)
+    _tuned(head_dim, ieee)[grid](*args, **consts, IEEE=ieee, WHILE=False)
     return out

@@ -82,8 +82,10 @@ def canvas_attention(
 ) -> torch.Tensor:
     """DiffusionGemma's attention of a pass (a canvas, or context rows) over one arena layer whose
     rows at `positions` it has written; `window` 0 = a full layer. Kernel: device-side visible
-    ranges, no mask (kernels/canvas_attention.py); twin: masked SDPA (`dlmrt/ops/canvas.py`)."""
-    if q.is_cuda and implementation("canvas_attention") == "triton":
+    ranges, no mask (kernels/canvas_attention.py); twin: masked SDPA (`dlmrt/ops/canvas.py`), also
+    on CUDA for head dims the kernel's tiles do not take (tiny test models: head_dim 8)."""
+    fits = canvas.kernel_fits(q.shape[-1])
+    if q.is_cuda and fits and implementation("canvas_attention") == "triton":
         return _resolve("canvas_attention")(q, k, v, positions, decoder, window, scale)
     return canvas.canvas_attention(q, k, v, positions, decoder, window, scale)
 

@@ -15,6 +15,14 @@ from dlmrt.attention import block_attention
 from dlmrt.ops.reference import select_rows
 
 
+def kernel_fits(head_dim: int) -> bool:
+    """Whether kernels/canvas_attention.py tiles this head dim: a power of two >= 16 (one tile of
+    the dot products), or a multiple of 128 (128-wide chunks; DiffusionGemma's 256 and 512)."""
+    if head_dim > 128:
+        return head_dim % 128 == 0
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 def canvas_masks(
     positions: torch.Tensor, max_len: int, decoder: bool, window: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

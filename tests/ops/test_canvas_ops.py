@@ -50,7 +50,10 @@ def test_twin_sees_the_stated_ranges(start, rows, decoder, window):
 def test_op_runs_the_twin_on_the_cpu():
     """The op on CPU tensors is the twin, bit for bit (the model's CPU tokens do not move)."""
     heads, dim, rows = 4, 16, 5
-    q, k, v = (torch.randn(s, dtype=torch.bfloat16) for s in ((heads, rows, dim), (2, 32, dim), (2, 32, dim)))
+    q, k, v = (
+        torch.randn(s, dtype=torch.bfloat16)
+        for s in ((heads, rows, dim), (2, 32, dim), (2, 32, dim))
+    )
     pos = torch.arange(9, 9 + rows)
     for decoder, window in ((True, 0), (True, 4), (False, 0), (False, 4)):
         want = canvas.canvas_attention(q, k, v, pos, decoder, window, 1.0)
@@ -65,3 +68,11 @@ def test_fp8_arena_is_read_dequantized():
     got = canvas.canvas_attention(q, k, v, pos, True, 3, 1.0)
     want = canvas.canvas_attention(q, k.to(torch.bfloat16), v.to(torch.bfloat16), pos, True, 3, 1.0)
     assert torch.equal(got, want)
+
+
+def test_kernel_fits_the_model_head_dims_only():
+    """The op sends to the kernel only head dims its tiles take; the rest (tiny test models'
+    head_dim 8) run the twin on CUDA too."""
+    assert [
+        d for d in (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if canvas.kernel_fits(d)
+    ] == [16, 32, 64, 128, 256, 384, 512]
