@@ -47,15 +47,16 @@ def _split_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     kv_head = head // GROUPS
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
-    args = (q, k_base, v_base, stride_kn, stride_vn, offs_d, row_end, hi, scale, BLOCK_N, IEEE)
-    if WHILE:  # the interpreter cannot range() over tensor bounds
+    if WHILE:  # the interpreter cannot range() over tensor bounds (explicit calls: no *args)
         first = lo
         while first < hi:
-            acc, m_i, l_i = _tile(acc, m_i, l_i, first, *args)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, first, q, k_base, v_base, stride_kn, stride_vn,
+                                  offs_d, row_end, hi, scale, BLOCK_N, IEEE)  # fmt: skip
             first += BLOCK_N
     else:
-        for first in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, first, *args)
+        for n0 in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, q, k_base, v_base, stride_kn, stride_vn,
+                                  offs_d, row_end, hi, scale, BLOCK_N, IEEE)  # fmt: skip
     at = (split * heads + head) * rows + offs_m  # [SPLITS, heads, rows] row index
     tl.store(acc_ptr + at[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
     tl.store(ml_ptr + at * 2, m_i, mask=row_ok)

@@ -116,15 +116,18 @@ def _canvas_attention_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
     first = (tile_lo // BLOCK_N) * BLOCK_N  # aligned tile starts
-    args = (q_row, k_base, v_base, stride_kn, stride_vn, offs_v, row_ok, row_lo, row_hi,
-            tile_lo, tile_hi, scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
+    # (explicit calls, no *args: a tuple would carry the constexprs as values)
     if WHILE:  # the interpreter cannot range() over tensor bounds; a while loop is not pipelined
         while first < tile_hi:
-            acc, m_i, l_i = _tile(acc, m_i, l_i, first, *args)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, first, q_row, k_base, v_base, stride_kn,
+                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
+                                  scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
             first += BLOCK_N
     else:
         for n0 in range(first, tile_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, *args)
+            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, q_row, k_base, v_base, stride_kn,
+                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
+                                  scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
