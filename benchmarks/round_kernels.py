@@ -1,6 +1,6 @@
-"""Issue 14's attention kernels against the paths they replace, at the real shapes (one H200, bf16).
+"""Issue 14's kernels against the paths they replace, at the real shapes (one H200, bf16).
 
-python benchmarks/attention_kernels.py [--iters 50] [--out results/attention_kernels_h200_DATE.json]
+python benchmarks/round_kernels.py [--iters 50] [--out results/round_kernels_h200_DATE.json]
 
 Each case is one attention call over one arena layer, every path replayed as a CUDA graph:
 - DiffusionGemma-26B-A4B canvas (256 rows, decoder pass, 16 q heads): sliding layers (8 KV heads
@@ -9,8 +9,12 @@ Each case is one attention call over one arena layer, every path replayed as a C
 - block-style arena attention: LLaDA-2.1-mini (32 rows, 16/4 heads x 128) and QwenDLM-4B
   (256 rows, 32/8 x 128) at contexts 1k / 4k / 16k: split-KV (picked by shape) vs the one-pass
   kernel (`splits=1`) vs SDPA (the twin).
+- the MoE plan (grouping DiffusionGemma's 256 x 8 = 2,048 (row, expert) pairs over 128 experts;
+  LLaDA-2.1-mini's 32 x 8 over 256): the chunked multi-program plan vs the single program vs the
+  torch sort plan.
 Reports ms per call, the split count picked, the max |kernel - twin| and the byte floor
-(K and V of the visible keys read once at 4.3 TB/s).
+(K and V of the visible keys read once at 4.3 TB/s). The twin of the canvas attention builds its
+masks per call (the old model path built them once per pass), a few microseconds more.
 """
 
 from __future__ import annotations
@@ -80,6 +84,26 @@ def arena_case(name: str, rows: int, heads: int, kv_heads: int, context: int, it
     }  # fmt: skip
 
 
+def plan_case(name: str, rows: int, experts: int, iters: int) -> dict:
+    from dlmrt._kernels import moe_mlp, moe_plan
+
+    gen = torch.Generator("cuda").manual_seed(rows)
+    index = torch.stack(
+        [torch.randperm(experts, device="cuda", generator=gen)[:8] for _ in range(rows)]
+    )
+    out = {"case": f"moe_plan_{name}", "pairs": rows * 8}
+    plans = {"single_program": moe_plan.plan_small, "chunked": moe_plan.plan_chunked}
+    for key, fn in plans.items():
+        out[f"{key}_ms"] = round(_graph_ms(lambda fn=fn: fn(index, experts, 16), iters)[0], 4)
+    saved = moe_mlp.MAX_PAIRS, moe_mlp.MAX_CHUNKED_PAIRS
+    moe_mlp.MAX_PAIRS = moe_mlp.MAX_CHUNKED_PAIRS = 0
+    try:
+        out["torch_sort_ms"] = round(_graph_ms(lambda: moe_mlp.plan(index, experts), iters)[0], 4)
+    finally:
+        moe_mlp.MAX_PAIRS, moe_mlp.MAX_CHUNKED_PAIRS = saved
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,6 +120,9 @@ def main() -> None:
         for name, rows, heads, kv in (("llada_mini", 32, 16, 4), ("qwen_dlm_4b", 256, 32, 8)):
             results.append(arena_case(name, rows, heads, kv, context, args.iters))
             print(results[-1], flush=True)
+    for name, rows, experts in (("dg_canvas", 256, 128), ("llada_mini", 32, 256)):
+        results.append(plan_case(name, rows, experts, args.iters))
+        print(results[-1], flush=True)
     if args.out:
         write_result(args.out, {"arena": ARENA, "results": results}, args.git_revision)
 
