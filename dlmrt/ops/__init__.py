@@ -13,13 +13,14 @@ from collections.abc import Callable
 import torch
 
 from dlmrt import envs
-from dlmrt.ops import canvas, reference
+from dlmrt.ops import canvas, reference, vocab
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
+OPS += ("canvas_vocab",)
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -88,6 +89,18 @@ def canvas_attention(
     if q.is_cuda and fits and implementation("canvas_attention") == "triton":
         return _resolve("canvas_attention")(q, k, v, positions, decoder, window, scale)
     return canvas.canvas_attention(q, k, v, positions, decoder, window, scale)
+
+
+def canvas_vocab(
+    logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, sc: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DiffusionGemma's vocabulary pass: (argmax, entropy, inverse-CDF sample at uniforms `u`) of
+    softmax(logits / T), T a device scalar; writes logits / T into `sc` (the next step's
+    self-conditioning input). One kernel (kernels/canvas_vocab.py); twin `dlmrt/ops/vocab.py`."""
+    fast = logits.is_cuda and logits.is_contiguous() and sc.is_contiguous()
+    if fast and implementation("canvas_vocab") == "triton":
+        return _resolve("canvas_vocab")(logits, temperature, u, sc)
+    return vocab.canvas_vocab(logits, temperature, u, sc)
 
 
 def token_stats(

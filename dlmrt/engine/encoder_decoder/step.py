@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrt import ops
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.decoding.noise import counter_uniform
 from dlmrt.engine.kv_cache import ContextArena
 
 
@@ -82,11 +84,11 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     ctx = AttnContext(buf.start + buf.offsets, 1, arena)
     logits = spec.model(buf.canvas, ctx, spec.length, buf.sc, first=buf.first)
     t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
-    z = logits / ebc.temperature(s, t_step)
-    probs = torch.softmax(z, dim=-1, dtype=torch.float32)
-    sampled = ebc.counter_sample(probs, buf.seed, buf.index, t_step)
-    argmax = torch.argmax(z, dim=-1)
-    entropy = ebc.token_entropy(z)
+    # one vocabulary pass (ops.canvas_vocab): softmax, counter sample (the uniform of
+    # `ebc.counter_sample`), argmax, entropy, and logits / T into the self-conditioning buffer
+    u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
+    temperature = ebc.temperature(s, t_step)
+    argmax, entropy, sampled = ops.canvas_vocab(logits, temperature, u, buf.sc)
     accepted = ebc.accept(entropy, s.entropy_bound)
     vocab = spec.model.cfg.vocab_size
     renoise = ebc.counter_canvas(buf.seed, buf.index, t_step, spec.length, vocab)
@@ -94,7 +96,6 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     buf.history.copy_(ebc.push(buf.history, argmax))
     buf.canvas.copy_(torch.where(accepted, sampled, renoise))
     buf.argmax.copy_(argmax)
-    buf.sc.copy_(z.to(buf.sc.dtype))
     buf.first.fill_(False)
     buf.step.add_(1)
 
