@@ -9,6 +9,8 @@ Each case is one attention call over one arena layer, every path replayed as a C
 - block-style arena attention: LLaDA-2.1-mini (32 rows, 16/4 heads x 128) and QwenDLM-4B
   (256 rows, 32/8 x 128) at contexts 1k / 4k / 16k: split-KV (picked by shape) vs the one-pass
   kernel (`splits=1`) vs SDPA (the twin).
+- DiffusionGemma's vocabulary pass (256 rows x 262,144): `canvas_vocab` kernel vs its twin (the
+  canvas step's former torch code: softmax, cumsum + searchsorted, argmax, entropy, sc cast);
 - the MoE plan (grouping DiffusionGemma's 256 x 8 = 2,048 (row, expert) pairs over 128 experts;
   LLaDA-2.1-mini's 32 x 8 over 256): the chunked multi-program plan vs the single program vs the
   torch sort plan.
@@ -104,6 +106,26 @@ def plan_case(name: str, rows: int, experts: int, iters: int) -> dict:
     return out
 
 
+def vocab_case(iters: int) -> dict:
+    from dlmrt._kernels.canvas_vocab import canvas_vocab
+    from dlmrt.ops import vocab
+
+    gen = torch.Generator("cuda").manual_seed(0)
+    logits = 30 * torch.tanh(torch.randn(256, 262_144, device="cuda", generator=gen) / 10)
+    t, u = torch.tensor(0.8, device="cuda"), torch.rand(256, device="cuda", generator=gen)
+    sc = torch.empty(256, 262_144, device="cuda", dtype=torch.bfloat16)
+    new_ms, new = _graph_ms(lambda: canvas_vocab(logits, t, u, sc), iters)
+    old_ms, old = _graph_ms(lambda: vocab.canvas_vocab(logits, t, u, sc), iters)
+    floor = (logits.numel() * 4 * 2 + sc.numel() * 2) / PEAK_BYTES * 1e3  # two reads, one write
+    return {
+        "case": "dg_vocab_pass", "kernel_ms": round(new_ms, 4), "twin_ms": round(old_ms, 4),
+        "speedup": round(old_ms / new_ms, 2), "floor_ms": round(floor, 4),
+        "argmax_equal": bool(torch.equal(new[0], old[0])),
+        "samples_equal": float((new[2] == old[2]).float().mean()),
+        "max_entropy_diff": float((new[1] - old[1]).abs().max()),
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,6 +142,8 @@ def main() -> None:
         for name, rows, heads, kv in (("llada_mini", 32, 16, 4), ("qwen_dlm_4b", 256, 32, 8)):
             results.append(arena_case(name, rows, heads, kv, context, args.iters))
             print(results[-1], flush=True)
+    results.append(vocab_case(args.iters))
+    print(results[-1], flush=True)
     for name, rows, experts in (("dg_canvas", 256, 128), ("llada_mini", 32, 256)):
         results.append(plan_case(name, rows, experts, args.iters))
         print(results[-1], flush=True)
