@@ -4,16 +4,21 @@ A query at absolute position p sees arena rows [0, (p // B + 1) * B): the commit
 its whole block (bidirectional). Positions live in device memory, so one captured CUDA graph serves
 every block, and the same kernel runs prefill (many blocks), denoising rounds and commit passes.
 Flash-style online softmax with fp32 accumulation; the key loop of a tile of rows stops at the
-furthest end any of its rows can see. Torch twin: `dlmrt.ops.reference.arena_attention`.
+furthest end any of its rows can see. Few rows over a long arena (LLaDA's 32-row rounds, QwenDLM's
+256 rows at long contexts) go to the split-KV kernel instead (kernels/arena_attention_split.py),
+picked by shape on the host. Torch twin: `dlmrt.ops.reference.arena_attention`.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
+from .arena_attention_split import arena_attention_split, pick_splits
 
 # No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
@@ -88,6 +93,11 @@ def _arena_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
+@functools.cache
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim] (one layer of the arena)
@@ -95,8 +105,15 @@ def arena_attention(
     positions: torch.Tensor,  # [rows] int64 absolute positions of the query rows (ascending)
     block_size: int,
     scale: float,
+    splits: int | None = None,
 ) -> torch.Tensor:  # [heads, rows, head_dim]
+    """`splits` None: picked by shape (`pick_splits`: few rows over a long arena split the keys
+    across programs, kernels/arena_attention_split.py); 1: this one-pass kernel."""
     heads, rows, head_dim = q.shape
+    if splits is None:
+        splits = pick_splits(rows, heads, k.shape[1], _sms(q.device) if q.is_cuda else 132)
+    if splits > 1:
+        return arena_attention_split(q, k, v, positions, block_size, scale, splits)
     # Written row-major [rows, heads, head_dim], returned as a [heads, rows, head_dim] view: the
     # caller's transpose(0, 1).reshape(rows, -1) for o_proj is then free.
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)

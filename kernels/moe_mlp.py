@@ -20,7 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_plan import MAX_PAIRS, plan_small  # relative: kernels/ imports nothing from dlmrt
+from .moe_plan import (  # relative: kernels/ imports nothing from dlmrt
+    MAX_CHUNKED_PAIRS,
+    MAX_PAIRS,
+    plan_chunked,
+    plan_small,
+)
 
 BLOCK_M = 16  # the rows of an expert tile: 32 rows x top-8 over 256 experts is ~1 pair per expert
 
@@ -153,6 +158,8 @@ def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
     max_tiles = triton.cdiv(pairs, block_m) + min(experts, pairs)
     if pairs <= MAX_PAIRS:  # decode passes: one single-program launch instead of a sort
         return (*plan_small(index, experts, block_m), max_tiles)
+    if pairs <= MAX_CHUNKED_PAIRS:  # DiffusionGemma's canvas, short prefills: three launches
+        return (*plan_chunked(index, experts, block_m), max_tiles)
     flat = index.reshape(-1).to(torch.int64)
     key = flat * pairs + torch.arange(pairs, device=index.device)  # unique: any sort is stable
     order = torch.sort(key).indices

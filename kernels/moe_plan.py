@@ -6,7 +6,9 @@ sort (~26 us on the H200) per layer. One program instead walks the pairs in chun
 (1) per-expert counts (one-hot sums), giving starts (exclusive cumsum) and tile ends (cumsum of
 ceil(count / BM)); (2) each pair's slot = start[e] + pairs of e in earlier chunks + pairs of e
 earlier in this chunk, so one expert's pairs keep pair order (the same `order` as the stable sort
-of `moe_mlp.plan`). Larger passes (DiffusionGemma's 2048 pairs, prefill) keep the torch plan: one program is slow there.
+of `moe_mlp.plan`). Larger passes (DiffusionGemma's 2048 pairs, prefill) take `plan_chunked`
+(the same two walks spread over one program per chunk, three launches), the largest the torch
+sort plan.
 """
 
 from __future__ import annotations
@@ -71,4 +73,79 @@ def plan_small(index: torch.Tensor, experts: int, block_m: int):
         index.reshape(-1), order, tile_end, counts, starts,
         P=pairs, P_PAD=-(-pairs // 256) * 256, E=experts, E_PAD=triton.next_power_of_2(experts), CH=CHUNK, BM=block_m,
     )  # fmt: skip
+    return order, tile_end, counts, starts
+
+
+# Above MAX_PAIRS, up to MAX_CHUNKED_PAIRS (DiffusionGemma's 2,048-pair canvas, short prefills):
+# the same grouping over many programs, three launches: per-chunk counts; one program for the
+# exclusive cumsums over chunks and over experts; per-chunk slots. Above: the torch sort.
+MAX_CHUNKED_PAIRS = 16384  # 256 chunks x E: the middle program's tile stays small
+
+
+@triton.jit
+def _chunk_counts_kernel(index_ptr, chunk_counts_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr,
+                         CH: tl.constexpr):  # fmt: skip
+    """Program c: per-expert pair counts of chunk c -> chunk_counts[c, :E]."""
+    c = tl.program_id(0)
+    ids = tl.arange(0, E_PAD)
+    p = c * CH + tl.arange(0, CH)
+    e = tl.load(index_ptr + p, mask=p < P, other=E_PAD).to(tl.int32)  # padding: no expert
+    counts = tl.sum((e[:, None] == ids[None, :]).to(tl.int32), axis=0)
+    tl.store(chunk_counts_ptr + c * E + ids, counts, mask=ids < E)
+
+
+@triton.jit
+def _chunk_scan_kernel(chunk_counts_ptr, tile_end_ptr, counts_ptr, starts_ptr, NC,
+                       NC_PAD: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+                       BM: tl.constexpr):  # fmt: skip
+    """One program: chunk_counts[c, e] -> starts[e] + pairs of e in chunks before c (in place)."""
+    ch = tl.arange(0, NC_PAD)
+    ids = tl.arange(0, E_PAD)
+    ok = (ch[:, None] < NC) & (ids[None, :] < E)
+    at = chunk_counts_ptr + ch[:, None] * E + ids[None, :]
+    cc = tl.load(at, mask=ok, other=0)
+    counts = tl.sum(cc, axis=0)
+    starts = tl.cumsum(counts, 0) - counts
+    tile_end = tl.cumsum((counts + BM - 1) // BM, 0)
+    tl.store(counts_ptr + ids, counts, mask=ids < E)
+    tl.store(starts_ptr + ids, starts, mask=ids < E)
+    tl.store(tile_end_ptr + ids, tile_end, mask=ids < E)
+    tl.store(at, starts[None, :] + tl.cumsum(cc, 0) - cc, mask=ok)
+
+
+@triton.jit
+def _chunk_slots_kernel(index_ptr, chunk_base_ptr, order_ptr, P, E: tl.constexpr,
+                        E_PAD: tl.constexpr, CH: tl.constexpr):  # fmt: skip
+    """Program c: each pair's slot = its expert's base for chunk c + pairs of it earlier in c."""
+    c = tl.program_id(0)
+    lane = tl.arange(0, CH)
+    ids = tl.arange(0, E_PAD)
+    p = c * CH + lane
+    ok = p < P
+    e = tl.load(index_ptr + p, mask=ok, other=E_PAD).to(tl.int32)
+    seen = tl.load(chunk_base_ptr + c * E + ids, mask=ids < E, other=0)
+    base = tl.sum(tl.where(e[:, None] == ids[None, :], seen[None, :], 0), axis=1)
+    e_col = tl.load(index_ptr + p, mask=ok, other=-1).to(tl.int32)  # padding matches none
+    earlier = lane[None, :] < lane[:, None]
+    before = tl.sum((earlier & (e[:, None] == e_col[None, :])).to(tl.int32), axis=1)
+    tl.store(order_ptr + base + before, p.to(order_ptr.dtype.element_ty), mask=ok)
+
+
+def plan_chunked(index: torch.Tensor, experts: int, block_m: int):
+    """Same outputs as `moe_mlp.plan` for MAX_PAIRS < index.numel() <= MAX_CHUNKED_PAIRS."""
+    pairs, dev = index.numel(), index.device
+    flat = index.reshape(-1)
+    chunks = triton.cdiv(pairs, CHUNK)
+    e_pad = triton.next_power_of_2(experts)
+    order = torch.empty(pairs, dtype=torch.int64, device=dev)
+    tile_end, counts, starts = (torch.empty(experts, dtype=torch.int32, device=dev) for _ in "abc")
+    chunk_counts = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
+    _chunk_counts_kernel[(chunks,)](flat, chunk_counts, pairs, E=experts, E_PAD=e_pad, CH=CHUNK)
+    _chunk_scan_kernel[(1,)](
+        chunk_counts, tile_end, counts, starts, chunks,
+        NC_PAD=triton.next_power_of_2(chunks), E=experts, E_PAD=e_pad, BM=block_m,
+    )  # fmt: skip
+    _chunk_slots_kernel[(chunks,)](
+        flat, chunk_counts, order, pairs, E=experts, E_PAD=e_pad, CH=CHUNK
+    )
     return order, tile_end, counts, starts

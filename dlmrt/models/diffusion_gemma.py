@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlmrt import ops
-from dlmrt.attention import AttnContext, block_attention
+from dlmrt.attention import AttnContext
 from dlmrt.distributed import group as tp
 from dlmrt.distributed import vocab
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
@@ -51,7 +51,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope, pos: torch.Tensor, view, layer: int, sliding: bool):
         """-> output [rows, hidden]; `view` (a context of `diffusion_gemma_context.py`) stores
-        this pass's K/V where its data says and returns the keys to attend and their mask."""
+        this pass's K/V where its data says and attends over the keys it makes visible."""
         rows = x.shape[0]
         q = self.q_proj(x).view(rows, self.heads, self.head_dim)
         k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
@@ -60,9 +60,7 @@ class Attention(nn.Module):
         q = rotate(self.q_norm(q), *rope).transpose(0, 1)
         k = rotate(self.k_norm(k), *rope).transpose(0, 1)
         v = ops.gemma_rms_norm(v, None, self.eps).transpose(0, 1)
-        keys, values = view.keys(layer, sliding, k, v)
-        mask = view.mask(sliding)
-        out = block_attention(q, keys, values, pos, pos, 1, 1.0, mask)  # mask given: pos unused
+        out = view.attend(layer, sliding, q, k, v)
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 

@@ -11,13 +11,13 @@ ArenaContext    a static arena (`ctx.kv`: per-layer `k`, `v` lists of [kv_heads,
                 head_dim] and `max_len`; allocated by the engine, `dlmrt/engine/kv_cache.py`).
                 Arena row j holds position j. A pass over `rows` rows at device positions
                 start.. first writes its own K/V into rows [start, start + rows), then reads
-                - full layers: the whole arena, masked on the device (decoder: rows < start +
-                  rows, i.e. the context and the canvas itself; encoder: rows <= the query's
-                  position, causal);
-                - sliding layers: a fixed slice of window - 1 + rows rows starting window - 1
-                  rows before `start`, gathered with device-side indices (clamped at 0; rows
-                  before position 0 are masked): exactly the keys transformers' sliding cache
-                  holds, then this pass's rows.
+                `ops.canvas_attention` over the arena layer:
+                - full layers: decoder: rows < start + rows, i.e. the context and the canvas
+                  itself; encoder: rows <= the query's position, causal;
+                - sliding layers: also rows >= start - window + 1 (decoder) or > the query's
+                  position - window (encoder): the keys transformers' sliding cache holds.
+                CUDA: a kernel reading those ranges from the device-side start (no mask, no
+                gather; kernels/canvas_attention.py); twin: masked SDPA (dlmrt/ops/canvas.py).
                 Every shape depends on `rows` and `max_len` only, so one captured graph serves
                 every canvas; decoder passes write the canvas's K/V into the rows the next
                 encoder pass (its commit) overwrites.
@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from dlmrt import ops
+from dlmrt.attention import block_attention
 
 
 class ContextCache:
@@ -91,8 +92,11 @@ class GrowingContext:
         self.kept = min(self.cached, window - 1)
         self.sliding = sliding[:, self.cached - self.kept :]  # a column depends on its key only
 
-    def mask(self, sliding: bool) -> torch.Tensor:
-        return self.sliding if sliding else self.full
+    def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor):
+        """This pass's q [heads, rows, head_dim], (k, v) [kv_heads, rows, head_dim] -> attention."""
+        keys, values = self.keys(layer, sliding, k, v)
+        mask = self.sliding if sliding else self.full
+        return block_attention(q, keys, values, self.pos, self.pos, 1, 1.0, mask)
 
     def keys(self, layer: int, sliding: bool, k: torch.Tensor, v: torch.Tensor):
         """This pass's (k, v) [kv_heads, rows, head_dim] -> the keys and values to attend."""
@@ -115,34 +119,18 @@ class ArenaContext:
     """The static arena (see the module docstring); `decoder`: the pass is a canvas."""
 
     def __init__(self, arena, pos: torch.Tensor, decoder: bool, window: int) -> None:
-        self.arena, self.pos = arena, pos
+        self.arena, self.pos, self.decoder, self.window = arena, pos, decoder, window
         rows, dev = pos.shape[0], pos.device
-        start = pos[:1]
-        keys = torch.arange(arena.max_len, device=dev).unsqueeze(0)
-        slide = start - (window - 1) + torch.arange(window - 1 + rows, device=dev)
-        q = pos.unsqueeze(1)
-        if decoder:  # every canvas row sees the context and the whole canvas
-            full = (keys < start + rows).expand(rows, arena.max_len)
-            sliding = (slide >= 0).unsqueeze(0).expand(rows, slide.shape[0])
-        else:  # causal context rows, sliding layers within the window
-            full = keys <= q
-            sliding = (slide >= 0) & (slide <= q) & (q - slide < window)
-        self.full, self.sliding = full.contiguous(), sliding.contiguous()
-        self.gather = slide.clamp(min=0)
         self.is_canvas = torch.full((rows, 1), decoder, dtype=torch.bool, device=dev)
 
-    def mask(self, sliding: bool) -> torch.Tensor:
-        return self.sliding if sliding else self.full
-
-    def keys(self, layer: int, sliding: bool, k: torch.Tensor, v: torch.Tensor):
-        """Write this pass's rows (device indices), return the arena rows to attend."""
+    def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor):
+        """Write this pass's rows (device indices), attend over the arena: `ops.canvas_attention`
+        (the visibility of the module docstring; an FP8 arena is read dequantized)."""
         ak, av = self.arena.k[layer], self.arena.v[layer]
         ops.write_rows(ak, 1, self.pos, k)
         ops.write_rows(av, 1, self.pos, v)
-        if sliding:
-            ak, av = ops.select_rows(ak, 1, self.gather), ops.select_rows(av, 1, self.gather)
-        # an FP8 arena is dequantized before SDPA (a kernel reading FP8 directly: issue 14's)
-        return ak.to(k.dtype), av.to(v.dtype)
+        window = self.window if sliding else 0
+        return ops.canvas_attention(q, ak, av, self.pos, self.decoder, window, 1.0)
 
     def finish(self) -> None:
         pass

@@ -13,13 +13,14 @@ from collections.abc import Callable
 import torch
 
 from dlmrt import envs
-from dlmrt.ops import reference
+from dlmrt.ops import canvas, reference, vocab
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
-OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8")
+OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
+OPS += ("canvas_vocab",)
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -71,6 +72,37 @@ def arena_attention(
     """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py."""
     fn = _resolve("arena_attention") if q.is_cuda else reference.arena_attention
     return fn(q, k, v, positions, block_size, scale)
+
+
+def canvas_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    decoder: bool,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """DiffusionGemma's attention of a pass (a canvas, or context rows) over one arena layer whose
+    rows at `positions` it has written; `window` 0 = a full layer. Kernel: device-side visible
+    ranges, no mask (kernels/canvas_attention.py); twin: masked SDPA (`dlmrt/ops/canvas.py`), also
+    on CUDA for head dims the kernel's tiles do not take (tiny test models: head_dim 8)."""
+    fits = canvas.kernel_fits(q.shape[-1])
+    if q.is_cuda and fits and implementation("canvas_attention") == "triton":
+        return _resolve("canvas_attention")(q, k, v, positions, decoder, window, scale)
+    return canvas.canvas_attention(q, k, v, positions, decoder, window, scale)
+
+
+def canvas_vocab(
+    logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, sc: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DiffusionGemma's vocabulary pass: (argmax, entropy, inverse-CDF sample at uniforms `u`) of
+    softmax(logits / T), T a device scalar; writes logits / T into `sc` (the next step's
+    self-conditioning input). One kernel (kernels/canvas_vocab.py); twin `dlmrt/ops/vocab.py`."""
+    fast = logits.is_cuda and logits.is_contiguous() and sc.is_contiguous()
+    if fast and implementation("canvas_vocab") == "triton":
+        return _resolve("canvas_vocab")(logits, temperature, u, sc)
+    return vocab.canvas_vocab(logits, temperature, u, sc)
 
 
 def token_stats(

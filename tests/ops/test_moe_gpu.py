@@ -181,12 +181,21 @@ def test_moe_layer_captured_in_a_cuda_graph_replays_eager_bits(family, dtype):
 
 
 @pytest.mark.parametrize(
-    "rows,top_k,experts", [(1, 1, 4), (7, 3, 16), (32, 8, 256), (96, 8, 128), (600, 6, 64)]
+    "rows,top_k,experts",
+    [
+        (1, 1, 4),
+        (7, 3, 16),
+        (32, 8, 256),
+        (96, 8, 128),
+        (600, 6, 64),
+        (256, 8, 128),
+        (2100, 8, 128),
+    ],
 )
 @pytest.mark.parametrize("hits", ["random", "one", "spread"])
 def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, monkeypatch):
-    """moe_plan's one-launch grouping == the torch sort plan, field for field (incl. > 4096 pairs
-    falling back to the sort)."""
+    """moe_plan's one-launch grouping and its chunked (multi-program) grouping == the torch sort
+    plan, field for field (DiffusionGemma's 2,048 pairs; 16,800 pairs falling back to the sort)."""
     from dlmrt._kernels import moe_mlp
 
     gen = torch.Generator(DEV).manual_seed(rows)
@@ -200,7 +209,10 @@ def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, mo
         index = torch.arange(rows * top_k, device=DEV).view(rows, top_k) % experts
     fast = moe_mlp.plan(index, experts)
     monkeypatch.setattr(moe_mlp, "MAX_PAIRS", 0)
+    chunked = moe_mlp.plan(index, experts)  # the chunked plan up to MAX_CHUNKED_PAIRS
+    monkeypatch.setattr(moe_mlp, "MAX_CHUNKED_PAIRS", 0)
     slow = moe_mlp.plan(index, experts)
-    assert fast[4] == slow[4]
-    for a, b in zip(fast[:4], slow[:4], strict=True):
-        assert torch.equal(a, b)
+    for got in (fast, chunked):
+        assert got[4] == slow[4]
+        for a, b in zip(got[:4], slow[:4], strict=True):
+            assert torch.equal(a, b)

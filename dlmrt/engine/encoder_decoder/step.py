@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrt import ops
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.decoding.noise import counter_uniform
@@ -96,8 +97,7 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     ctx = AttnContext(buf.start + buf.offsets, 1, arena)
     logits = spec.model(buf.canvas, ctx, spec.length, buf.sc, first=buf.first)
     t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
-    z = logits / ebc.temperature(s, t_step)
-    sampled, argmax, entropy, confidence = _draw(z, buf, t_step)
+    sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, logits, t_step)
     accepted = ebc.accept(entropy, s.entropy_bound)
     vocab = spec.model.cfg.vocab_size
     renoise = ebc.counter_canvas(buf.seed, buf.index, t_step, spec.length, vocab)
@@ -107,9 +107,28 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     buf.argmax.copy_(argmax)
     if buf.trace_argmax is not None:  # fixed per spec: the same branch every step
         _trace(buf, argmax, confidence, accepted)
-    buf.sc.copy_(z.to(buf.sc.dtype))
     buf.first.fill_(False)
     buf.step.add_(1)
+
+
+def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, logits: torch.Tensor, t_step: torch.Tensor):
+    """(counter sample, argmax, entropy, argmax probability) of softmax(logits / T), logits / T
+    written into the self-conditioning buffer. One device: one kernel (ops.canvas_vocab: softmax,
+    the uniform of `ebc.counter_sample`, argmax, entropy, sc); the argmax probability (for the
+    draft trace only) is a second pass. Tensor parallel: `_draw` over the vocabulary shards."""
+    temperature = ebc.temperature(spec.settings, t_step)
+    if tp.active() is not None:
+        z = logits / temperature
+        out = _draw(z, buf, t_step)
+        buf.sc.copy_(z.to(buf.sc.dtype))
+        return out
+    u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
+    argmax, entropy, sampled = ops.canvas_vocab(logits, temperature, u, buf.sc)
+    confidence = None
+    if buf.trace_argmax is not None:
+        z = buf.sc.float()  # logits / T as the kernel wrote it
+        confidence = torch.exp(z.gather(-1, argmax[:, None])[:, 0] - torch.logsumexp(z, dim=-1))
+    return sampled, argmax, entropy, confidence
 
 
 def _draw(z: torch.Tensor, buf: CanvasBuffers, t_step: torch.Tensor):

@@ -1,0 +1,174 @@
+"""DiffusionGemma's attention over its context arena: visibility from the device-side pass start.
+
+A pass of `rows` rows at arena positions start.. (start = positions[0], read on the device) has
+already written its own K/V at those rows. Which arena rows a query row sees:
+
+    decoder (a canvas)     full layers: [0, start + rows)           sliding: [max(0, start - W + 1), start + rows)
+    encoder (context rows) full layers: [0, p + 1) (causal)         sliding: [max(0, p - W + 1), p + 1)
+
+(W the sliding window; the same sets as the masks of `dlmrt.ops.canvas_attention`'s torch twin.)
+No mask tensor and no gather: a tile of rows loops only over the union of its rows' ranges, so a
+sliding layer costs O(window) whatever the context length. The head dim (512 on the full layers)
+is split across programs along V / the output (BLOCK_DV = 128 columns each, a fixed tile;
+every program reads the whole K row for the scores, in BLOCK_D chunks to bound registers). An FP8 arena is dequantized in
+registers (`.to(q.dtype)`). K and V are separate arena tensors even on DiffusionGemma's K = V full
+layers (K is normed with a gain and roped, V normed without), so both are read.
+Torch twin: `dlmrt.ops.canvas.canvas_attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# bf16 tunes the row / key tiles and the V columns per program (BLOCK_DV 256: half the programs,
+# so the scores are recomputed half as often, but twice the accumulator registers); fp32 (exact
+# "ieee" dots, the parity tests) keeps one small tile.
+_FAR = tl.constexpr(1 << 30)  # a padded row's range start: never the tile's minimum
+
+
+@triton.jit
+def _row_ranges(pos, row_ok, start, rows, window, DECODER: tl.constexpr, SLIDING: tl.constexpr):
+    """[lo, hi) of the arena rows each query row sees (padded rows: empty)."""
+    if DECODER:
+        hi = tl.zeros_like(pos) + start + rows
+        lo = tl.zeros_like(pos) + start - window + 1
+    else:
+        hi = pos + 1
+        lo = pos - window + 1
+    if not SLIDING:
+        lo = tl.zeros_like(pos)
+    lo = tl.maximum(lo, 0)
+    return tl.where(row_ok, lo, _FAR), tl.where(row_ok, hi, 0)
+
+
+@triton.jit
+def _scores(q_row, k_row, row_ok, key_ok,
+            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """q · k^T over the whole head dim, BLOCK_D columns at a time (fp32)."""
+    s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        q = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
+        if IEEE:
+            s += tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s += tl.dot(q, tl.trans(k))
+    return s
+
+
+@triton.jit
+def _tile(acc, m_i, l_i, first, q_row, k_base, v_base, stride_kn, stride_vn, offs_v, row_ok,
+          row_lo, row_hi, tile_lo, tile_hi, scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One key tile [first, first + BLOCK_N) folded into the online softmax."""
+    offs_n = first + tl.arange(0, BLOCK_N)
+    key_ok = (offs_n >= tile_lo) & (offs_n < tile_hi)  # rows outside are never loaded
+    s = _scores(q_row, k_base + offs_n[:, None] * stride_kn, row_ok, key_ok,
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
+    visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] < row_hi[:, None])
+    s = tl.where(visible, s * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see nothing
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :], mask=key_ok[:, None],
+                other=0.0).to(q_row.dtype.element_ty)  # fmt: skip
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _canvas_attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, scale, window,
+    stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
+    rows,
+    GROUPS: tl.constexpr, DECODER: tl.constexpr, SLIDING: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    IEEE: tl.constexpr, WHILE: tl.constexpr,
+):  # fmt: skip
+    pid_m, head, pid_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kv_head = head // GROUPS
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_v = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < rows
+    pos = tl.load(pos_ptr + offs_m, mask=row_ok, other=0)
+    # positions are consecutive: every row gives the pass start (a vector op, not a scalar load)
+    start = tl.min(tl.where(row_ok, pos - offs_m, _FAR), 0)
+    row_lo, row_hi = _row_ranges(pos, row_ok, start, rows, window, DECODER, SLIDING)
+    tile_lo, tile_hi = tl.min(row_lo, 0), tl.max(row_hi, 0)
+    q_row = q_ptr + head * stride_qh + offs_m[:, None] * stride_qm
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
+    first = (tile_lo // BLOCK_N) * BLOCK_N  # aligned tile starts
+    # (explicit calls, no *args: a tuple would carry the constexprs as values)
+    if WHILE:  # the interpreter cannot range() over tensor bounds; a while loop is not pipelined
+        while first < tile_hi:
+            acc, m_i, l_i = _tile(acc, m_i, l_i, first, q_row, k_base, v_base, stride_kn,
+                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
+                                  scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
+            first += BLOCK_N
+    else:
+        for n0 in range(first, tile_hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, q_row, k_base, v_base, stride_kn,
+                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
+                                  scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+
+
+def _tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_DV, num_warps, num_stages): fixed per shape class, no autotuner
+    (a request must never stop to benchmark configs: issue 23)."""
+    if ieee:
+        return 32, 32, min(128, head_dim), 4, 2
+    return 64, 32, min(128, head_dim), 4, 3
+
+
+def canvas_attention(
+    q: torch.Tensor,  # [heads, rows, head_dim]
+    k: torch.Tensor,  # [kv_heads, arena, head_dim] (one arena layer, this pass's rows written)
+    v: torch.Tensor,  # [kv_heads, arena, head_dim]
+    positions: torch.Tensor,  # [rows] int64, consecutive: start, start + 1, ...
+    decoder: bool,
+    window: int,  # the sliding window; 0: a full layer
+    scale: float,
+) -> torch.Tensor:  # [heads, rows, head_dim], a view of a row-major [rows, heads, head_dim]
+    heads, rows, head_dim = q.shape
+    if (head_dim % 128) if head_dim > 128 else (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise ValueError(
+            f"canvas_attention: head_dim {head_dim} must be a power of two >= 16 or a multiple "
+            "of 128"
+        )
+    out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
+    block_d = min(head_dim, 128)
+    consts = dict(GROUPS=heads // k.shape[0], DECODER=bool(decoder), SLIDING=window > 0,
+                  HEAD_DIM=head_dim, BLOCK_D=block_d)  # fmt: skip
+    args = (q, k, v, out, positions, scale, max(window, 1),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), rows)  # fmt: skip
+    ieee = q.dtype == torch.float32
+    if not q.is_cuda:  # TRITON_INTERPRET=1 on the CPU: the interpreter's loop form
+        grid = (triton.cdiv(rows, 16), heads, head_dim // block_d)
+        _canvas_attention_kernel[grid](
+            *args, **consts, BLOCK_M=16, BLOCK_N=16, BLOCK_DV=block_d, IEEE=ieee, WHILE=True
+        )
+        return out
+
+    block_m, block_n, block_dv, warps, stages = _tile(head_dim, ieee)
+    grid = (triton.cdiv(rows, block_m), heads, head_dim // block_dv)
+    _canvas_attention_kernel[grid](
+        *args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DV=block_dv, IEEE=ieee,
+        WHILE=False, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,69 @@
+"""DiffusionGemma's vocabulary pass: the twin (`dlmrt/ops/vocab.py`) is the step's former torch
+code (CPU); the kernel (kernels/canvas_vocab.py) against the twin (`-m gpu`; fp32 also under
+TRITON_INTERPRET=1 on CPU tensors, where it runs 64-wide blocks so small vocabularies span many)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.ops import vocab
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cuda" if CUDA else "cpu"
+kernel_case = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
+)
+
+
+def _inputs(rows: int, v: int, seed: int, dtype=torch.float32):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    logits = 30 * torch.tanh(3 * torch.randn(rows, v, device=DEV, generator=gen) / 30)  # softcapped
+    logits[0, v // 3] = logits[0].max() + 0  # a tie with the first maximum's later copy
+    logits[0, v - 1] = logits[0, v // 3]
+    u = torch.rand(rows, device=DEV, generator=gen)
+    u[-1] = 0.9999999  # the clamp at V - 1 in reach
+    return logits, torch.tensor(0.7, device=DEV), u, torch.empty(rows, v, device=DEV, dtype=dtype)
+
+
+def test_twin_is_the_former_step_code():
+    """Bit for bit what canvas_step computed before the op (CPU tokens do not move)."""
+    logits, t, u, sc = _inputs(9, 300, 1, torch.bfloat16)
+    argmax, h, sampled = vocab.canvas_vocab(logits, t, u, sc)
+    z = logits / t
+    probs = torch.softmax(z, dim=-1, dtype=torch.float32)
+    cdf = torch.cumsum(probs, -1)
+    want = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    assert torch.equal(sampled, want.clamp(max=299))
+    assert torch.equal(argmax, torch.argmax(z, -1)) and torch.equal(h, ebc.token_entropy(z))
+    assert torch.equal(sc, z.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@kernel_case
+@pytest.mark.parametrize("rows,v", [(1, 37), (7, 300), (32, 4096), (256, 262144)])
+@pytest.mark.parametrize("sc_dtype", [torch.float32, torch.bfloat16])
+def test_kernel_matches_twin(rows, v, sc_dtype):
+    if INTERPRET and rows * v > 200_000:
+        pytest.skip("slow under the interpreter")
+    if not CUDA and sc_dtype == torch.bfloat16:
+        pytest.skip("the Triton interpreter's bf16 casts truncate")
+    from dlmrt._kernels.canvas_vocab import canvas_vocab
+
+    logits, t, u, sc = _inputs(rows, v, rows + v, sc_dtype)
+    sc_ref = torch.empty_like(sc)
+    got = canvas_vocab(logits, t, u, sc)
+    want = vocab.canvas_vocab(logits, t, u, sc_ref)
+    assert torch.equal(got[0], want[0])  # argmax, the first index among ties
+    torch.testing.assert_close(got[1], want[1], atol=2e-4, rtol=1e-4)  # entropy
+    assert torch.equal(sc, sc_ref)
+    # the sample: equal unless u * total falls within rounding of a CDF step
+    cdf = torch.cumsum(torch.softmax(logits / t, -1, dtype=torch.float64), -1)
+    lo = torch.searchsorted(cdf, (u.double() - 1e-5).clamp(min=0)[:, None], right=True)[:, 0]
+    hi = torch.searchsorted(cdf, (u.double() + 1e-5)[:, None], right=True)[:, 0]
+    assert ((got[2] >= lo.clamp(max=v - 1)) & (got[2] <= hi.clamp(max=v - 1))).all()
+    assert (got[2] == want[2]).float().mean() >= 0.9
