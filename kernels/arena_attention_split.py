@@ -18,7 +18,7 @@ import triton.language as tl
 
 # Fixed tiles, no autotuner (a request must never stop to benchmark configs: issue 23); fp32
 # (exact "ieee" dots, the parity tests) keeps one small tile: large fp32 tiles spill.
-def _tile(head_dim: int, ieee: bool) -> tuple[int, int, int]:
+def _launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages) of the split kernel."""
     if ieee:
         return 32, 4, 2
@@ -134,7 +134,7 @@ def arena_attention_split(
             rows, heads)  # fmt: skip
     consts = dict(GROUPS=heads // k.shape[0], SPLITS=splits, HEAD_DIM=head_dim, IEEE=ieee)
     if q.is_cuda:
-        block_n, warps, stages = _tile(head_dim, ieee)
+        block_n, warps, stages = _launch_tile(head_dim, ieee)
         _split_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, WHILE=False,
                             num_warps=warps, num_stages=stages)  # fmt: skip
     else:  # TRITON_INTERPRET=1: the interpreter's loop form

@@ -127,7 +127,7 @@ def _canvas_attention_kernel(
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
-def _tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int]:
+def _launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_DV, num_warps, num_stages): fixed per shape class, no autotuner
     (a request must never stop to benchmark configs: issue 23)."""
     if ieee:
@@ -165,7 +165,7 @@ def canvas_attention(
         )
         return out
 
-    block_m, block_n, block_dv, warps, stages = _tile(head_dim, ieee)
+    block_m, block_n, block_dv, warps, stages = _launch_tile(head_dim, ieee)
     grid = (triton.cdiv(rows, block_m), heads, head_dim // block_dv)
     _canvas_attention_kernel[grid](
         *args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DV=block_dv, IEEE=ieee,
