@@ -146,11 +146,15 @@ def arena_attention_split(
     return out
 
 
+SPLIT_MAX_ROWS = 32  # measured on the H200: LLaDA's 32-row round gains; see docs/kernels.md
+
+
 def pick_splits(rows: int, heads: int, arena: int, sms: int) -> int:
     """How many key splits fill the GPU (about 4 programs per SM), 1 = the one-pass kernel.
 
-    Only for few rows over long arenas: at most one split per 512 arena rows, at most 16."""
-    if rows > 256 or arena < 1024:
+    Only for few rows (<= SPLIT_MAX_ROWS) over long arenas: at most one split per 512 arena rows,
+    at most 16."""
+    if rows > SPLIT_MAX_ROWS or arena < 1024:
         return 1
     tiles = triton.cdiv(rows, 64 if rows > 32 else 32) * heads
     return max(1, min(16, arena // 512, (4 * sms) // tiles))
