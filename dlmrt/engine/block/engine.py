@@ -179,10 +179,11 @@ class BlockEngine:
 
     def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
         """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits.
-        Graph modes: captured graphs per length bucket, chunks of <= 2048 rows
-        (`engine/graph/prefill.py`)."""
+        CUDA: chunks of <= 2048 rows padded to length buckets (`engine/graph/prefill.py`), captured
+        graphs in the graph modes, run eagerly in eager mode: every mode runs the same shapes, so
+        the same kernels and the same tokens (cuBLAS may round a GEMM differently per row count)."""
         ws = self.workspace
-        if ws.pool is not None and kv is ws.arena:
+        if self.device.type == "cuda" and kv is ws.arena:
             graphs = ws.extras.get("prefill")
             if graphs is None:  # dropped with the arena: the graphs hold pointers into it
                 graphs = ws.extras["prefill"] = self.prefill_graphs(kv, ws.pool)

@@ -138,9 +138,10 @@ class EncoderDecoderEngine:
         """The prompt's causal encoder pass. Graph modes: captured chunks per length bucket, the
         prompt padded to a multiple of `ENCODE_GRANULE` (`engine/graph/prefill.py`: a padded row
         sits after every real one, so causal attention hides it, and it writes only arena rows a
-        canvas pass writes before reading). Eager mode: one eager pass."""
+        canvas pass writes before reading). Eager mode on CUDA: the same padded chunks, run eagerly
+        (every mode the same shapes, so the same tokens); the CPU: one unpadded pass."""
         ws = self.workspace
-        if ws.pool is not None and arena is ws.arena:
+        if self.device.type == "cuda" and arena is ws.arena:
             graphs = ws.extras.get("prefill")
             if graphs is None:  # dropped with the arena: the graphs hold pointers into it
                 graphs = ws.extras["prefill"] = self.encoder_graphs(arena, ws.pool)
