@@ -108,3 +108,17 @@ def test_grouped_mm_experts_match_the_twin():
         )
         want = reference.moe_mlp(x, weights, index, gate_up, down, act)
         torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_peer_transformers_runs_both_engines_on_one_checkpoint(tmp_path):
+    """The side-by-side benchmark's CPU smoke path: a tiny checkpoint through transformers'
+    generate and dlmrt, the same forced step count, a result file with both."""
+    import json
+
+    peer = _load("peer_transformers")
+    out = tmp_path / "peer.json"
+    argv = ["--tiny", "--device", "cpu", "--layers", "2", "--steps", "2", "--new-tokens", "32"]
+    results = peer.main(argv + ["--modes", "eager", "--out", str(out), "--git-revision", "test"])
+    assert set(results) == {"transformers", "dlmrt_eager"}
+    assert all(r["tokens_per_s"] > 0 and r["ms_per_step"] > 0 for r in results.values())
+    assert json.loads(out.read_text())["results"] == results
