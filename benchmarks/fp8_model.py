@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from dlmrt.quant.fp8 import quantize_per_channel
-from dlmrt.quant.policy import is_candidate
+from dlmrt.quant.placement import install, quantize_candidates
 
 PEAK_FP8_FLOPS = 1580e12  # dense e4m3 on the H200 (2x bf16)
 
 
 def quantize(model: torch.nn.Module) -> dict[str, int]:
     """Install FP8 weights; returns {installed parameter name: number of weights}."""
-    fp8 = {}
-    for name, p in model.named_parameters():
-        if p.dim() >= 2 and is_candidate(name):
-            fp8[name] = quantize_per_channel(p.detach())
-    left = set(model.use_fp8(fp8))
-    with torch.no_grad():
-        for name in left:
-            model.get_parameter(name).copy_(fp8[name].dequantize(model.embed_table.dtype))
+    fp8 = quantize_candidates(model)
+    left = set(install(model, fp8)[1])
     torch.cuda.empty_cache()
     kinds = sorted({n.split(".")[-2] if "experts" not in n else "experts" for n in fp8})
     ran = sorted(

@@ -4,7 +4,8 @@
 quantizes every other FP8 candidate (`policy.py`) per channel, except those in the checkpoint's ignore
 list and those sharing storage with a weight that stays in the compute dtype (a tied lm_head).
 Every parameter then holds the dequantized weight, the CPU path. `place_fp8` hands the FP8 weights
-to the model's `use_fp8` on CUDA (the FP8 kernels) and re-dequantizes what it declines.
+to the model's `use_fp8` on CUDA (the FP8 kernels) and re-dequantizes what it declines (`install`,
+also used on a built model with `quantize_candidates`: the tests, the benchmarks).
 """
 
 from __future__ import annotations
@@ -62,6 +63,28 @@ def collect_fp8(
     return fp8, why
 
 
+def quantize_candidates(model: torch.nn.Module) -> dict[str, Fp8Weight]:
+    """Per-channel FP8 of a built model's every FP8 candidate (`policy.py`; a tied head is the
+    embedding's parameter, so it stays out): `quantization="fp8"` without a checkpoint."""
+    return {
+        name: quantize_per_channel(p.detach())
+        for name, p in model.named_parameters()
+        if p.dim() >= 2 and classify(name)[0]
+    }
+
+
+def install(model: torch.nn.Module, fp8: dict) -> tuple[dict, list[str]]:
+    """(weights `model.use_fp8` runs, names it declined): each declined one dequantized into its
+    parameter, in the parameter's dtype."""
+    running = dict(fp8)  # use_fp8 moves what it installs to the device
+    declined = model.use_fp8(running)
+    params = model.state_dict()
+    for name in declined:
+        with torch.no_grad():
+            params[name].copy_(running.pop(name).dequantize(params[name].dtype))
+    return running, declined
+
+
 def _stored_names(reader: Fp8Reader) -> dict[str, list[str]]:
     """Parameter name -> the checkpoint names it was read from (per-expert tensors of a stack)."""
     out: dict[str, list[str]] = {}
@@ -90,12 +113,8 @@ def place_fp8(
     elif not hasattr(model, "use_fp8"):
         why |= {n: f"{type(model).__name__} has no FP8 kernels (use_fp8)" for n in fp8}
     else:
-        running = dict(fp8)  # use_fp8 moves what it installs to the device
-        declined = model.use_fp8(running)
-        params = model.state_dict()
+        running, declined = install(model, fp8)
         for name in declined:
-            with torch.no_grad():
-                params[name].copy_(running.pop(name).dequantize(params[name].dtype))
             why[name] = (
                 "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
                 "no NVFP4 dense kernel, or slower in FP8 at its shape)"
