@@ -144,3 +144,16 @@ def gemm_only_ms(cfg, rows: int, iters: int) -> float:
     with torch.cuda.graph(graph):
         gemms()
     return cuda_time(graph.replay, iters) * 1e3
+
+
+def graph_ms(fn: Callable[[], None], iters: int) -> float:
+    """Median ms of fn() captured once as a CUDA graph (warmed up on a side stream), replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return cuda_time(graph.replay, iters) * 1e3

@@ -13,24 +13,12 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import cuda_time, write_result  # noqa: E402
+from common import cuda_time, graph_ms, write_result  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
 from dlmrt.ops import fp8 as fp8_ops  # noqa: E402
 from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
-
-
-def graph_ms(fn, iters: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return cuda_time(graph.replay, iters) * 1e3
 
 
 def scaled_grouped(x, w, idx, gu, down, activation: str) -> torch.Tensor:

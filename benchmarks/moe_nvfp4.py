@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import cuda_time, write_result  # noqa: E402
+from common import graph_ms, write_result  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
@@ -24,18 +24,6 @@ from dlmrt.quant.nvfp4 import quantize_nvfp4  # noqa: E402
 
 CONFIGS = [(64, 64, 4, None), (64, 128, 4, None), (64, 128, 4, 3), (64, 128, 8, 3),
            (128, 128, 8, 3), (32, 128, 4, 3), (64, 256, 8, 3)]  # fmt: skip
-
-
-def graph_ms(fn, iters: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return cuda_time(graph.replay, iters) * 1e3
 
 
 def _timed(out: dict, key: str, fn, iters: int) -> None:
