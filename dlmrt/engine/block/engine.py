@@ -184,9 +184,8 @@ class BlockEngine:
         the same kernels and the same tokens (cuBLAS may round a GEMM differently per row count)."""
         ws = self.workspace
         if self.device.type == "cuda" and kv is ws.arena:
-            graphs = ws.extras.get("prefill")
-            if graphs is None:  # dropped with the arena: the graphs hold pointers into it
-                graphs = ws.extras["prefill"] = self.prefill_graphs(kv, ws.pool)
+            # dropped with the arena: the graphs hold pointers into it
+            graphs = ws.extra("prefill", lambda: self.prefill_graphs(kv, ws.pool))
             if graphs.run(tokens, block_length):
                 return
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)

@@ -142,9 +142,8 @@ class EncoderDecoderEngine:
         (every mode the same shapes, so the same tokens); the CPU: one unpadded pass."""
         ws = self.workspace
         if self.device.type == "cuda" and arena is ws.arena:
-            graphs = ws.extras.get("prefill")
-            if graphs is None:  # dropped with the arena: the graphs hold pointers into it
-                graphs = ws.extras["prefill"] = self.encoder_graphs(arena, ws.pool)
+            # dropped with the arena: the graphs hold pointers into it
+            graphs = ws.extra("prefill", lambda: self.encoder_graphs(arena, ws.pool))
             if graphs.run(prompt, ENCODE_GRANULE):
                 return
         ids = torch.tensor(prompt, dtype=torch.long, device=self.device)

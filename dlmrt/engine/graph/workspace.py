@@ -43,6 +43,12 @@ class Workspace(Generic[A]):
             self.arena = self._new_arena(-(-rows // ARENA_QUANTUM) * ARENA_QUANTUM)
         return self.arena
 
+    def extra(self, key: str, build: Callable[[], Any]) -> Any:
+        """`extras[key]`, built on first use over the current arena (dropped when it grows)."""
+        if key not in self.extras:
+            self.extras[key] = build()
+        return self.extras[key]
+
     def program(self, key: Hashable, build: Callable[[Runner], Any]) -> Any:
         """The program for `key`, built with a fresh runner of the engine's mode on first use."""
         return self.programs.fetch(key, lambda: build(make_runner(self.mode, self.pool)))
