@@ -19,8 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dlmrt.train.tasks import TASKS  # stdlib only: cheap at CLI start-up
+
 CHOICES = {
-    "task": ("arithmetic",),
+    "task": tuple(TASKS),
     "loss_weighting": ("mean", "elbo"),
     "precision": ("auto", "bf16", "fp32"),
     "attention": ("auto", "flex", "dense"),

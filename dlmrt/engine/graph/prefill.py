@@ -107,8 +107,8 @@ class PrefillGraphs:
             self.copied.record()
         for start, bucket in plan:
             self.start.fill_(start)
-            if self.pool is None:
-                self._chunk(bucket, granule, start + bucket)
+            if self.pool is None:  # eager: the same padded chunks (the CPU: host-bounded keys)
+                self._chunk(bucket, granule, start + bucket if self.device.type == "cpu" else None)
                 continue
             key = (bucket, granule)
             if key not in self.graphs:  # its warm-ups write the same K/V as the replay
@@ -118,6 +118,7 @@ class PrefillGraphs:
         return True
 
     def _chunk(self, bucket: int, granule: int, kv_len: int | None = None) -> None:
-        """One chunk at the device-side start (kv_len: the CPU's host bound; None on CUDA)."""
+        """One chunk at the device-side start. kv_len: the CPU's host bound; None on CUDA, where
+        eager and the graphs must run the same attention kernel (device-side visibility)."""
         positions = self.start + self.offsets[:bucket]
         self.forward(self.ids[positions], positions, granule, kv_len)

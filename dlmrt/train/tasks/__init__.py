@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from dlmrt.train.tasks import arithmetic
+from dlmrt.train.tasks import arithmetic, arithmetic_chain
 
-TASKS: dict[str, ModuleType] = {arithmetic.NAME: arithmetic}
+TASKS: dict[str, ModuleType] = {arithmetic.NAME: arithmetic, arithmetic_chain.NAME: arithmetic_chain}
 
 
 def get_task(name: str) -> ModuleType:

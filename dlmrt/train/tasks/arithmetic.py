@@ -38,6 +38,7 @@ TEST_BUCKETS = 32  # 1 / TEST_BUCKETS of all question texts are reserved for the
 MAX_VALUE = 9999
 ANSWER_PREFIX = "The answer is"
 MAX_RESPONSE_CHARS = 200  # the longest solution text (4 operations) is well below this
+OPS = (1, 4)  # operations per problem: uniform in this inclusive range
 
 PEOPLE = [
     ("Tom", "He", "he"),
@@ -188,10 +189,12 @@ def _expression(rng: random.Random, start: int, steps: list) -> str:
     return rng.choice([f"What is {expr}?", f"Compute {expr}.", f"Calculate {expr}."])
 
 
-def generate(seed: int) -> Problem:
-    """The problem of `seed` (any int): same seed, same problem, on every machine."""
+def generate(seed: int, ops: tuple[int, int] = OPS) -> Problem:
+    """The problem of `seed` (any int): same seed, same problem, on every machine. `ops`: the
+    inclusive range of the number of operations (uniform), 1-4 here; longer chains: a variant task
+    (`dlmrt/train/tasks/arithmetic_chain.py`)."""
     rng = random.Random(seed)
-    num_ops = rng.randint(1, 4)
+    num_ops = rng.randint(*ops)
     framing = rng.choices([f for f, _ in FRAMINGS], [w for _, w in FRAMINGS])[0]
     start = _operand(rng)
     if framing in ("story", "shop") and start == 1:
@@ -217,22 +220,22 @@ def is_test(question: str) -> bool:
     return int.from_bytes(digest[:4], "little") % TEST_BUCKETS == 0
 
 
-def iter_split(split: str, start_seed: int = 0) -> Iterator[Problem]:
+def iter_split(split: str, start_seed: int = 0, ops: tuple[int, int] = OPS) -> Iterator[Problem]:
     """Problems of `split` ("train" or "test") in seed order, from the split's `start_seed`-th seed."""
     if split not in ("train", "test"):
         raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
     offset = TEST_SEED_OFFSET if split == "test" else 0
     seed = offset + start_seed
     while True:
-        problem = generate(seed)
+        problem = generate(seed, ops)
         if is_test(problem.question) == (split == "test"):
             yield problem
         seed += 1
 
 
-def problems(split: str, count: int) -> list[Problem]:
+def problems(split: str, count: int, ops: tuple[int, int] = OPS) -> list[Problem]:
     """The first `count` problems of `split` (the test set of an evaluation)."""
-    it = iter_split(split)
+    it = iter_split(split, 0, ops)
     return [next(it) for _ in range(count)]
 
 
