@@ -21,6 +21,9 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_TIMEOUT_S = 120.0
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor deprecated); 2.11 (the GPU
+# machine's image) has only all_gather_into_tensor.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class PeerLost(RuntimeError):
@@ -49,7 +52,7 @@ class TPGroup:
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[world, *x.shape]: every rank's x, in rank order."""
         out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        _guard("all_gather", self, lambda: dist.all_gather_single(out, x.contiguous()))
+        _guard("all_gather", self, lambda: _ALL_GATHER(out, x.contiguous()))
         return out.view(self.world, *x.shape)
 
     def broadcast_object(self, obj: Any = None) -> Any:

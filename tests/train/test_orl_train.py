@@ -137,6 +137,10 @@ def test_recipe_round_trip_and_errors(tmp_path):
              "rule", "entropy_budget", "threshold", "adapter_intermediate_size"}  # fmt: skip
     assert set(shipped) == every  # every knob that has a value, recorded
     assert ORLConfig(**shipped).rollouts_per_prompt == 8
+    for name in ("chain-orl", "chain-orl-no-aec", "chain-orl-refresh25"):  # the ORL demo's runs
+        demo = load_recipe(ROOT / "recipes" / f"{name}.toml")
+        assert demo.pop("out") == f"runs/{name}" and set(demo) == every, name
+        ORLConfig(**demo)
     path.write_text("stepz = 3\n")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['stepz'\]"):
         load_recipe(path)
@@ -144,3 +148,26 @@ def test_recipe_round_trip_and_errors(tmp_path):
         ORLConfig(aec_rho=1.5)
     with pytest.raises(ValueError, match="rollout_mode"):
         ORLConfig(rollout_mode="fast")
+
+
+def test_rollout_refresh_runs_rollouts_on_a_snapshot_refreshed_every_n_steps(tmp_path, monkeypatch):
+    import dlmrt.train.orl.loop as loop
+
+    seen = []  # per step: (the rollout model's first weight, is it the trained model itself)
+    real = loop.generate_rollouts
+
+    def spy(llm, *args, **kw):
+        seen.append(next(llm.model.parameters()).detach().clone())
+        return real(llm, *args, **kw)
+
+    monkeypatch.setattr(loop, "generate_rollouts", spy)
+    cfg = {**SMALL, "temperature": 0.3, "max_new_tokens": 64}  # verified rollouts: updates
+    res = train_orl(ORLConfig(steps=3, save_every=3, rollout_refresh=2, check_replay=False, **cfg),
+                    tmp_path / "r", progress=False)  # fmt: skip
+    assert all(e["optimizer_step"] for e in res.entries[:2])
+    assert torch.equal(seen[0], seen[1])  # u = 1: still the snapshot of u = 0
+    assert not torch.equal(seen[1], seen[2])  # u = 2: refreshed with two updates in it
+    trained = load_file(str(tmp_path / "r" / "checkpoints" / "step-0000003" / "model.safetensors"))
+    assert trained  # the run saved the trained (not the snapshot's) weights
+    with pytest.raises(ValueError, match="check_replay"):
+        ORLConfig(rollout_refresh=5, check_replay=True)

@@ -67,6 +67,12 @@ class ORLConfig:
         "engine mode of the rollouts: auto | eager | round_graph | block_graph; auto: "
         "block_graph on CUDA, eager on the CPU (states are captured in every mode)",
     )
+    rollout_refresh: int = _f(
+        1,
+        "steps between copies of the trained weights into the rollout model; 1: on-policy (the "
+        "rollouts run the trained model itself); N > 1: a frozen snapshot refreshed every N steps "
+        "(the paper's off-policy ablation)",
+    )
     capture_limit: int = _f(100000, "captured states per step at most (more: a clear error)")
     verifier_workers: int = _f(2, "verifier processes (0: verify in the trainer process)")
     # selection and losses
@@ -103,7 +109,7 @@ class ORLConfig:
         if (self.task in FILE_TASKS) != (self.data is not None):
             raise ValueError("data: needed by the tasks math and code (a JSONL file), only by them")
         for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens",
-                     "capture_limit", "pack_tokens", "eval_problems", "save_every",
+                     "capture_limit", "rollout_refresh", "pack_tokens", "eval_problems", "save_every",
                      "keep_checkpoints"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -126,6 +132,9 @@ class ORLConfig:
         for name, ok, want in checks:
             if not ok:
                 raise ValueError(f"{name}: must be {want}, got {getattr(self, name)!r}")
+        if self.check_replay and self.rollout_refresh > 1:
+            raise ValueError("check_replay: needs rollout_refresh = 1 (a snapshot's rollouts are "
+                             "not the trained weights' logits)")  # fmt: skip
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")

@@ -6,10 +6,16 @@ plan, packed staircase replay, CE + AEC (+ gated CE and capped RKL) -> one AdamW
 rollout was verified (else none, logged) -> trajectories dropped. `log.jsonl` gets one line per
 step; checkpoints are atomic (`dlmrt/train/run_dir.py: Checkpointer`). Since a step depends only on
 the weights and u, a resumed run repeats an uninterrupted one (bit for bit on the CPU).
+
+`rollout_refresh` N > 1 (the off-policy ablation): the rollouts run a frozen copy of the model,
+overwritten with the trained weights at every step u with u % N == 0 (and at a resume, which
+therefore repeats an uninterrupted run only when it resumes at such a step); evaluations run the
+trained weights.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -62,6 +68,13 @@ def _attention(cfg: ORLConfig, device: torch.device) -> str:
     return cfg.attention
 
 
+def _snapshot(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `model` for off-policy rollouts (refreshed in place: graphs stay valid)."""
+    snap = copy.deepcopy(model).eval()
+    snap.requires_grad_(False)
+    return snap
+
+
 def _warmup(cfg: ORLConfig):
     return lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
 
@@ -81,11 +94,15 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
     cuda = device.type == "cuda"
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
     replayer = Replayer(cfg, model, device, _attention(cfg, device), bf16, (rank, world))
-    llm = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode=cfg.rollout_mode)
+    snapshot = _snapshot(model) if cfg.rollout_refresh > 1 else None
+    llm = LLM.from_model(snapshot or model, Tokenizer(out), path=out, role="orl",
+                         mode=cfg.rollout_mode)  # fmt: skip
     eager = None
     if cfg.check_replay and llm.mode != "eager":
         eager = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode="eager")
-    run = _Loop(cfg, out, model, optimizer, scheduler, replayer, llm, rank, world, eager)
+    run = _Loop(cfg, out, model, optimizer, scheduler, replayer, llm, rank, world, eager, snapshot)
+    if snapshot is not None:  # evaluations measure the trained weights, not the snapshot
+        run.eval_llm = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode="eager")
     result = ORLResult(out, step)
     with (
         open(out / "log.jsonl", "a") if rank == 0 else open("/dev/null", "w") as log_file,
@@ -113,11 +130,20 @@ class _Loop:
     rank: int
     world: int
     eager: LLM | None = None  # the replay check's first rollout when `llm` runs graphs
+    snapshot: torch.nn.Module | None = None  # rollout_refresh > 1: the rollouts' frozen weights
+    eval_llm: LLM | None = None  # None: `llm` (it runs the trained weights)
+    refreshed: bool = False  # the snapshot has been filled by this process
 
     def step(self, u: int, verifier: VerifierPool) -> dict[str, Any]:
         cfg, t0 = self.cfg, time.perf_counter()
         prompts = step_prompts(resolve_task(cfg.task, cfg.data), cfg, u)[self.rank :: self.world]
         self.model.eval()
+        if self.snapshot is not None and (u % cfg.rollout_refresh == 0 or not self.refreshed):
+            with torch.no_grad():  # in place: captured graphs keep pointing at these tensors
+                for dst, src in zip(self.snapshot.state_dict().values(),
+                                    self.model.state_dict().values()):  # fmt: skip
+                    dst.copy_(src)
+            self.refreshed = True
         tap = cfg.check_replay and self.rank == 0
         rollouts = generate_rollouts(self.llm, prompts, cfg, u, tap, self.eager)
         t_roll = time.perf_counter()
@@ -144,7 +170,7 @@ class _Loop:
 
     def evaluate(self, u: int, write) -> None:
         cfg = self.cfg
-        res = evaluate(self.llm, resolve_task(cfg.task, cfg.data), cfg.eval_problems, cfg.chat_fraction,
+        res = evaluate(self.eval_llm or self.llm, resolve_task(cfg.task, cfg.data), cfg.eval_problems, cfg.chat_fraction,
                        max_new_tokens=cfg.max_new_tokens)  # fmt: skip
         write({"step": u, "eval": res})
 

@@ -1,0 +1,89 @@
+"""Plots of the ORL demo (issue 17): the accuracy-vs-TPF frontier of every model in a sweep file
+(`benchmarks/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`).
+
+    python benchmarks/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
+        --log orl=runs/chain-orl/log.jsonl --log no_aec=runs/chain-orl-no-aec/log.jsonl \
+        --out docs/orl_demo_frontier.png --curves docs/orl_demo_training.png
+
+Needs matplotlib (not a dependency of dlmrt: `pip install matplotlib`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+MARKERS = {"entropy_budget": "o", "threshold": "s"}
+
+
+def frontier(sweep: dict, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, model in sweep["models"].items():
+        pts = model["points"]
+        line = ax.plot([p["tokens_per_forward"] for p in pts], [100 * p["accuracy"] for p in pts],
+                       alpha=0.0)[0]  # fmt: skip
+        color = None
+        for rule, marker in MARKERS.items():
+            sel = [p for p in pts if p["rule"] == rule]
+            if not sel:
+                continue
+            xs = [p["tokens_per_forward"] for p in sel]
+            ys = [100 * p["accuracy"] for p in sel]
+            h = ax.plot(xs, ys, marker=marker, linestyle="-", color=color,
+                        label=f"{name} ({rule})")[0]  # fmt: skip
+            color = h.get_color()
+        line.remove()
+    ax.set_xlabel("tokens per forward (TPF)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{sweep['task']}, {sweep['problems']} held-out problems, {sweep['device']}")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def _smooth(values: list[float], k: int = 10) -> list[float]:
+    return [sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1])
+            for i in range(len(values))]  # fmt: skip
+
+
+def curves(logs: list[tuple[str, Path]], out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, path in logs:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if "reward" in r]
+        steps = [r["step"] for r in rows]
+        ax_r.plot(steps, _smooth([r["reward"] for r in rows]), label=name)
+        ax_t.plot(steps, _smooth([r["rollout_tpf"] for r in rows]), label=name)
+    ax_r.set(xlabel="ORL step", ylabel="reward (verified share, 10-step mean)")
+    ax_t.set(xlabel="ORL step", ylabel="rollout TPF (10-step mean)")
+    for ax in (ax_r, ax_t):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", required=True, help="a benchmarks/orl_demo.py result file")
+    ap.add_argument("--log", action="append", default=[], help="NAME=log.jsonl of an ORL run")
+    ap.add_argument("--out", required=True, help="the frontier plot (PNG)")
+    ap.add_argument("--curves", default=None, help="the training curves plot (PNG)")
+    args = ap.parse_args()
+    frontier(json.loads(Path(args.sweep).read_text()), Path(args.out))
+    if args.curves and args.log:
+        logs = [(spec.partition("=")[0], Path(spec.partition("=")[2])) for spec in args.log]
+        curves(logs, Path(args.curves))
+
+
+if __name__ == "__main__":
+    main()
