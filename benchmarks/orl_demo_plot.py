@@ -2,8 +2,9 @@
 (`benchmarks/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`).
 
     python benchmarks/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
-        --log orl=runs/chain-orl/log.jsonl --log no_aec=runs/chain-orl-no-aec/log.jsonl \
+        --runs benchmarks/results/orl_demo_runs_h200_2026-12-01.json \
         --out docs/orl_demo_frontier.png --curves docs/orl_demo_training.png
+    (or --log NAME=runs/chain-orl/log.jsonl, repeatable, for runs of your own)
 
 Needs matplotlib (not a dependency of dlmrt: `pip install matplotlib`).
 """
@@ -52,13 +53,23 @@ def _smooth(values: list[float], k: int = 10) -> list[float]:
             for i in range(len(values))]  # fmt: skip
 
 
-def curves(logs: list[tuple[str, Path]], out: Path) -> None:
+def read_log(path: Path) -> list[dict]:
+    """The step lines of an ORL run's log.jsonl."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "reward" in r]
+
+
+def read_runs(path: Path) -> dict[str, list[dict]]:
+    """The runs of a `benchmarks/results/orl_demo_runs_*.json` file (columns + rows per run)."""
+    runs = json.loads(path.read_text())["runs"]
+    return {name: [dict(zip(r["columns"], row)) for row in r["rows"]] for name, r in runs.items()}
+
+
+def curves(runs: dict[str, list[dict]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, path in logs:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        rows = [r for r in rows if "reward" in r]
+    for name, rows in runs.items():
         steps = [r["step"] for r in rows]
         ax_r.plot(steps, _smooth([r["reward"] for r in rows]), label=name)
         ax_t.plot(steps, _smooth([r["rollout_tpf"] for r in rows]), label=name)
@@ -76,13 +87,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", required=True, help="a benchmarks/orl_demo.py result file")
     ap.add_argument("--log", action="append", default=[], help="NAME=log.jsonl of an ORL run")
+    ap.add_argument("--runs", default=None, help="a benchmarks/results/orl_demo_runs_*.json file")
     ap.add_argument("--out", required=True, help="the frontier plot (PNG)")
     ap.add_argument("--curves", default=None, help="the training curves plot (PNG)")
     args = ap.parse_args()
     frontier(json.loads(Path(args.sweep).read_text()), Path(args.out))
-    if args.curves and args.log:
-        logs = [(spec.partition("=")[0], Path(spec.partition("=")[2])) for spec in args.log]
-        curves(logs, Path(args.curves))
+    runs = read_runs(Path(args.runs)) if args.runs else {}
+    for spec in args.log:
+        name, _, path = spec.partition("=")
+        runs[name] = read_log(Path(path))
+    if args.curves and runs:
+        curves(runs, Path(args.curves))
 
 
 if __name__ == "__main__":

@@ -53,13 +53,45 @@ def _collective_capture_self_test(group: TPGroup) -> None:
         raise RuntimeError("an all-reduce captured in a CUDA graph replayed wrongly")
 
 
+def _while_collective_self_test(group: TPGroup) -> None:
+    """A WHILE graph whose body all-reduces: 3 rounds, x = 1 -> world^3 on every rank. Every rank
+    runs the same number of rounds (the condition reads device state the all-reduce made equal),
+    which is what the block graph's collectives rely on."""
+    from dlmrt.engine.graph.while_graph import WhileGraph, launch_condition
+
+    x = torch.ones(4, device=group.device)
+    step = torch.zeros((), dtype=torch.long, device=group.device)
+    done = torch.zeros((), dtype=torch.bool, device=group.device)
+    group.all_reduce(x)  # warm-up outside the graph
+
+    def body(handle: int) -> None:
+        group.all_reduce(x)
+        step.add_(1)
+        launch_condition(handle, done, step, 3)
+
+    stream = torch.cuda.Stream(group.device)
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = WhileGraph(body, stream, torch.cuda.graph_pool_handle())
+    x.fill_(1.0)
+    step.zero_()
+    graph.launch()
+    torch.cuda.synchronize(group.device)
+    if int(step) != 3 or x.sum().item() != 4 * group.world**3:
+        raise RuntimeError(f"a WHILE body with an all-reduce ran {int(step)} rounds, sum "
+                           f"{x.sum().item()} (want 3, {4 * group.world**3})")  # fmt: skip
+
+
 def agree_mode(mode: str, reason: str, group: TPGroup | None) -> tuple[str, str]:
-    """One execution mode for every rank: at most round_graph (a WHILE body with collectives has
-    no self-test yet), eager if capturing an all-reduce fails, then the lowest rank's choice."""
+    """One execution mode for every rank: block_graph if a WHILE body with an all-reduce passes
+    its self-test, else round_graph if a captured all-reduce does, else eager; then the lowest
+    rank's choice (every rank must launch the same graphs)."""
     if group is None:
         return mode, reason
     if mode == "block_graph":
-        mode, reason = "round_graph", "tensor parallel: block_graph with collectives untested"
+        try:
+            _while_collective_self_test(group)
+        except Exception as e:  # any failure of the fast path means: fall back, say why
+            mode, reason = "round_graph", f"tensor parallel: WHILE body with collectives failed ({e})"
     if mode == "round_graph":
         try:
             _collective_capture_self_test(group)

@@ -3,8 +3,8 @@ statistics, all-reduce hooks, sliced loading, shared requests) decodes the plain
 every execution mode: round_graph and block_graph capture the NCCL collectives in their graphs.
 
 Run on the device machine: pytest -m gpu tests/distributed/test_tp1_gpu.py
-(`LLM` under torchrun caps graph modes at round_graph: `dlmrt/distributed/setup.py`; the
-block_graph case here is the evidence for lifting that cap.)
+(`LLM` under torchrun keeps block_graph only when `agree_mode`'s WHILE-body self-test passes:
+`dlmrt/distributed/setup.py`; the block_graph case here decodes through collectives in the WHILE body.)
 """
 
 from __future__ import annotations
@@ -62,3 +62,12 @@ def test_tp1_distributed_path_equals_the_plain_path_diffusion_gemma(tmp_path_fac
         got = generate_sharded(tp, group, prompt, **kw)
         assert got.mode == want.mode
         assert got.token_ids == want.token_ids, seed
+
+
+def test_block_graph_self_test_passes_on_nccl():
+    """`agree_mode` keeps block_graph when a WHILE body with an all-reduce replays rightly."""
+    from dlmrt.distributed.setup import agree_mode
+
+    group = one_rank_group(torch.device("cuda"))
+    assert agree_mode("block_graph", "auto", group) == ("block_graph", "auto")
+    assert agree_mode("round_graph", "forced", group) == ("round_graph", "forced")
