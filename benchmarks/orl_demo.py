@@ -65,7 +65,9 @@ def _models(specs: list[str]) -> list[tuple[str, str]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", action="append", required=True, help="NAME=DIR (repeatable)")
     ap.add_argument("--task", default="arithmetic_chain", choices=sorted(TASKS))
     ap.add_argument("--problems", type=int, default=500)

@@ -84,7 +84,9 @@ def curves(runs: dict[str, list[dict]], out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sweep", required=True, help="a benchmarks/orl_demo.py result file")
     ap.add_argument("--log", action="append", default=[], help="NAME=log.jsonl of an ORL run")
     ap.add_argument("--runs", default=None, help="a benchmarks/results/orl_demo_runs_*.json file")

@@ -91,7 +91,8 @@ def agree_mode(mode: str, reason: str, group: TPGroup | None) -> tuple[str, str]
         try:
             _while_collective_self_test(group)
         except Exception as e:  # any failure of the fast path means: fall back, say why
-            mode, reason = "round_graph", f"tensor parallel: WHILE body with collectives failed ({e})"
+            why = f"tensor parallel: WHILE body with collectives failed ({e})"
+            mode, reason = "round_graph", why
     if mode == "round_graph":
         try:
             _collective_capture_self_test(group)

@@ -109,7 +109,8 @@ class ORLConfig:
         if (self.task in FILE_TASKS) != (self.data is not None):
             raise ValueError("data: needed by the tasks math and code (a JSONL file), only by them")
         for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens",
-                     "capture_limit", "rollout_refresh", "pack_tokens", "eval_problems", "save_every",
+                     "capture_limit", "rollout_refresh", "pack_tokens", "eval_problems",
+                     "save_every",
                      "keep_checkpoints"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

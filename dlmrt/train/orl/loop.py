@@ -170,7 +170,8 @@ class _Loop:
 
     def evaluate(self, u: int, write) -> None:
         cfg = self.cfg
-        res = evaluate(self.eval_llm or self.llm, resolve_task(cfg.task, cfg.data), cfg.eval_problems, cfg.chat_fraction,
+        task = resolve_task(cfg.task, cfg.data)
+        res = evaluate(self.eval_llm or self.llm, task, cfg.eval_problems, cfg.chat_fraction,
                        max_new_tokens=cfg.max_new_tokens)  # fmt: skip
         write({"step": u, "eval": res})
 

@@ -10,7 +10,10 @@ from types import ModuleType
 
 from dlmrt.train.tasks import arithmetic, arithmetic_chain
 
-TASKS: dict[str, ModuleType] = {arithmetic.NAME: arithmetic, arithmetic_chain.NAME: arithmetic_chain}
+TASKS: dict[str, ModuleType] = {
+    arithmetic.NAME: arithmetic,
+    arithmetic_chain.NAME: arithmetic_chain,
+}
 
 
 def get_task(name: str) -> ModuleType:
