@@ -86,3 +86,17 @@ def test_registry():
     assert get_task("arithmetic") is task
     with pytest.raises(ValueError, match="unknown task"):
         get_task("sudoku")
+
+
+def test_arithmetic_chain_has_three_to_eight_correct_steps_and_its_own_split():
+    chain = get_task("arithmetic_chain")
+    problems = [chain.generate(s) for s in range(1500)]
+    assert {p.num_ops for p in problems} == set(range(3, 9))
+    for p in problems[:300]:
+        assert _eval_chain(p.solution) == p.answer and chain.verify(p.solution, p.answer)
+        assert len(p.solution) <= chain.MAX_RESPONSE_CHARS
+    test = chain.problems("test", 50)
+    assert all(task.is_test(p.question) for p in test)
+    train_questions = {p.question for p, _ in zip(chain.iter_split("train"), range(3000))}
+    assert not train_questions & {p.question for p in test}
+    assert task.generate(5) == task.generate(5, task.OPS)  # arithmetic itself is unchanged

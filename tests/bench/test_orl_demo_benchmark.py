@@ -1,0 +1,66 @@
+"""The ORL demo's sweep (`benchmarks/orl_demo.py`) and plots on the CPU, on the embedded demo model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_benchmark_helpers import BENCH, _load
+
+from dlmrt import LLM
+from dlmrt.train.evaluate import evaluate
+from dlmrt.train.tasks import get_task
+
+ROOT = BENCH.parent
+
+
+def test_grid_orders_the_points_and_the_sweep_matches_evaluate():
+    demo = _load("orl_demo")
+    points = demo.grid([0.4], [0.9, 0.5])
+    assert points == [
+        {"rule": "entropy_budget", "entropy_budget": 0.4},
+        {"rule": "threshold", "threshold": 0.9},
+        {"rule": "threshold", "threshold": 0.5},
+    ]
+    llm, task = LLM(device="cpu"), get_task("arithmetic")
+    rows = demo.sweep(llm, task, 3, points[1:2], max_new_tokens=64)
+    want = evaluate(llm, task, 3, max_new_tokens=64, **points[1])
+    for key in ("accuracy", "tokens_per_forward", "generated_tokens", "denoising_forwards"):
+        assert rows[0][key] == want[key], key  # the same problems, the same greedy tokens
+    assert rows[0]["tokens_per_s"] > 0
+
+
+def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, str(BENCH / "orl_demo.py"), "--model", "a=dlmrt/assets/demo",
+           "--model", "b=dlmrt/assets/demo", "--task", "arithmetic", "--problems", "2",
+           "--gammas", "0.8", "--taus", "0.9", "--device", "cpu", "--max-new-tokens", "48",
+           "--out", str(out)]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert list(data["models"]) == ["a", "b"] and data["problems"] == 2
+    for model in data["models"].values():
+        assert [p["rule"] for p in model["points"]] == ["entropy_budget", "threshold"]
+    assert data["models"]["a"]["points"] == [
+        {**p, "seconds": q["seconds"], "tokens_per_s": q["tokens_per_s"]}
+        for p, q in zip(data["models"]["b"]["points"], data["models"]["a"]["points"])
+    ]  # the same model twice: the same accuracy and TPF at every point
+    bad = subprocess.run(cmd[:2] + ["--model", "nodir", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode != 0 and "NAME=DIR" in bad.stderr
+
+
+def test_plots_are_written(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    plot = _load("orl_demo_plot")
+    results = ROOT / "benchmarks" / "results"
+    sweep = json.loads((results / "orl_demo_h200_2026-12-01.json").read_text())
+    runs = plot.read_runs(results / "orl_demo_runs_h200_2026-12-01.json")
+    assert set(runs) == {"orl", "no_aec", "refresh25"} and len(runs["orl"]) == 277
+    plot.frontier(sweep, tmp_path / "f.png")
+    plot.curves(runs, tmp_path / "c.png")
+    assert (tmp_path / "f.png").stat().st_size > 0 and (tmp_path / "c.png").stat().st_size > 0
