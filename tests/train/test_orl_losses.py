@@ -102,3 +102,24 @@ def test_largest_cost_first_assignment_balances_ranks():
     parts = assign(docs, 2)
     assert [[lengths[docs.index(d)] for d in p] for p in parts] == [[24, 12], [16, 16, 8]]
     assert assign(docs, 1) == [sorted(docs, key=lambda d: -d.length)]
+
+
+def test_aec_diagnostics_count_gated_pairs_and_active_hinges():
+    from types import SimpleNamespace
+
+    from dlmrt.train.orl.losses import LossSpec, aec_diagnostics, normalized_entropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11)
+    h = normalized_entropy(logits, 1.0)
+    # three states of two rows each; state 0 is no AEC target, states 1 and 2 are
+    row = SimpleNamespace(
+        aec_weight=torch.tensor([0.0, 0.5, 0.5]),
+        unresolved=torch.ones(6, dtype=torch.bool),
+        segment=torch.tensor([0, 0, 1, 1, 2, 2]),
+        h_source=torch.tensor([9.0, 9.0, 0.0]),  # state 1 contracted a lot, state 2 not at all
+    )
+    got = aec_diagnostics(logits, row, LossSpec(1.0, 0.2, 1.0, False, 0.1, 5.0))
+    h_next = torch.stack([h[2:4].mean(), h[4:6].mean()])
+    assert got[0] == 2 and got[1] == 1  # two gated pairs, only state 2's hinge is active
+    assert torch.allclose(got[2], torch.tensor(9.0)) and torch.allclose(got[3], h_next.sum())

@@ -75,8 +75,23 @@ def row_terms(logits, ref_logits, row, spec: LossSpec) -> dict[str, torch.Tensor
     s = row.aec_weight.shape[0]
     h_next = segment_mean(normalized_entropy(logits, spec.temperature), row.unresolved,
                           row.segment, s)  # fmt: skip
-    out["aec"] = (row.aec_weight * aec_hinge(h_next, row.h_source, spec.rho)).sum()
+    hinge = aec_hinge(h_next, row.h_source, spec.rho)
+    out["aec"] = (row.aec_weight * hinge).sum()
     return out
+
+
+@torch.no_grad()
+def aec_diagnostics(logits, row, spec: LossSpec) -> torch.Tensor:
+    """[4] over this row's AEC pairs (aec_weight > 0, i.e. past the gate): their count, those whose
+    hinge is active (H_next above (1 - rho) H_source), sum of H_source, sum of H_next: the log's
+    view of how much AEC acts."""
+    s = row.aec_weight.shape[0]
+    h_next = segment_mean(normalized_entropy(logits, spec.temperature), row.unresolved,
+                          row.segment, s)  # fmt: skip
+    pair = (row.aec_weight > 0).float()
+    active = (aec_hinge(h_next, row.h_source, spec.rho) > 0).float()
+    return torch.stack([pair.sum(), (pair * active).sum(), (pair * row.h_source).sum(),
+                        (pair * h_next).sum()])  # fmt: skip
 
 
 def combine(nums: dict[str, torch.Tensor], responses: float, aec_den: float, spec: LossSpec):

@@ -12,7 +12,7 @@ from dlmrt.train.orl import dist
 from dlmrt.train.orl.balance import share
 from dlmrt.train.orl.capture import Rollout
 from dlmrt.train.orl.config import ORLConfig
-from dlmrt.train.orl.losses import LossSpec, combine, row_terms
+from dlmrt.train.orl.losses import LossSpec, aec_diagnostics, combine, row_terms
 from dlmrt.train.orl.plan import Doc, Target, pack_docs, plan
 from dlmrt.train.orl.replay import replay_logits
 from dlmrt.train.orl.row import PackedRow, build_row, flex_length
@@ -52,6 +52,7 @@ class Replayer:
                  "states": states, "pairs": pairs, "rollout_tokens": tokens,
                  "rollout_tpf": tokens / max(forwards, 1)}  # fmt: skip
         sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
+        diag = torch.zeros(4, device=self.device)  # AEC pairs: count, active, H_source, H_next
         replay_tokens = 0
         mine = share(p.docs, *self.rank_world) if responses > 0 else []
         for docs in pack_docs(mine, cfg.pack_tokens):
@@ -62,11 +63,15 @@ class Replayer:
                 loss, parts = combine(nums, responses, aec_den, self.spec)
             loss.backward()
             sums += torch.stack([loss, parts["ce"], parts["rkl"], parts["aec"]]).detach().float()
+            diag += aec_diagnostics(logits.detach(), row, self.spec).float()
             replay_tokens += row.num_tokens
-        loss, ce, rkl, aec, replay_tokens = dist.all_sum([*sums.tolist(), replay_tokens],
-                                                         self.device)  # fmt: skip
+        loss, ce, rkl, aec, gated, active, h_src, h_next, replay_tokens = dist.all_sum(
+            [*sums.tolist(), *diag.tolist(), replay_tokens], self.device)  # fmt: skip
+        n = max(gated, 1)
+        aec_stats = {"aec_pairs_gated": gated, "aec_active_share": active / n,
+                     "aec_h_source": h_src / n, "aec_h_next": h_next / n}  # fmt: skip
         return {**stats, "replay_tokens": replay_tokens, "loss": loss, "ce": ce, "rkl": rkl,
-                "aec": aec, "responses": responses}  # fmt: skip
+                "aec": aec, "responses": responses, **aec_stats}  # fmt: skip
 
     def row(self, docs: list[Doc]) -> PackedRow:
         """The packed row; flex rows padded to a power-of-two number of tiles (few shapes)."""
