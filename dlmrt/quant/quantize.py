@@ -25,9 +25,11 @@ from tqdm import tqdm
 
 from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
+from dlmrt.train.tasks import TASKS as _TASK_MODULES  # stdlib only: cheap
 
-QUANT_FORMATS, LAYOUTS, HESSIANS, TASKS = ("nvfp4", "fp8"), ("modelopt", "compressed-tensors"), (
-    "block", "diag", "none"), ("arithmetic",)  # fmt: skip
+QUANT_FORMATS, LAYOUTS, HESSIANS = ("nvfp4", "fp8"), ("modelopt", "compressed-tensors"), (
+    "block", "diag", "none")  # fmt: skip
+TASKS = tuple(_TASK_MODULES)
 REPORT = "quantize_report.json"
 
 
@@ -73,10 +75,8 @@ class QuantizeConfig:
 
 def calibration_prompts(cfg: QuantizeConfig) -> list[str]:
     """The prompts of --calibration (a JSONL file) or --task; [] when neither is given."""
-    if cfg.task == "arithmetic":
-        from dlmrt.train.tasks.arithmetic import iter_split
-
-        it = iter_split("train")
+    if cfg.task is not None:
+        it = _TASK_MODULES[cfg.task].iter_split("train")
         return [next(it).question for _ in range(cfg.samples)]
     if not cfg.calibration:
         return []

@@ -126,3 +126,15 @@ def test_cli_demo_model_fp8_and_nvfp4_task(tmp_path):
 def test_bad_quantize_config(kw, message):
     with pytest.raises(ValueError, match=message):
         QuantizeConfig(**({"model": "m", "out": "o"} | kw))
+
+
+def test_calibration_prompts_come_from_any_registered_task():
+    from dlmrt.quant.quantize import QuantizeConfig, calibration_prompts
+    from dlmrt.train.tasks import arithmetic_chain
+
+    it = arithmetic_chain.iter_split("train")
+    want = [next(it).question for _ in range(3)]
+    cfg = QuantizeConfig(model="m", out="o", task="arithmetic_chain", samples=3)
+    assert calibration_prompts(cfg) == want
+    with pytest.raises(ValueError, match="task: expected one of"):
+        QuantizeConfig(model="m", out="o", task="poetry")
