@@ -46,9 +46,13 @@ def follow(group: TPGroup, run: Callable[[dict[str, Any]], Any]) -> None:
             log.debug("rank %d: request failed: %s", group.rank, e)
 
 
+_RELEASED: set[int] = set()  # groups whose followers rank 0 has released (a second stop: no-op)
+
+
 def stop(group: TPGroup) -> None:
-    """Rank 0: release the followers (they return from `follow`)."""
-    if group.is_root:
+    """Rank 0: release the followers (they return from `follow`); once per group."""
+    if group.is_root and id(group) not in _RELEASED:
+        _RELEASED.add(id(group))
         share(group, None)
 
 

@@ -9,16 +9,28 @@ import torch
 
 from dlmrt import envs
 from dlmrt.config import EngineConfig
-from dlmrt.distributed.group import TPGroup, init_from_env
+from dlmrt.distributed.group import TPGroup, init_from_env, launched_world_size
 
 log = logging.getLogger("dlmrt")
 
 
 def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
     """(config on this rank's device, the group) or (config, None) when not tensor parallel."""
+    procs = None
+    if (config.tensor_parallel_size or 1) > 1 and launched_world_size() == 1:
+        from dlmrt.checkpoint import resolve_model_path
+        from dlmrt.distributed.spawn import spawn_followers
+
+        if config.model is not None:
+            resolve_model_path(config.model)  # a bad path: the named error here, before any spawn
+        procs = spawn_followers(config)  # no torchrun: this process is rank 0 of its own group
     group = init_from_env(config.tensor_parallel_size, config.torch_device(), envs.tp_timeout_s())
     if group is None:
         return config, None
+    if procs is not None:
+        from dlmrt.distributed.spawn import release_at_exit
+
+        release_at_exit(group, procs)
     if config.quantization == "fp8":  # FP8 scales are not sliced with their weights yet
         raise ValueError("quantization: 'fp8' is not supported with tensor parallelism yet")
     if group.is_root:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from dlmrt.distributed.group import TPGroup
 from dlmrt.distributed.linear import ShardError, VocabParallelEmbedding
 from dlmrt.distributed.loading import sliced_loader
 from dlmrt.distributed.shard import shard_model
+from dlmrt.errors import CheckpointError
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]
 CPU = torch.device("cpu")
@@ -105,13 +107,49 @@ def test_sliced_loading_of_diffusion_gemma(tmp_path_factory):
     _sliced_equals_sharded_after_loading(path, 2)
 
 
-def test_tensor_parallel_without_torchrun_says_how_to_launch(tmp_path, monkeypatch):
+ROOT = Path(__file__).resolve().parents[2]
+SPAWNED = """
+import json, sys
+from dlmrt import LLM
+llm = LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", dtype="float32")
+outs = [llm.generate(PROMPT, max_new_tokens=20, ignore_eos=True, **kw).token_ids
+        for kw in ({}, {"temperature": 0.8, "seed": 2})]
+print(json.dumps({"tokens": outs, "lm_head_rows": llm.model.lm_head.weight.shape[0]}))
+"""
+
+
+@pytest.mark.slow
+def test_tensor_parallel_without_torchrun_spawns_the_ranks(tmp_path, monkeypatch):
+    """`LLM(DIR, tensor_parallel_size=2)` in a plain process: it starts rank 1 itself, decodes the
+    one-process tokens with half the vocabulary per rank, and exits cleanly (followers released)."""
+    import json
+    import subprocess
+    import sys
+
+    path = write_checkpoint(tmp_path / "m")
+    prompt = [(37 * i + 11) % 256 for i in range(13)]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DLMRT_TP_TIMEOUT_S="30")
+    script = SPAWNED.replace("PROMPT", repr(prompt))
+    res = subprocess.run([sys.executable, "-c", script, str(path)], env=env, capture_output=True,
+                         text=True, timeout=240)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    plain = LLM(path, device="cpu", dtype="float32")
+    want = [plain.generate(prompt, max_new_tokens=20, ignore_eos=True, **kw).token_ids
+            for kw in ({}, {"temperature": 0.8, "seed": 2})]  # fmt: skip
+    assert got["tokens"] == want
+    assert got["lm_head_rows"] == plain.model.lm_head.weight.shape[0] // 2
+
+
+def test_tensor_parallel_size_errors_start_no_process(tmp_path, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     path = write_checkpoint(tmp_path / "m")
-    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2 -m dlmrt generate"):
-        LLM(path, tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size: must be >= 1"):
         LLM(path, tensor_parallel_size=0)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        LLM(str(tmp_path / "missing"), tensor_parallel_size=2)
+    assert "WORLD_SIZE" not in os.environ  # nothing was spawned for a bad path
 
 
 def test_tp_flag_is_an_alias_of_tensor_parallel_size():
@@ -136,3 +174,44 @@ def test_one_rank_sharded_diffusion_gemma_decodes_the_plain_tokens(tmp_path_fact
         assert got.token_ids == want.token_ids, seed
     with pytest.raises(ValueError, match="rng: 'torch' is not supported under tensor"):
         generate_sharded(tp, group, [7, 30], max_new_tokens=8, rng="torch")
+
+
+KILLED = """
+import os, sys
+import dlmrt.distributed.spawn as spawn
+from dlmrt import LLM
+real = spawn.spawn_followers
+def spy(config):
+    procs = real(config)
+    print(" ".join(str(p.pid) for p in procs), flush=True)
+    return procs
+spawn.spawn_followers = spy
+LLM(sys.argv[1], tensor_parallel_size=2, device="cpu", dtype="float32")
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.slow
+def test_a_spawned_follower_does_not_outlive_a_killed_rank_0(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    path = write_checkpoint(tmp_path / "m")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DLMRT_TP_TIMEOUT_S="30")
+    res = subprocess.run([sys.executable, "-c", KILLED, str(path)], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.returncode == -9, res.stderr[-2000:]
+    pid = int(res.stdout.split()[0])
+
+    def alive() -> bool:  # a zombie (exited, not yet reaped by init) counts as gone
+        try:
+            return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(), f"follower {pid} still running after rank 0 was killed"
