@@ -51,8 +51,8 @@ class EngineConfig:
     tensor_parallel_size: int | None = field(
         default=None,
         metadata={
-            "help": "tensor-parallel ranks (launch them with torchrun --nproc-per-node N); "
-            "None: torchrun's WORLD_SIZE, 1 without torchrun",
+            "help": "tensor-parallel ranks: under torchrun its WORLD_SIZE (None takes it); "
+            "without torchrun N > 1 starts ranks 1..N-1 as child processes",
             "aliases": ("--tp",),
         },
     )
