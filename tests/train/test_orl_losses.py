@@ -107,7 +107,7 @@ def test_largest_cost_first_assignment_balances_ranks():
 def test_aec_diagnostics_count_gated_pairs_and_active_hinges():
     from types import SimpleNamespace
 
-    from dlmrt.train.orl.losses import LossSpec, aec_diagnostics, normalized_entropy
+    from dlmrt.train.orl.losses import aec_diagnostics, normalized_entropy
 
     torch.manual_seed(0)
     logits = torch.randn(6, 11)
@@ -119,7 +119,7 @@ def test_aec_diagnostics_count_gated_pairs_and_active_hinges():
         segment=torch.tensor([0, 0, 1, 1, 2, 2]),
         h_source=torch.tensor([9.0, 9.0, 0.0]),  # state 1 contracted a lot, state 2 not at all
     )
-    got = aec_diagnostics(logits, row, LossSpec(1.0, 0.2, 1.0, False, 0.1, 5.0))
-    h_next = torch.stack([h[2:4].mean(), h[4:6].mean()])
+    h_next = torch.stack([h[0:2].mean(), h[2:4].mean(), h[4:6].mean()])  # as row_terms' means
+    got = aec_diagnostics(h_next, aec_hinge(h_next, row.h_source, 0.2), row)
     assert got[0] == 2 and got[1] == 1  # two gated pairs, only state 2's hinge is active
-    assert torch.allclose(got[2], torch.tensor(9.0)) and torch.allclose(got[3], h_next.sum())
+    assert torch.allclose(got[2], torch.tensor(9.0)) and torch.allclose(got[3], h_next[1:].sum())

@@ -62,8 +62,8 @@ def segment_mean(values: torch.Tensor, rows: torch.Tensor, segment: torch.Tensor
 
 
 def row_terms(logits, ref_logits, row, spec: LossSpec) -> dict[str, torch.Tensor]:
-    """Numerators of one row: {"ce", "rkl", "aec"} (scalars with grad). ref_logits: the RKL
-    reference (None without the entropy gate)."""
+    """Numerators of one row: {"ce", "rkl", "aec"} (scalars with grad), and "aec_diag" (no grad,
+    `aec_diagnostics`). ref_logits: the RKL reference (None without the entropy gate)."""
     ce = F.cross_entropy(logits.float(), row.target, reduction="none")
     w = row.token_weight
     rkl = torch.zeros((), device=logits.device)
@@ -77,19 +77,16 @@ def row_terms(logits, ref_logits, row, spec: LossSpec) -> dict[str, torch.Tensor
                           row.segment, s)  # fmt: skip
     hinge = aec_hinge(h_next, row.h_source, spec.rho)
     out["aec"] = (row.aec_weight * hinge).sum()
+    out["aec_diag"] = aec_diagnostics(h_next.detach(), hinge.detach(), row)
     return out
 
 
-@torch.no_grad()
-def aec_diagnostics(logits, row, spec: LossSpec) -> torch.Tensor:
-    """[4] over this row's AEC pairs (aec_weight > 0, i.e. past the gate): their count, those whose
-    hinge is active (H_next above (1 - rho) H_source), sum of H_source, sum of H_next: the log's
-    view of how much AEC acts."""
-    s = row.aec_weight.shape[0]
-    h_next = segment_mean(normalized_entropy(logits, spec.temperature), row.unresolved,
-                          row.segment, s)  # fmt: skip
+def aec_diagnostics(h_next: torch.Tensor, hinge: torch.Tensor, row) -> torch.Tensor:
+    """[4] over this row's AEC pairs (aec_weight > 0, i.e. past the gate), from the per-state
+    H_next and hinge `row_terms` computed: their count, those whose hinge is active (H_next above
+    (1 - rho) H_source), sum of H_source, sum of H_next: the log's view of how much AEC acts."""
     pair = (row.aec_weight > 0).float()
-    active = (aec_hinge(h_next, row.h_source, spec.rho) > 0).float()
+    active = (hinge > 0).float()
     return torch.stack([pair.sum(), (pair * active).sum(), (pair * row.h_source).sum(),
                         (pair * h_next).sum()])  # fmt: skip
 

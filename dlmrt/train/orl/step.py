@@ -12,7 +12,7 @@ from dlmrt.train.orl import dist
 from dlmrt.train.orl.balance import share
 from dlmrt.train.orl.capture import Rollout
 from dlmrt.train.orl.config import ORLConfig
-from dlmrt.train.orl.losses import LossSpec, aec_diagnostics, combine, row_terms
+from dlmrt.train.orl.losses import LossSpec, combine, row_terms
 from dlmrt.train.orl.plan import Doc, Target, pack_docs, plan
 from dlmrt.train.orl.replay import replay_logits
 from dlmrt.train.orl.row import PackedRow, build_row, flex_length
@@ -63,7 +63,7 @@ class Replayer:
                 loss, parts = combine(nums, responses, aec_den, self.spec)
             loss.backward()
             sums += torch.stack([loss, parts["ce"], parts["rkl"], parts["aec"]]).detach().float()
-            diag += aec_diagnostics(logits.detach(), row, self.spec).float()
+            diag += nums["aec_diag"].float()
             replay_tokens += row.num_tokens
         loss, ce, rkl, aec, gated, active, h_src, h_next, replay_tokens = dist.all_sum(
             [*sums.tolist(), *diag.tolist(), replay_tokens], self.device)  # fmt: skip
