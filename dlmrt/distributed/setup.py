@@ -69,28 +69,15 @@ def _while_collective_self_test(group: TPGroup) -> None:
     """A WHILE graph whose body all-reduces: 3 rounds, x = 1 -> world^3 on every rank. Every rank
     runs the same number of rounds (the condition reads device state the all-reduce made equal),
     which is what the block graph's collectives rely on."""
-    from dlmrt.engine.graph.while_graph import WhileGraph, launch_condition
+    from dlmrt.engine.graph.while_graph import self_test
 
     x = torch.ones(4, device=group.device)
-    step = torch.zeros((), dtype=torch.long, device=group.device)
-    done = torch.zeros((), dtype=torch.bool, device=group.device)
     group.all_reduce(x)  # warm-up outside the graph
-
-    def body(handle: int) -> None:
-        group.all_reduce(x)
-        step.add_(1)
-        launch_condition(handle, done, step, 3)
-
-    stream = torch.cuda.Stream(group.device)
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = WhileGraph(body, stream, torch.cuda.graph_pool_handle())
-    x.fill_(1.0)
-    step.zero_()
-    graph.launch()
-    torch.cuda.synchronize(group.device)
-    if int(step) != 3 or x.sum().item() != 4 * group.world**3:
-        raise RuntimeError(f"a WHILE body with an all-reduce ran {int(step)} rounds, sum "
-                           f"{x.sum().item()} (want 3, {4 * group.world**3})")  # fmt: skip
+    x.fill_(1.0)  # capturing runs nothing: the launch starts from these ones
+    self_test(lambda: group.all_reduce(x), group.device)  # raises unless exactly 3 rounds ran
+    if x.sum().item() != 4 * group.world**3:
+        raise RuntimeError(f"a WHILE body with an all-reduce summed to {x.sum().item()} "
+                           f"(want {4 * group.world**3})")  # fmt: skip
 
 
 def agree_mode(mode: str, reason: str, group: TPGroup | None) -> tuple[str, str]:

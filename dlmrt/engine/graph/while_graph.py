@@ -131,13 +131,17 @@ class WhileGraph:
             pass
 
 
-def self_test() -> None:
-    """Build a WHILE loop around a counter increment and check it runs exactly 3 rounds."""
-    step = torch.zeros((), dtype=torch.long, device="cuda")
-    done = torch.zeros((), dtype=torch.bool, device="cuda")
-    stream = torch.cuda.Stream()
+def self_test(op=None, device: str | torch.device = "cuda") -> None:
+    """Build a WHILE loop around a counter increment and check it runs exactly 3 rounds. `op`:
+    more work for the body, captured before the increment (tensor parallelism's all-reduce:
+    `dlmrt/distributed/setup.py`); the caller checks what it did."""
+    step = torch.zeros((), dtype=torch.long, device=device)
+    done = torch.zeros((), dtype=torch.bool, device=device)
+    stream = torch.cuda.Stream(device)
 
     def body(handle: int) -> None:
+        if op is not None:
+            op()
         step.add_(1)
         launch_condition(handle, done, step, 3)
 
