@@ -24,9 +24,7 @@ def frontier(sweep: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, model in sweep["models"].items():
         pts = model["points"]
-        line = ax.plot([p["tokens_per_forward"] for p in pts], [100 * p["accuracy"] for p in pts],
-                       alpha=0.0)[0]  # fmt: skip
-        color = None
+        color = None  # the first rule's line picks the model's color, the second reuses it
         for rule, marker in MARKERS.items():
             sel = [p for p in pts if p["rule"] == rule]
             if not sel:
@@ -36,7 +34,6 @@ def frontier(sweep: dict, out: Path) -> None:
             h = ax.plot(xs, ys, marker=marker, linestyle="-", color=color,
                         label=f"{name} ({rule})")[0]  # fmt: skip
             color = h.get_color()
-        line.remove()
     ax.set_xlabel("tokens per forward (TPF)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
