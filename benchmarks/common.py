@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -157,3 +159,23 @@ def graph_ms(fn: Callable[[], None], iters: int) -> float:
     with torch.cuda.graph(graph):
         fn()
     return cuda_time(graph.replay, iters) * 1e3
+
+
+def shapes_main(name: str, doc: str | None, bench: Callable[..., dict], shapes) -> None:
+    """The CLI of a per-shape benchmark (`moe_fp8.py`, `moe_nvfp4.py`): --iters, --out,
+    --git-revision; one `bench(shape, iters)` row per shape, printed and written as JSON."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--git-revision", default=None)
+    args = ap.parse_args()
+    with torch.inference_mode():
+        rows = [bench(s, args.iters) for s in shapes]
+    for r in rows:
+        print(r, flush=True)
+    if args.out:
+        cmd = f"{name}.py " + " ".join(sys.argv[1:])
+        payload = {"benchmark": name, "command": cmd, "results": rows}
+        write_result(args.out, payload, args.git_revision)

@@ -7,13 +7,12 @@ python benchmarks/moe_fp8.py [--iters 50] [--out results/moe_fp8.json]
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import cuda_time, graph_ms, write_result  # noqa: E402
+from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
@@ -87,24 +86,5 @@ def bench(shape, iters: int) -> dict:
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--git-revision", default=None)
-    args = ap.parse_args()
-    with torch.inference_mode():
-        rows = [bench(s, args.iters) for s in SHAPES]
-    for r in rows:
-        print(r, flush=True)
-    if args.out:
-        cmd = "moe_fp8.py " + " ".join(sys.argv[1:])
-        write_result(
-            args.out, {"benchmark": "moe_fp8", "command": cmd, "results": rows}, args.git_revision
-        )
-
-
 if __name__ == "__main__":
-    main()
+    shapes_main("moe_fp8", __doc__, bench, SHAPES)
