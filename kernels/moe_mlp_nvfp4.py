@@ -3,10 +3,11 @@
 Same plan, tiles and epilogues as kernels/moe_mlp.py (device-side grouping, capturable, slots
 summed in slot order). The weights are read packed: uint8 [E, N, K/2] (two E2M1 codes a byte,
 element 2j in the low nibble), one e4m3 block scale per 16 along K [E, N, K/16] and one fp32
-global scale per expert [E], i.e. 4.5 bits a weight. Each tile's bytes are decoded in registers to
-code * (block scale * global scale) in fp32 (the twin's arithmetic, so the converted weights equal
-the twin's dequantized ones), rounded to x's dtype and multiplied in it. The low and high nibbles
-meet the even and odd columns of the activation in two dots, so no register shuffle is needed.
+global scale per expert [E], i.e. 4.5 bits a weight. Each [BN, BK/2] byte tile (rows of the
+weight, unit stride: coalesced) is decoded in registers by bit placement (`_decode`), its nibbles
+interleaved back into K order, times (block scale * global scale) in fp32 with one scale load per
+16 weights (the twin's arithmetic, so the converted weights equal the twin's dequantized ones),
+rounded to x's dtype and met by one contiguous activation tile in one dot.
 The block scales may be passed already as fp32 (the CPU interpreter's e4m3 casts round wrongly;
 tests/quant/test_nvfp4_kernel.py); on the GPU they are read as e4m3.
 Torch twin: `dlmrt.ops.nvfp4.moe_mlp_nvfp4` (dequantize, then the bf16 op).
@@ -24,37 +25,36 @@ NVFP4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (packed, block scales
 
 
 @triton.jit
-def _e2m1(c):
-    """fp32 value of 4-bit codes c (int32 0..15): sign | exponent (2 bits) | mantissa (1 bit)."""
-    e = (c >> 1) & 3
-    m = (c & 1).to(tl.float32)
-    pow2 = tl.where(e == 3, 4.0, tl.where(e == 2, 2.0, 1.0))
-    mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * pow2)
-    return tl.where(c >= 8, -mag, mag)
+def _decode(b, s):
+    """[BN, BK] weights in fp32 from the bytes b [BN, BK/2] (int32) and fp32 multipliers s
+    [BN, BK/16] (block scale * global scale * 2^14). A code's sign and 3 magnitude bits placed at
+    fp16 bits 15 and 11..9 make the fp16 number code value * 2^-14 exactly (exponent field = the
+    code's exponent bits, mantissa = its mantissa bit, the subnormal case included), so the
+    2^14 folded into s gives the twin's fp32 product bit for bit, with no per-code selects."""
+    lo = ((b & 7) << 9) | ((b & 8) << 12)
+    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
+    w = tl.interleave(lo.to(tl.int16), hi.to(tl.int16))  # element 2j is the low nibble
+    w = w.to(tl.float16, bitcast=True).to(tl.float32)
+    BN: tl.constexpr = w.shape[0]
+    BK: tl.constexpr = w.shape[1]
+    w = tl.reshape(w, (BN, BK // 16, 16)) * s[:, :, None]
+    return tl.reshape(w, (BN, BK))
 
 
 @triton.jit
-def _weights(w_base, s_base, k0, j, mask, g):
-    """(low, high) nibbles of one [BK/2, BN] byte tile in fp32: code * (block scale * g)."""
-    b = tl.load(w_base + (k0 // 2 + j)[:, None], mask=mask, other=0).to(tl.int32)
-    s = tl.load(s_base + ((k0 + 2 * j) // 16)[:, None], mask=mask, other=0.0).to(tl.float32) * g
-    return _e2m1(b & 15) * s, _e2m1(b >> 4) * s
-
-
-@triton.jit
-def _dot2(a_base, k0, j, a_mask, w_base, s_base, w_mask, g, acc, IEEE: tl.constexpr):
-    """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :] with the even / odd columns of a met separately."""
-    a_even = tl.load(a_base + (k0 + 2 * j)[None, :], mask=a_mask, other=0.0)
-    a_odd = tl.load(a_base + (k0 + 2 * j + 1)[None, :], mask=a_mask, other=0.0)
-    lo, hi = _weights(w_base, s_base, k0, j, w_mask, g)
-    lo, hi = lo.to(a_even.dtype), hi.to(a_even.dtype)  # rounded once, as the twin's dequantize
+def _dot(a_base, k0, K: tl.constexpr, a_rows, w_base, s_base, n_ok, g, acc, BK: tl.constexpr,
+         IEEE: tl.constexpr):  # fmt: skip
+    """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :]^T: one contiguous activation tile, one dot."""
+    kk = k0 + tl.arange(0, BK)
+    a = tl.load(a_base + kk[None, :], mask=a_rows[:, None] & (kk < K)[None, :], other=0.0)
+    jj = k0 // 2 + tl.arange(0, BK // 2)
+    b = tl.load(w_base + jj[None, :], mask=n_ok[:, None] & (jj < K // 2)[None, :], other=0)
+    ss = k0 // 16 + tl.arange(0, BK // 16)
+    s = tl.load(s_base + ss[None, :], mask=n_ok[:, None] & (ss < K // 16)[None, :], other=0.0)
+    w = _decode(b.to(tl.int32), s.to(tl.float32) * g).to(a.dtype)  # rounded once, as the twin
     if IEEE:
-        acc = tl.dot(a_even, lo, acc, input_precision="ieee")
-        acc = tl.dot(a_odd, hi, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a_even, lo, acc)
-        acc = tl.dot(a_odd, hi, acc)
-    return acc
+        return tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(w), acc)
 
 
 @triton.jit
@@ -74,22 +74,18 @@ def _gate_up_kernel(
     row = (pair // TOP_K).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < INTER
-    j = tl.arange(0, BK // 2)
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    gg = tl.load(gg_ptr + e64)
-    ug = tl.load(ug_ptr + e64)
+    gg = tl.load(gg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
+    ug = tl.load(ug_ptr + e64) * 16384.0
     a_base = x_ptr + row[:, None] * stride_x
-    gw = gw_ptr + e64 * stride_gwe + n[None, :] * stride_gwn
-    gs = gs_ptr + e64 * stride_gse + n[None, :] * stride_gsn
-    uw = uw_ptr + e64 * stride_uwe + n[None, :] * stride_uwn
-    us = us_ptr + e64 * stride_use + n[None, :] * stride_usn
+    gw = gw_ptr + e64 * stride_gwe + n[:, None] * stride_gwn
+    gs = gs_ptr + e64 * stride_gse + n[:, None] * stride_gsn
+    uw = uw_ptr + e64 * stride_uwe + n[:, None] * stride_uwn
+    us = us_ptr + e64 * stride_use + n[:, None] * stride_usn
     for k0 in range(0, H, BK):
-        k_ok = k0 + 2 * j < H
-        a_mask = valid[:, None] & k_ok[None, :]
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        acc_g = _dot2(a_base, k0, j, a_mask, gw, gs, w_mask, gg, acc_g, IEEE)
-        acc_u = _dot2(a_base, k0, j, a_mask, uw, us, w_mask, ug, acc_u, IEEE)
+        acc_g = _dot(a_base, k0, H, valid, gw, gs, n_ok, gg, acc_g, BK, IEEE)
+        acc_u = _dot(a_base, k0, H, valid, uw, us, n_ok, ug, acc_u, BK, IEEE)
     dtype = h_ptr.dtype.element_ty
     g = acc_g.to(dtype).to(tl.float32)
     if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1 (as kernels/moe_mlp.py)
@@ -115,18 +111,13 @@ def _down_kernel(
     pair = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < H
-    j = tl.arange(0, BK // 2)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    dg = tl.load(dg_ptr + e64)
+    dg = tl.load(dg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
     a_base = h_ptr + pos.to(tl.int64)[:, None] * INTER
-    dw = dw_ptr + e64 * stride_dwe + n[None, :] * stride_dwn
-    ds = ds_ptr + e64 * stride_dse + n[None, :] * stride_dsn
+    dw = dw_ptr + e64 * stride_dwe + n[:, None] * stride_dwn
+    ds = ds_ptr + e64 * stride_dse + n[:, None] * stride_dsn
     for k0 in range(0, INTER, BK):
-        k_ok = k0 + 2 * j < INTER
-        acc = _dot2(
-            a_base, k0, j, valid[:, None] & k_ok[None, :], dw, ds,
-            k_ok[:, None] & n_ok[None, :], dg, acc, IEEE,
-        )  # fmt: skip
+        acc = _dot(a_base, k0, INTER, valid, dw, ds, n_ok, dg, acc, BK, IEEE)
     weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
     y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]  # as torch: y, then y * w
     tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
@@ -145,9 +136,10 @@ def moe_mlp_nvfp4(
     down: NVFP4,
     activation: str,
     bn: int = 64,
-    bk: int = 64,  # a multiple of 32 (each dot takes BK/2 >= 16 columns) and of 16 (the blocks)
+    bk: int = 128,  # a multiple of 32 (16-weight blocks, and BK/2 >= 16 bytes a row)
     warps: int = 4,
     stages: int | None = None,
+    bm: int = BLOCK_M,  # rows of an expert tile: larger when experts get many rows (fewer decodes)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k]; gate / up ([E, I, H/2] uint8, [E, I, H/16] e4m3 or
     fp32, [E] fp32), down ([E, H, I/2], [E, H, I/16], [E]) with unit-stride rows -> [rows, H]."""
@@ -162,7 +154,7 @@ def moe_mlp_nvfp4(
         if t.stride(-1) != 1:
             raise ValueError("moe_mlp_nvfp4: weight rows and block scales need unit stride")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    order, tile_end, counts, starts, max_tiles = plan(index, experts)
+    order, tile_end, counts, starts, max_tiles = plan(index, experts, bm)
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
@@ -170,10 +162,10 @@ def moe_mlp_nvfp4(
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",
-        BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
+        BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
-        hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
+        hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     return y.sum(1).to(x.dtype)
