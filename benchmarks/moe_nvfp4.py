@@ -21,8 +21,14 @@ from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up  # noqa: E402
 from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
 from dlmrt.quant.nvfp4 import quantize_nvfp4  # noqa: E402
 
-CONFIGS = [(64, 64, 4, None), (64, 128, 4, None), (64, 128, 4, 3), (64, 128, 8, 3),
-           (128, 128, 8, 3), (32, 128, 4, 3), (64, 256, 8, 3)]  # fmt: skip
+CONFIGS = [
+    (64, None, 4, None, None),
+    (64, 128, 4, 3, 16),
+    (64, 64, 4, 3, 32),
+    (32, 128, 4, 3, 16),
+    (64, 128, 4, 3, 32),
+    (64, 128, 4, 3, 64),
+]  # (bn, bk, warps, stages, bm); fmt: skip
 
 
 def _timed(out: dict, key: str, fn, iters: int) -> None:
@@ -54,11 +60,11 @@ def bench(shape, iters: int) -> dict:
     args = [
         (q.packed, q.block_scale, q.global_scale.reshape(-1).contiguous()) for q in (gate, up, d4)
     ]
-    for bn, bk, warps, stages in CONFIGS:
-        fn = lambda c=(bn, bk, warps, stages): kernel.moe_mlp_nvfp4(  # noqa: E731
-            x, w, idx, *args, shape.activation, bn=c[0], bk=c[1], warps=c[2], stages=c[3]
+    for bn, bk, warps, stages, bm in CONFIGS:  # None: the kernel's defaults
+        fn = lambda c=(bn, bk, warps, stages, bm): kernel.moe_mlp_nvfp4(  # noqa: E731
+            x, w, idx, *args, shape.activation, bn=c[0], bk=c[1], warps=c[2], stages=c[3], bm=c[4]
         )
-        _timed(out, f"nvfp4_w4a16_ms_bn{bn}_bk{bk}_w{warps}_s{stages}", fn, iters)
+        _timed(out, f"nvfp4_w4a16_ms_bn{bn}_bk{bk}_w{warps}_s{stages}_bm{bm}", fn, iters)
     got = moe_mlp_nvfp4(x, w, idx, gate, up, d4, shape.activation)
     ops.use("torch")
     want = moe_mlp_nvfp4(x, w, idx, gate, up, d4, shape.activation)
