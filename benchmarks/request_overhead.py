@@ -8,13 +8,14 @@
 
 Each phase is one engine entry point wrapped with a host clock and, on CUDA, a pair of CUDA events
 (so the GPU time of a phase is the span its work took on the stream): tokenize, prefill, stage (a
-block's inputs: one host write + one copy), pass:start, loop:fold / loop:rounds (one launch each in
-block_graph), pass:report + read_back (the block's one sync), emit (stop rule, token lists),
+block's inputs: one host write), then per mode either chain:copy_in+start+...+copy_out (block_graph:
+the whole block in one launch) or pass:copy_in, pass:start, loop:fold, loop:rounds, pass:report,
+pass:copy_out (eager, round_graph), read_back (the block's one sync), emit (stop rule, token lists),
 pass:commit (fold off), detokenize. `python` is the wall time no phase covers (the loop between
 them); `host_beyond_gpu_ms` is wall minus the GPU's busy time (the sum of the event spans: one
 stream, so they do not overlap). Memory per mode: peak allocated / reserved beyond the weights and
 the KV arena. demo: the embedded model on arithmetic test problems, greedy, every prompt warmed up
-once first (graph capture, JIT); qwen_dlm / llada2: full-size shapes, random bf16 weights, random
+once first (graph capture, JIT), then timed once uninstrumented (`plain_tokens_per_s`); qwen_dlm / llada2: full-size shapes, random bf16 weights, random
 prompts of `--context` tokens, fixed_steps / llada_editing.
 """
 
@@ -87,7 +88,11 @@ def instrument(clock: Clock, engine: BlockEngine, tokenizer=None) -> None:
     clock.wrap(engine, "prefill", "prefill")
     clock.wrap(engine_mod, "_emit", "emit")
     for prog in engine.workspace.programs.values():
-        clock.wrap(prog.runner, "run", lambda loop, *_: "loop:" + loop.name)
+        if prog.runner.name == "block_graph":  # a chain is one launch (its parts are not calls)
+            chain = lambda parts, *_: "chain:" + "+".join(p.name for p in parts)  # noqa: E731
+            clock.wrap(prog.runner, "chain", chain)
+        else:  # a chain is its parts' run / once calls, one after the other
+            clock.wrap(prog.runner, "run", lambda loop, *_: "loop:" + loop.name)
         clock.wrap(prog.runner, "once", lambda p: "pass:" + p.name)
         clock.wrap(prog.io, "stage", "stage")
         clock.wrap(prog.io, "read", "read_back")
@@ -153,6 +158,12 @@ def demo_requests(args, mode: str, device: str) -> tuple[dict, list[list[int]]]:
     for prompt in prompts:  # warm-up: every prompt length's graphs, Triton JIT, cuBLAS
         llm.generate(prompt, **kw)
     weights = sum(p.nbytes for p in llm.model.parameters())
+    _sync(device)
+    t0 = time.perf_counter()
+    for prompt in prompts:  # the same requests uninstrumented: the speed a user sees
+        llm.generate(prompt, **kw)
+    _sync(device)
+    plain = time.perf_counter() - t0
     clock, tokens, rounds, outs = Clock(device == "cuda"), 0, [], []
     instrument(clock, llm.engine, llm.tokenizer)
     _sync(device)
@@ -166,6 +177,7 @@ def demo_requests(args, mode: str, device: str) -> tuple[dict, list[list[int]]]:
     clock.unwrap()
     row = summarize(clock, wall, tokens, rounds, len(prompts))
     row |= {"mode": llm.engine.mode, "memory": memory(llm.engine, weights)}
+    row |= {"plain_wall_ms": round(plain * 1e3, 3), "plain_tokens_per_s": round(tokens / plain, 1)}
     return row, outs
 
 

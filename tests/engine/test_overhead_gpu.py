@@ -80,17 +80,29 @@ def test_runner_captures_only_what_it_replays(checkpoints, mode, fold):
     llm = LLM(path, device="cuda", mode=mode, fold_commits=fold)
     _generate(llm, 9, rule)
     (prog,) = llm.engine.workspace.programs.values()
-    replayed = set()
-    run, once = prog.runner.run, prog.runner.once
-    prog.runner.run = lambda loop, *a: replayed.add(loop.name) or run(loop, *a)
-    prog.runner.once = lambda p: replayed.add(p.name) or once(p)
+    runner, replayed = prog.runner, set()
+    if mode == "block_graph":  # a chain is one graph (a lone loop: its WHILE graph)
+        chain = runner.chain
+
+        def spy(parts, *a):
+            names = [p.name for p in parts]
+            one = len(names) == 1
+            replayed.add("while:" + names[0] if one else "chain:" + "+".join(names))
+            return chain(parts, *a)
+
+        runner.chain = spy
+    else:  # round_graph: one graph per program, whether run alone or in a chain
+        run = runner.run
+        runner.run = lambda loop, *a: replayed.add(loop.name) or run(loop, *a)
+    once = runner.once
+    runner.once = lambda p: replayed.add(p.name) or once(p)
     for n in (9, 22):
         _generate(llm, n, rule)
-    prefix = "while:" if mode == "block_graph" else ""
-    loops = {"rounds", "fold"} & replayed
-    want = {prefix + n for n in loops} | (replayed - loops)
-    assert set(prog.runner.graphs) == want
-    assert ("fold" in replayed) == fold and ("commit" in replayed) != fold
+    assert set(runner.graphs) == replayed
+    names = "+".join(replayed)
+    assert ("fold" in names) == fold and ("commit" in names) != fold
+    if mode == "block_graph":  # a block is one launch: copy in .. copy out
+        assert any(k.startswith("chain:copy_in+") and k.endswith("+copy_out") for k in replayed)
 
 
 @pytest.mark.skipif(

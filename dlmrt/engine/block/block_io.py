@@ -6,15 +6,17 @@ canvas). Now the host writes the block's inputs into one pinned row,
 
     inputs = [canvas (B) | unresolved (B) | block_start, seed, until_filled]   int64
 
-copied with ONE async copy into a device row; the `start` pass (captured like any pass in the
-graph modes: one replay) loads every buffer from it, after stashing block b-1 for its folded commit
-when there is one. After the round loop the `report` pass packs what the host needs,
+copied with ONE async copy (`copy_in`) into a device row; the `start` pass loads every buffer
+from it, after stashing block b-1 for its folded commit when there is one. After the round loop
+the `report` pass packs what the host needs,
 
     report = [canvas (B) | step, halt, done]   int64
 
-and ONE copy + sync brings it back. Before the host rewrites the pinned input row it waits for the
-event recorded after the last copy out of it (already passed unless a request was cancelled
-between a block's start and its read-back).
+and ONE copy (`copy_out`) + sync brings it back. The copies are passes like the others (pinned
+rows: capturable), so in block_graph a block's copy in, start, folded commit, rounds, report and
+copy out are one graph launch (`BlockGraphRunner.chain`). Before the host rewrites the pinned
+input row it waits for the stream when a block was launched and never read back (a request
+cancelled between the two): the copy in may still be reading the row.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from dlmrt.engine.block.fold import FoldBuffers
 from dlmrt.engine.block.round import BlockBuffers
+from dlmrt.engine.graph.loop import Pass
 
 
 class Report(NamedTuple):
@@ -48,24 +51,27 @@ class BlockIO:
         self.cuda = device.type == "cuda"
         self.inputs, self.host_in = _staging(2 * self.rows + 3, device)
         self.report, self.host_out = _staging(self.rows + 3, device)
-        self.copied = torch.cuda.Event() if self.cuda else None  # the last copy of host_in
+        self.in_flight = False  # a block was launched and not read back yet
+        self.copy_in = Pass("copy_in", self._copy_in, ())
+        self.copy_out = Pass("copy_out", self._copy_out, ())
 
     def stage(
         self, tail: list[int], mask_id: int, block_start: int, seed: int, until_filled: bool
     ) -> None:
         """Host side of a block's start: canvas = the prompt `tail` then masks (the tail rows
-        resolved), in one copy. The `start` pass then loads the buffers from it."""
-        if self.copied is not None:
-            self.copied.synchronize()  # the DMA of the previous block's inputs has read them
+        resolved), in the pinned row; the `copy_in` pass moves it, the `start` pass loads it."""
+        if self.in_flight and self.cuda:
+            torch.cuda.current_stream().synchronize()  # the last copy in has read the row
+        self.in_flight = True
         b, n, host = self.rows, len(tail), self.host_in.numpy()
         host[:n] = tail
         host[n:b] = mask_id
         host[b : b + n] = 0
         host[b + n : 2 * b] = 1
         host[2 * b :] = (block_start, seed, int(until_filled))
-        self.inputs.copy_(self.host_in, non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
+
+    def _copy_in(self) -> None:
+        self.inputs.copy_(self.host_in, non_blocking=self.cuda)
 
     def start(self) -> None:
         """Device side (capturable): every block buffer from `inputs`; z, counters and flags zeroed."""
@@ -94,11 +100,14 @@ class BlockIO:
         self.report[:b].copy_(buf.canvas)
         self.report[b:].copy_(torch.stack((buf.step, buf.halt.long(), buf.done.long())))
 
-    def read(self) -> Report:
-        """The one read-back of a block (after the `report` pass ran)."""
+    def _copy_out(self) -> None:
         self.host_out.copy_(self.report, non_blocking=self.cuda)
+
+    def read(self) -> Report:
+        """The one read-back of a block (after the `report` and `copy_out` passes ran)."""
         if self.cuda:
             torch.cuda.current_stream().synchronize()
+        self.in_flight = False
         values = self.host_out.tolist()
         b = self.rows
         return Report(values[:b], values[b], bool(values[b + 1]), bool(values[b + 2]))

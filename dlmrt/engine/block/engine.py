@@ -59,14 +59,10 @@ def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: lis
     return True
 
 
-def _fold(prog: BlockProgram, res: EngineResult, req: _Request, index: int, unsettled: bool):
-    """Joint passes over blocks `index`-1 and `index`; count them. If block index-1 awaited its
-    folded check, its tokens are final now: emit them. True if that block ended the request."""
+def _settle(prog: BlockProgram, res: EngineResult, req: _Request, index: int) -> bool:
+    """After the joint passes that carried block `index`-1's folded check: its tokens are final
+    now; count the passes, emit the block. True if that block ended the request."""
     fb = prog.fold_buf
-    prog.runner.run(prog.fold, req.should_stop)
-    if not unsettled:
-        res.denoising_forwards += 1  # one joint pass: a plain commit is never redone
-        return False
     if bool(fb.redo):
         raise RuntimeError(f"block {index - 1}: the folded check still edits after the last pass")
     res.denoising_forwards += int(fb.passes)
@@ -137,8 +133,10 @@ class BlockEngine:
         return res
 
     def _blocks(self, prog, prompt_ids, mask_id, seed, req, res) -> None:
-        """The block loop of `generate`: per block one staged copy in, the start pass, the
-        (folded commit and) round loop, the report pass and one read-back (`block_io.py`)."""
+        """The block loop of `generate`: per block one chain of programs (`runner.chain`: one
+        launch in block_graph): the staged copy in, the start pass, the folded commit, the round
+        loop, the report pass and the copy out, then one read-back (`block_io.py`). A folded
+        post-fill check is read between the commit and the rounds (two chains)."""
         lay, spec, runner = req.lay, prog.spec, prog.runner
         fold = self.fold_commits and prog.trace is None
         check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
@@ -148,12 +146,18 @@ class BlockEngine:
             last = b == lay.num_blocks - 1
             tail = prompt_ids[b * lay.block_length :] if b == lay.first_block else []
             prog.io.stage(tail, mask_id, b * lay.block_length, seed, check and not last)
-            runner.once(prog.start_after if pending else prog.start)
             prog.kv_len = self._kv_len(b, lay.block_length)
-            if pending and _fold(prog, res, req, b, unsettled):
-                return  # block b-1 ended the request: block b's round 0 goes unused
-            runner.run(prog.rounds, req.should_stop)
-            runner.once(prog.report)
+            head = (prog.io.copy_in, prog.start_after if pending else prog.start)
+            head += (prog.fold,) if pending else ()
+            tail_parts = (prog.rounds, prog.report, prog.io.copy_out)
+            if pending and unsettled:  # the host reads the folded check before the rounds
+                runner.chain(head, req.should_stop)
+                if _settle(prog, res, req, b):
+                    return  # block b-1 ended the request: block b's round 0 goes unused
+                runner.chain(tail_parts, req.should_stop)
+            else:  # one launch in block_graph: copy in .. copy out
+                runner.chain(head + tail_parts, req.should_stop)
+                res.denoising_forwards += int(pending)  # one joint pass: never redone
             out = prog.io.read()  # the block's one read-back
             if not out.halt:
                 raise RuntimeError(

@@ -14,6 +14,10 @@ and a runner executes them:
                  condition from (flag, counter, cap), the body graph ends with the condition
                  kernel; one launch per loop and no host sync inside it. Passes as round_graph.
 
+`chain(parts)` runs loops and passes in order: in eager and round_graph one after the other; in
+block_graph as ONE launch of a graph holding them all (`while_graph.GraphChain`), so a block's
+start, its folded commit, its rounds and its read-back copy cost the host one launch (issue 23).
+
 All three run the same bodies on the same buffers, so they produce the same tokens. Graphs are
 captured lazily, at a program's first use, and kept by the runner until it is dropped (the
 runner cache, or an arena growth: graphs hold pointers into the arena). Bodies must be pure
@@ -54,6 +58,9 @@ class Pass:
     state: tuple[object, ...]
 
 
+Program = Loop | Pass
+
+
 def host_loop(loop: Loop, step: Callable[[], None], should_stop: StopCheck | None) -> None:
     """`loop`'s condition evaluated on the host, `step` (its body, or the body's graph) between."""
     n = int(loop.counter)
@@ -71,6 +78,11 @@ class EagerRunner:
 
     def once(self, program: Pass) -> None:
         program.body()
+
+    def chain(self, parts: tuple[Program, ...], should_stop: StopCheck | None = None) -> None:
+        """`parts` in order (a Loop run, a Pass once)."""
+        for p in parts:
+            self.run(p, should_stop) if isinstance(p, Loop) else self.once(p)
 
 
 class RoundGraphRunner:
@@ -95,33 +107,51 @@ class RoundGraphRunner:
     def once(self, program: Pass) -> None:
         self._graph(program).replay()
 
+    chain = EagerRunner.chain
+
 
 class BlockGraphRunner(RoundGraphRunner):
     """A loop is one launch of a WHILE graph: [init: condition] -> WHILE { body; condition }."""
 
     name = "block_graph"
 
-    def _while_graph(self, loop: Loop):
-        key = "while:" + loop.name
+    def _segment(self, program: Program):
+        """`program` as a GraphChain segment: a pass's body, or a loop's (body, init)."""
+        if isinstance(program, Pass):
+            return program.body
+        from dlmrt.engine.graph.while_graph import launch_condition
+
+        loop = program
+
+        def body(handle: int) -> None:
+            loop.body()
+            launch_condition(handle, loop.flag, loop.counter, loop.cap)
+
+        def init(handle: int) -> None:  # zero bodies when the loop is already done
+            launch_condition(handle, loop.flag, loop.counter, loop.cap)
+
+        return body, init
+
+    def _chain_graph(self, key: str, parts: tuple[Program, ...]):
         if key not in self.graphs:
-            from dlmrt.engine.graph.while_graph import WhileGraph, launch_condition
+            from dlmrt.engine.graph.while_graph import GraphChain
 
-            def body(handle: int) -> None:
-                loop.body()
-                launch_condition(handle, loop.flag, loop.counter, loop.cap)
-
-            def init(handle: int) -> None:  # zero bodies when the loop is already done
-                launch_condition(handle, loop.flag, loop.counter, loop.cap)
-
-            saved = snapshot(loop.state)
-            warm_up(loop.body, self.stream)
+            # warm up in order (each part sees the buffers its predecessors leave), then undo it
+            saved = snapshot(dict.fromkeys(o for p in parts for o in p.state))
+            warm_up(lambda: [p.body() for p in parts], self.stream)
             restore(saved)
-            self.graphs[key] = WhileGraph(body, self.stream, self.pool, init)
+            segments = [self._segment(p) for p in parts]
+            self.graphs[key] = GraphChain(segments, self.stream, self.pool)
         return self.graphs[key]
 
     def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
-        graph = self._while_graph(loop)
-        check_stop(should_stop)  # a WHILE node runs the whole loop: check before it
+        self.chain((loop,), should_stop)
+
+    def chain(self, parts: tuple[Program, ...], should_stop: StopCheck | None = None) -> None:
+        names = [p.name for p in parts]
+        key = "while:" + names[0] if len(parts) == 1 else "chain:" + "+".join(names)
+        graph = self._chain_graph(key, parts)
+        check_stop(should_stop)  # the graph runs every part with no host in between: check first
         graph.launch()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from importlib.resources import files
 
 import numpy as np
@@ -81,54 +82,81 @@ def _assign_default_flag() -> int:
     return 1
 
 
-class WhileGraph:
-    """outer = [child(init) ->] WHILE(handle, default 1){ child(body) }; `body(handle)` and
-    `init(handle)` are captured by torch.
+def _add_child(graph, deps: list, fn, stream: torch.cuda.Stream, pool, keep: list):
+    """A child-graph node of `graph` after `deps` running `fn()` as captured by torch."""
+    torch_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the captured work
+    with torch.cuda.graph(torch_graph, stream=stream, pool=pool):
+        fn()
+    keep.append(torch_graph)
+    raw = torch_graph.raw_cuda_graph()
+    return ck(cudart.cudaGraphAddChildGraphNode(graph, deps, len(deps), raw))
 
-    `init`, when given, runs once per launch before the conditional node is evaluated, in a child
-    graph node upstream of it in the same outer graph (as the body's condition kernel runs in a
-    child graph inside it): it can set the handle, e.g. to 0 so that the body runs zero times.
+
+def _add_while(graph, deps: list, handle: int):
+    """A WHILE(handle) node of `graph` after `deps`; returns (node, its body graph)."""
+    params = cudart.cudaGraphNodeParams()
+    params.type = cudart.cudaGraphNodeType.cudaGraphNodeTypeConditional
+    params.conditional.handle = handle
+    params.conditional.type = cudart.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
+    params.conditional.size = 1
+    if CUDA13:  # default (zeroed) edges, spelled out where there are dependencies
+        edges = [cudart.cudaGraphEdgeData() for _ in deps] or None
+        node = ck(cudart.cudaGraphAddNode(graph, deps, edges, len(deps), params))
+    else:
+        node = ck(cudart.cudaGraphAddNode(graph, deps, len(deps), params))
+    return node, params.conditional.phGraph_out[0]
+
+
+Segment = Callable[[], None] | tuple[Callable[[int], None], Callable[[int], None] | None]
+
+
+class GraphChain:
+    """Segments run in order by ONE graph launch. A segment is either a pass, `fn()` captured as a
+    child graph, or a loop `(body, init)`: [child(init) ->] WHILE(handle, default 1){ child(body) }
+    with a conditional handle of its own; `body(handle)` and `init(handle)` are captured by torch.
+
+    `init`, when given, runs once per launch before the conditional node is evaluated, upstream of
+    it in the same outer graph (as the body's condition kernel runs inside it): it can set the
+    handle, e.g. to 0 so that the body runs zero times. Several loops and passes in one chain are
+    what lets the block engine start a block, fold the previous commit, run the rounds and pack the
+    read-back in one launch (`dlmrt/engine/graph/loop.py: BlockGraphRunner.chain`).
     """
 
-    def __init__(self, body, stream: torch.cuda.Stream, pool, init=None) -> None:
+    def __init__(self, segments: list[Segment], stream: torch.cuda.Stream, pool) -> None:
         self.outer = ck(cudart.cudaGraphCreate(0))
-        self.handle = _handle_int(
-            ck(cudart.cudaGraphConditionalHandleCreate(self.outer, 1, _assign_default_flag()))
-        )
-        self.body_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the body
-        with torch.cuda.graph(self.body_graph, stream=stream, pool=pool):
-            body(self.handle)
-        deps = []
-        self.init_graph = None
-        if init is not None:
-            self.init_graph = torch.cuda.CUDAGraph(keep_graph=True)
-            with torch.cuda.graph(self.init_graph, stream=stream, pool=pool):
-                init(self.handle)
-            raw = self.init_graph.raw_cuda_graph()
-            deps = [ck(cudart.cudaGraphAddChildGraphNode(self.outer, None, 0, raw))]
-        params = cudart.cudaGraphNodeParams()
-        params.type = cudart.cudaGraphNodeType.cudaGraphNodeTypeConditional
-        params.conditional.handle = self.handle
-        params.conditional.type = cudart.cudaGraphConditionalNodeType.cudaGraphCondTypeWhile
-        params.conditional.size = 1
-        if CUDA13:  # default (zeroed) edges, spelled out where there are dependencies
-            edges = [cudart.cudaGraphEdgeData() for _ in deps] or None
-            ck(cudart.cudaGraphAddNode(self.outer, deps, edges, len(deps), params))
-        else:
-            ck(cudart.cudaGraphAddNode(self.outer, deps, len(deps), params))
-        inner = params.conditional.phGraph_out[0]
-        ck(cudart.cudaGraphAddChildGraphNode(inner, None, 0, self.body_graph.raw_cuda_graph()))
+        self.keep: list[torch.cuda.CUDAGraph] = []  # the captured children (and their pools)
+        deps: list = []
+        for seg in segments:
+            if callable(seg):
+                deps = [_add_child(self.outer, deps, seg, stream, pool, self.keep)]
+                continue
+            body, init = seg
+            flag = _assign_default_flag()
+            h = _handle_int(ck(cudart.cudaGraphConditionalHandleCreate(self.outer, 1, flag)))
+            if init is not None:
+                deps = [_add_child(self.outer, deps, lambda i=init, h=h: i(h), stream, pool,
+                                   self.keep)]  # fmt: skip
+            node, inner = _add_while(self.outer, deps, h)
+            _add_child(inner, [], lambda b=body, h=h: b(h), stream, pool, self.keep)
+            deps = [node]
         self.exec = ck(cudart.cudaGraphInstantiate(self.outer, 0))
 
     def launch(self) -> None:
         ck(cudart.cudaGraphLaunch(self.exec, torch.cuda.current_stream().cuda_stream))
 
-    def __del__(self) -> None:  # exec before graph; the torch graph (and its pool) goes last
+    def __del__(self) -> None:  # exec before graph; the torch graphs (and their pool) go last
         try:
             cudart.cudaGraphExecDestroy(self.exec)
             cudart.cudaGraphDestroy(self.outer)
         except Exception:
             pass
+
+
+class WhileGraph(GraphChain):
+    """One loop: outer = [child(init) ->] WHILE(handle, default 1){ child(body) }."""
+
+    def __init__(self, body, stream: torch.cuda.Stream, pool, init=None) -> None:
+        super().__init__([(body, init)], stream, pool)
 
 
 def self_test(op=None, device: str | torch.device = "cuda") -> None:
