@@ -94,8 +94,11 @@ def test_graphs_are_captured_once_and_reused(checkpoints):
     first = llm.generate(_prompt(5), max_new_tokens=20, ignore_eos=True)
     (program,) = llm.engine.workspace.programs.values()
     graphs = dict(program.runner.graphs)
-    # folded commits: no commit graph; the block's start / report passes (engine/block/block_io.py)
-    assert set(graphs) == {"while:rounds", "while:fold", "start", "start_after", "report"}
+    # folded commits: no commit graph; each block one chain (engine/block/engine.py: _blocks)
+    assert set(graphs) == {
+        "chain:copy_in+start+rounds+report+copy_out",
+        "chain:copy_in+start_after+fold+rounds+report+copy_out",
+    }
     second = llm.generate(_prompt(5), max_new_tokens=20, ignore_eos=True)
     assert list(llm.engine.workspace.programs.values()) == [program]
     assert program.runner.graphs == graphs and first.token_ids == second.token_ids
