@@ -41,7 +41,8 @@ def test_our_nvfp4_layout_matches_modelopt_export(tmp_path):
     ours = write_nvfp4_checkpoint(tmp_path / "src", tmp_path / "ours")
     ids = torch.randint(0, hf.config.vocab_size, (2, 32))
     mtq.quantize(hf, mtq.NVFP4_DEFAULT_CFG, forward_loop=lambda m: m(ids))
-    export.export_hf_checkpoint(hf, export_dir=tmp_path / "modelopt")
+    # dtype given: ModelOpt 0.47 reads transformers 5's config.dtype, a string, as a torch dtype
+    export.export_hf_checkpoint(hf, dtype=torch.float32, export_dir=tmp_path / "modelopt")
     theirs = _tensors(tmp_path / "modelopt")
     mine = _tensors(ours)
     names = [f"{LAYER}.weight", f"{LAYER}.weight_scale", f"{LAYER}.weight_scale_2"]
