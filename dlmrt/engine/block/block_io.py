@@ -12,7 +12,7 @@ the `report` pass packs what the host needs,
 
     report = [canvas (B) | step, halt, done]   int64
 
-and ONE copy (`copy_out`) + sync brings it back. The copies are passes like the others (pinned
+and ONE copy (`copy_out`) + sync brings it back (a folded check's result likewise: `fold_out`). The copies are passes like the others (pinned
 rows: capturable), so in block_graph a block's copy in, start, folded commit, rounds, report and
 copy out are one graph launch (`BlockGraphRunner.chain`). Before the host rewrites the pinned
 input row it waits for the stream when a block was launched and never read back (a request
@@ -37,6 +37,15 @@ class Report(NamedTuple):
     done: bool
 
 
+class FoldReport(NamedTuple):
+    """Block b-1 after the joint passes that carried its folded check."""
+
+    canvas: list[int]
+    step: int
+    passes: int
+    redo: bool
+
+
 def _staging(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A device row of n int64 and its host twin (pinned on CUDA: the copies are async)."""
     host = torch.zeros(n, dtype=torch.long)
@@ -54,6 +63,9 @@ class BlockIO:
         self.in_flight = False  # a block was launched and not read back yet
         self.copy_in = Pass("copy_in", self._copy_in, ())
         self.copy_out = Pass("copy_out", self._copy_out, ())
+        # a folded check's result (block b-1 after the joint passes): one row, one copy
+        self.fold_report, self.host_fold = _staging(self.rows + 3, device)
+        self.fold_out = Pass("fold_out", self._fold_out, ())
 
     def stage(
         self, tail: list[int], mask_id: int, block_start: int, seed: int, until_filled: bool
@@ -102,6 +114,21 @@ class BlockIO:
 
     def _copy_out(self) -> None:
         self.host_out.copy_(self.report, non_blocking=self.cuda)
+
+    def _fold_out(self) -> None:
+        """Device side (capturable): block b-1's canvas, rounds, joint passes and redo flag, packed
+        and copied to the pinned host row."""
+        b, fb = self.rows, self.fb
+        self.fold_report[:b].copy_(fb.canvas)
+        self.fold_report[b:].copy_(torch.stack((fb.step, fb.passes, fb.redo.long())))
+        self.host_fold.copy_(self.fold_report, non_blocking=self.cuda)
+
+    def read_fold(self) -> FoldReport:
+        """The one read-back of a folded check (after the `fold_out` pass ran)."""
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        values, b = self.host_fold.tolist(), self.rows
+        return FoldReport(values[:b], values[b], values[b + 1], bool(values[b + 2]))
 
     def read(self) -> Report:
         """The one read-back of a block (after the `report` and `copy_out` passes ran)."""

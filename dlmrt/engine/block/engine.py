@@ -62,11 +62,11 @@ def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: lis
 def _settle(prog: BlockProgram, res: EngineResult, req: _Request, index: int) -> bool:
     """After the joint passes that carried block `index`-1's folded check: its tokens are final
     now; count the passes, emit the block. True if that block ended the request."""
-    fb = prog.fold_buf
-    if bool(fb.redo):
+    fold = prog.io.read_fold()  # one copy + sync (the `fold_out` pass)
+    if fold.redo:
         raise RuntimeError(f"block {index - 1}: the folded check still edits after the last pass")
-    res.denoising_forwards += int(fb.passes)
-    return _emit(res, req, index - 1, int(fb.step), fb.canvas.tolist())
+    res.denoising_forwards += fold.passes
+    return _emit(res, req, index - 1, fold.step, fold.canvas)
 
 
 class BlockEngine:
@@ -151,7 +151,7 @@ class BlockEngine:
             head += (prog.fold,) if pending else ()
             tail_parts = (prog.rounds, prog.report, prog.io.copy_out)
             if pending and unsettled:  # the host reads the folded check before the rounds
-                runner.chain(head, req.should_stop)
+                runner.chain((*head, prog.io.fold_out), req.should_stop)
                 if _settle(prog, res, req, b):
                     return  # block b-1 ended the request: block b's round 0 goes unused
                 runner.chain(tail_parts, req.should_stop)
