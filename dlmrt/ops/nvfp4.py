@@ -1,7 +1,10 @@
-"""NVFP4 ops: routed experts with NVFP4 weights (weight-only W4A16), resolved like every op.
+"""NVFP4 ops: routed experts and dense linears with NVFP4 weights (weight-only W4A16), resolved like
+every op.
 
-CUDA -> kernels/moe_mlp_nvfp4.py (E2M1 codes and e4m3 block scales decoded in registers, bf16
-multiplies); otherwise the twin: dequantize the weights to x's dtype, then `reference.moe_mlp`.
+CUDA -> kernels/moe_mlp_nvfp4.py / kernels/linear_nvfp4.py (E2M1 codes and e4m3 block scales
+decoded in registers, bf16 multiplies); otherwise the twin: dequantize the weights to x's dtype,
+then `reference.moe_mlp` / `F.linear`. The models call the expert op; the loader still dequantizes
+dense NVFP4 weights at load (docs/quantization.md), so `linear_nvfp4` has no model caller yet.
 The op takes `Nvfp4Weight`s, not a kernel's argument list, so a Blackwell kernel with FP4 tensor
 cores (W4A4) can be slotted in behind it later. Optional activation emulation: `fake_quant_act`.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 import torch
+import torch.nn.functional as F
 
 from dlmrt.ops import _MOE_DTYPES, implementation, reference
 from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight, encode
@@ -18,6 +22,14 @@ from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight, encode
 
 def _kernel():
     return importlib.import_module("dlmrt._kernels.moe_mlp_nvfp4").moe_mlp_nvfp4
+
+
+def linear_nvfp4(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
+    """y = x @ W^T for an NVFP4 weight W [N, K] (one global scale): [..., K] -> [..., N]."""
+    if x.is_cuda and x.dtype in _MOE_DTYPES and implementation("linear_nvfp4") == "triton":
+        kernel = importlib.import_module("dlmrt._kernels.linear_nvfp4").linear_nvfp4
+        return kernel(x, w.packed, w.block_scale, w.global_scale)
+    return F.linear(x, w.dequantize(x.dtype))
 
 
 def _args(w: Nvfp4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,72 @@
+"""A dense linear with NVFP4 weights, weight-only W4A16: y = x @ W^T, W [N, K] read packed.
+
+The same decode as the routed experts (`kernels/moe_mlp_nvfp4.py: _dot`: [BN, BK/2] byte tiles
+of weight rows, one e4m3 block scale per 16 weights, bit-placement E2M1 -> fp16, the global scale
+times 2^14, one dot per K step) over a plain (rows, N) grid: the kernel that serves a dense NVFP4
+projection. Rounded where torch rounds F.linear: fp32 sums, one cast to x's dtype. Capturable (no
+host sync, static grid). Torch twin: `dlmrt.ops.nvfp4.linear_nvfp4` (dequantize, then F.linear).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .moe_mlp_nvfp4 import _dot  # relative: kernels/ imports nothing from dlmrt
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, M, stride_x, stride_wn, stride_sn, stride_y,
+    N: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < M, n < N
+    g = tl.load(g_ptr) * 16384.0  # the decode's 2^-14, undone (exact)
+    a_base = x_ptr + m.to(tl.int64)[:, None] * stride_x
+    w_base = w_ptr + n[:, None] * stride_wn
+    s_base = s_ptr + n[:, None] * stride_sn
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        acc = _dot(a_base, k0, K, m_ok, w_base, s_base, n_ok, g, acc, BK, IEEE)
+    out = y_ptr + m.to(tl.int64)[:, None] * stride_y + n[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def linear_nvfp4(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    block_scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    bm: int | None = None,
+    bn: int = 64,
+    bk: int = 128,
+    warps: int = 4,
+) -> torch.Tensor:
+    """x [..., K]; packed uint8 [N, K/2], block_scale e4m3 (or fp32) [N, K/16], global_scale fp32
+    [] or [1] -> [..., N] in x's dtype. BM: 16 for up to 16 rows, else 64."""
+    if bk % 32:
+        raise ValueError(f"linear_nvfp4: bk must be a multiple of 32, got {bk}")
+    n, half = packed.shape
+    if x.shape[-1] != 2 * half or block_scale.shape != (n, half // 8):
+        raise ValueError(
+            f"linear_nvfp4: x [..., {x.shape[-1]}] does not fit packed {list(packed.shape)} / "
+            f"block_scale {list(block_scale.shape)} (K = 2 x packed columns = 16 x scale columns)"
+        )
+    if packed.stride(-1) != 1 or block_scale.stride(-1) != 1:
+        raise ValueError("linear_nvfp4: weight rows and block scales need unit stride")
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    rows = x2.shape[0]
+    bm = bm or (16 if rows <= 16 else 64)
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    g = global_scale.float().reshape(1)
+    _linear_kernel[(triton.cdiv(rows, bm), triton.cdiv(n, bn))](
+        x2, packed, block_scale, g, y, rows, x2.stride(0), packed.stride(0), block_scale.stride(0),
+        y.stride(0), N=n, K=2 * half, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
+        num_warps=warps,
+    )  # fmt: skip
+    return y.reshape(*x.shape[:-1], n)
