@@ -54,6 +54,13 @@ def _staging(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
+def _pack(row: torch.Tensor, canvas: torch.Tensor, scalars: tuple[torch.Tensor, ...]) -> None:
+    """Device side (capturable): row = [canvas | scalars] (int64)."""
+    b = canvas.numel()
+    row[:b].copy_(canvas)
+    row[b:].copy_(torch.stack(scalars))
+
+
 class BlockIO:
     def __init__(self, buf: BlockBuffers, fb: FoldBuffers, device: torch.device) -> None:
         self.buf, self.fb, self.rows = buf, fb, buf.canvas.numel()
@@ -108,9 +115,8 @@ class BlockIO:
 
     def pack(self) -> None:
         """Device side (capturable): what the host reads after the round loop, in one row."""
-        b, buf = self.rows, self.buf
-        self.report[:b].copy_(buf.canvas)
-        self.report[b:].copy_(torch.stack((buf.step, buf.halt.long(), buf.done.long())))
+        buf = self.buf
+        _pack(self.report, buf.canvas, (buf.step, buf.halt.long(), buf.done.long()))
 
     def _copy_out(self) -> None:
         self.host_out.copy_(self.report, non_blocking=self.cuda)
@@ -118,23 +124,24 @@ class BlockIO:
     def _fold_out(self) -> None:
         """Device side (capturable): block b-1's canvas, rounds, joint passes and redo flag, packed
         and copied to the pinned host row."""
-        b, fb = self.rows, self.fb
-        self.fold_report[:b].copy_(fb.canvas)
-        self.fold_report[b:].copy_(torch.stack((fb.step, fb.passes, fb.redo.long())))
+        fb = self.fb
+        _pack(self.fold_report, fb.canvas, (fb.step, fb.passes, fb.redo.long()))
         self.host_fold.copy_(self.fold_report, non_blocking=self.cuda)
+
+    def _values(self, host: torch.Tensor) -> tuple[list[int], list[int]]:
+        """(canvas, scalars) of a pinned row, once the copies into it are done (one sync)."""
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        values = host.tolist()
+        return values[: self.rows], values[self.rows :]
 
     def read_fold(self) -> FoldReport:
         """The one read-back of a folded check (after the `fold_out` pass ran)."""
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
-        values, b = self.host_fold.tolist(), self.rows
-        return FoldReport(values[:b], values[b], values[b + 1], bool(values[b + 2]))
+        canvas, (step, passes, redo) = self._values(self.host_fold)
+        return FoldReport(canvas, step, passes, bool(redo))
 
     def read(self) -> Report:
         """The one read-back of a block (after the `report` and `copy_out` passes ran)."""
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
+        canvas, (step, halt, done) = self._values(self.host_out)
         self.in_flight = False
-        values = self.host_out.tolist()
-        b = self.rows
-        return Report(values[:b], values[b], bool(values[b + 1]), bool(values[b + 2]))
+        return Report(canvas, step, bool(halt), bool(done))

@@ -157,13 +157,13 @@ class BlockEngine:
                 runner.chain(tail_parts, req.should_stop)
             else:  # one launch in block_graph: copy in .. copy out
                 runner.chain(head + tail_parts, req.should_stop)
-                res.denoising_forwards += int(pending)  # one joint pass: never redone
             out = prog.io.read()  # the block's one read-back
             if not out.halt:
                 raise RuntimeError(
                     f"block {b} did not finish in {prog.rounds.cap} rounds ({spec.rule.name})"
                 )
-            res.denoising_forwards += out.step - int(pending)  # incl. a joint pass's round 0
+            # out.step counts a joint pass as block b's round 0; `_settle` counted it already
+            res.denoising_forwards += out.step - int(pending and unsettled)
             if prog.trace is not None:
                 for record in prog.trace.records(b, out.step):
                     req.recorder(record)
