@@ -28,32 +28,29 @@ import json
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext
-from dlmrt.models.layers import rope_cos_sin
 from dlmrt.models.residual import soft_embedding
 from dlmrt.train.data import SFTPacks
 from dlmrt.train.export import save_tensors, write_json
 from dlmrt.train.masks import attention_mask
 from dlmrt.train.model import state_tensors
 from dlmrt.train.orl.config import ORLConfig
+from dlmrt.train.orl.replay import replay_logits
 from dlmrt.train.orl.start import start_model
 
 
 def forward_with_z(model, ids, ctx, rows: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Logits of `rows` when those rows get the residual z (`BlockLM.forward`'s order)."""
-    h = model.embed_table[ids]
-    receives = torch.ones(len(rows), dtype=torch.bool, device=ids.device)
-    h = h.index_copy(0, rows, model.adapter.inject(h[rows], z, receives))
-    rope = rope_cos_sin(ctx.positions, model.rotary_dim, model.cfg.rope_theta, h.dtype)
-    residual = None
-    for layer in model.model.layers:
-        h, residual = layer(h, residual, rope, ctx)
-    return model.lm_head(model.model.norm(h[rows], residual[rows])[0])
+    """Logits of `rows` when those rows get the residual z: the ORL replay's forward
+    (`dlmrt/train/orl/replay.py`) over a row whose noisy rows are `rows`, all unresolved."""
+    unresolved = torch.ones(len(rows), dtype=torch.bool, device=ids.device)
+    row = SimpleNamespace(ids=ids, positions=ctx.positions, noisy=rows, z=z, unresolved=unresolved)
+    return replay_logits(model, row, ctx.mask)  # the fields of a PackedRow replay reads
 
 
 def step_losses(model, batch, tau: float) -> dict[str, torch.Tensor]:
