@@ -10,9 +10,12 @@ A leaf module: imports nothing from dlmrt (the decoding and model layers read `a
 
 from __future__ import annotations
 
+import atexit
+import collections
 import datetime
 import os
 import pickle
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,13 +49,14 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks, in place (every rank gets the same bits)."""
-        _guard("all_reduce", self, lambda: dist.all_reduce(x))
+        _guard("all_reduce", self, lambda: dist.all_reduce(x), x)
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[world, *x.shape]: every rank's x, in rank order."""
         out = torch.empty((self.world * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        _guard("all_gather", self, lambda: _ALL_GATHER(out, x.contiguous()))
+        src = x.contiguous()
+        _guard("all_gather", self, lambda: _ALL_GATHER(out, src), out, src)
         return out.view(self.world, *x.shape)
 
     def broadcast_object(self, obj: Any = None) -> Any:
@@ -60,23 +64,48 @@ class TPGroup:
         (gloo, CPU tensors, no timeout: followers may wait for the next request for hours)."""
         data = pickle.dumps(obj) if self.is_root else b""
         size = torch.tensor([len(data)], dtype=torch.long)
-        _guard("broadcast", self, lambda: dist.broadcast(size, 0, group=self.control))
+        _guard("broadcast", self, lambda: dist.broadcast(size, 0, group=self.control), size)
         buf = torch.zeros(int(size), dtype=torch.uint8)
         if self.is_root:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        _guard("broadcast", self, lambda: dist.broadcast(buf, 0, group=self.control))
+        _guard("broadcast", self, lambda: dist.broadcast(buf, 0, group=self.control), buf)
         return obj if self.is_root else pickle.loads(buf.numpy().tobytes())
 
     def broadcast_flag(self, value: bool) -> bool:
         """Rank 0's `value` on every rank (one byte over the control group)."""
         flag = torch.tensor([int(value)], dtype=torch.uint8)
-        _guard("broadcast", self, lambda: dist.broadcast(flag, 0, group=self.control))
+        _guard("broadcast", self, lambda: dist.broadcast(flag, 0, group=self.control), flag)
         return bool(flag.item())
 
 
-def _guard(op: str, group: TPGroup, fn: Callable[[], Any]) -> None:
-    """Run a collective; a failure (a dead peer, a timeout) becomes `PeerLost` naming the op.
-    Under CUDA graph capture the collective is only recorded: no error can surface here."""
+# The CPU tensors of the last collectives and their use counts before each. A gloo worker thread
+# releases a finished collective a moment after `wait` returns, and releasing a tensor that
+# Python also holds takes the GIL (the TensorImpl drops its strong reference to its Python
+# object); during interpreter teardown that ends the thread inside a noexcept destructor and the
+# process aborts ("terminate called without an active exception", rank 0 or 1 at random, after a
+# request that succeeded: seen on CI under load, traced with gdb to ~AsyncBroadcastWork in
+# ProcessGroupGloo::runLoop). So at exit (`_drain`, before teardown) we wait, GIL released,
+# until the workers have let go of them (use counts back), at most DRAIN_S.
+_RECENT: collections.deque = collections.deque(maxlen=16)
+DRAIN_S = 2.0
+
+
+def _drain() -> None:
+    deadline = time.monotonic() + DRAIN_S
+    for tensors, counts in list(_RECENT):
+        for t, n in zip(tensors, counts, strict=True):
+            while t._use_count() > n and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+
+atexit.register(_drain)
+
+
+def _guard(op: str, group: TPGroup, fn: Callable[[], Any], *tensors: torch.Tensor) -> None:
+    """Run a collective over `tensors`; a failure (a dead peer, a timeout) becomes `PeerLost`
+    naming the op. Under CUDA graph capture the collective is only recorded: no error here."""
+    if all(t.device.type == "cpu" for t in tensors):  # gloo (NCCL's CUDA tensors: not needed)
+        _RECENT.append((tensors, [t._use_count() for t in tensors]))
     try:
         fn()
     except Exception as e:  # gloo / NCCL raise RuntimeError or DistBackendError subclasses
