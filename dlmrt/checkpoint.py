@@ -166,13 +166,15 @@ def load_checkpoint(
     path: str | Path, dtype: torch.dtype, device: torch.device, *, check_finite: bool = True,
     quantization: str | None = None,
     shard: Callable[[torch.nn.Module], Any] | None = None,  # TP: dlmrt/distributed/loading.py
+    activations: str = "none",
 ) -> Checkpoint:  # fmt: skip
     """Load `path` (an HF-format directory) into the registered family's model.
 
     check_finite: every floating-point tensor, as stored in `dtype` on `device`, must be free of
     NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check.
     quantization: None runs an FP8 checkpoint's FP8 weights in FP8, "fp8" also quantizes the other
-    candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md)."""
+    candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md).
+    activations: "nvfp4" emulates W4A4 on the NVFP4 routed experts (`quant/placement.py`)."""
     root = _directory(Path(path))
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)
@@ -205,7 +207,7 @@ def load_checkpoint(
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
-    place_fp8(model, fp8, why, device)
+    place_fp8(model, fp8, why, device, activations)
     log.info(
         "loaded %s (%s, %s%s) on %s in %s", root, arch, "tied" if tied else "untied",
         ", ORL residual" if getattr(config, "residual", None) else "", device, dtype,

@@ -11,6 +11,7 @@ from dlmrt.engine.kv_cache import KV_CACHE_DTYPES  # as vLLM's --kv-cache-dtype;
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ROLES = ("base", "orl")
 QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
+ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 experts (docs/quantization.md)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +74,15 @@ class EngineConfig:
             "choices": QUANTIZATIONS,
         },
     )
+    activations: str = field(
+        default="none",
+        metadata={
+            "help": "none | nvfp4: nvfp4 quantize-dequantizes the inputs of an NVFP4 checkpoint's "
+            "expert GEMMs per 16 with its static input scales (Blackwell's W4A4 numerics, "
+            "emulated: no faster); none: weight-only W4A16",
+            "choices": ACTIVATIONS,
+        },
+    )
     kv_cache_dtype: str = field(
         default="auto",
         metadata={
@@ -91,6 +101,10 @@ class EngineConfig:
             raise ValueError(
                 f"quantization: expected one of {', '.join(QUANTIZATIONS)}, "
                 f"got {self.quantization!r}"
+            )
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(
+                f"activations: expected one of {', '.join(ACTIVATIONS)}, got {self.activations!r}"
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(

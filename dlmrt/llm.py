@@ -26,13 +26,7 @@ from dlmrt.draft_stream import DraftStream
 from dlmrt.drafts import DraftBuilder, DraftCallback, chain
 from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
 from dlmrt.errors import CheckpointError
-from dlmrt.outputs import (
-    BlockCallback,
-    CanvasRecorder,
-    GenerationOutput,
-    Recorder,
-    StopCheck,
-)
+from dlmrt.outputs import BlockCallback, CanvasRecorder, GenerationOutput, Recorder, StopCheck
 from dlmrt.params import DecodeParams
 from dlmrt.quant.config import kv_cache_dtype_for
 from dlmrt.request_checks import (
@@ -57,7 +51,8 @@ class LLM:
     >>> out.text, out.tokens_per_forward, out.request_tps
 
     quantization="fp8" quantizes the linear weights to FP8 at load; an FP8 checkpoint is detected
-    from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena.
+    from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena;
+    activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's experts (numerics, not speed).
     """
 
     def __init__(
@@ -72,6 +67,7 @@ class LLM:
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         tensor_parallel_size: int | None = None,
+        activations: str = "none",
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
@@ -86,6 +82,7 @@ class LLM:
             quantization=quantization,
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
+            activations=activations,
         )
         config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
         if model is None:
@@ -103,6 +100,7 @@ class LLM:
         ckpt = load_checkpoint(
             path, config.torch_dtype(), config.torch_device(), check_finite=check,
             quantization=config.quantization, shard=tp_setup.loader(self.group),
+            activations=config.activations,
         )  # fmt: skip
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
         if model is None and self.device.type == "cuda":

@@ -150,6 +150,7 @@ def moe_mlp_nvfp4(
     warps: int = 4,
     stages: int | None = None,
     bm: int | None = None,  # rows of an expert tile (see `_tiles`)
+    hidden_hook=None,  # maps the hidden act(gate) * up [pairs, I] between the two GEMMs (W4A4)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k]; gate / up ([E, I, H/2] uint8, [E, I, H/16] e4m3 or
     fp32, [E] fp32), down ([E, H, I/2], [E, H, I/16], [E]) with unit-stride rows -> [rows, H]."""
@@ -175,6 +176,8 @@ def moe_mlp_nvfp4(
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",
         BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
+    if hidden_hook is not None:  # rows of h are (row, expert) pairs; the hook is per row
+        h = hidden_hook(h).contiguous()
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
         hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,

@@ -90,11 +90,14 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
         self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
+        self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: quant/placement.py
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         # sum_dtype=x.dtype: transformers accumulates the experts in the model dtype (twin only)
         if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
-            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "gelu_tanh", x.dtype)
+            return moe_mlp_nvfp4(
+                x, weights, index, *self.nvfp4, "gelu_tanh", x.dtype, act_scales=self.nvfp4_act
+            )
         return ops.moe_mlp(
             x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh",
             sum_dtype=x.dtype, scales=self.fp8_scales,

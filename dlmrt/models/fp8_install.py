@@ -100,7 +100,7 @@ class _Installer:
         log.info("nvfp4 %s: NVFP4 weight-only W4A16 (routed experts)", prefix)
 
     def nvfp4_to_device(self, w: Nvfp4Weight) -> Nvfp4Weight:
-        return Nvfp4Weight(*(t.to(self.device) for t in (w.packed, w.block_scale, w.global_scale)))
+        return w.to(self.device)
 
 
 def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:

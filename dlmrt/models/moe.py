@@ -63,10 +63,11 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
         self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
+        self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: quant/placement.py
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
-            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu")
+            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu", act_scales=self.nvfp4_act)
         gate_up = (self.gate_proj, self.up_proj)
         return ops.moe_mlp(
             x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales

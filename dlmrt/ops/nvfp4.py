@@ -6,7 +6,7 @@ decoded in registers, bf16 multiplies); otherwise the twin: dequantize the weigh
 then `reference.moe_mlp` / `F.linear`. The models call the expert op; the loader still dequantizes
 dense NVFP4 weights at load (docs/quantization.md), so `linear_nvfp4` has no model caller yet.
 The op takes `Nvfp4Weight`s, not a kernel's argument list, so a Blackwell kernel with FP4 tensor
-cores (W4A4) can be slotted in behind it later. Optional activation emulation: `fake_quant_act`.
+cores (W4A4) can be slotted in behind it later. Optional W4A4 emulation on Hopper: `act_scales`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from dlmrt.ops import _MOE_DTYPES, implementation, reference
-from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight, encode
+from dlmrt.quant.fp8 import FP8, FP8_MAX
+from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight
 
 
 def _kernel():
@@ -52,17 +53,50 @@ def moe_mlp_nvfp4(
     down: Nvfp4Weight,
     activation: str,
     sum_dtype: torch.dtype | None = None,
+    act_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """`ops.moe_mlp` with NVFP4 stacked weights gate / up [E, I, H], down [E, H, I]."""
+    """`ops.moe_mlp` with NVFP4 stacked weights gate / up [E, I, H], down [E, H, I].
+
+    `act_scales` (x's, the hidden's input scale; `act_quantizers`): W4A4 emulation, both GEMM
+    inputs NVFP4 quantize-dequantized per 16 (`fake_quant_act`) on both paths; None: W4A16."""
+    hook = None
+    if act_scales is not None:
+        x = fake_quant_act(x, act_scales[0])
+        hook = lambda h: fake_quant_act(h, act_scales[1])  # noqa: E731
     if x.is_cuda and x.dtype in _MOE_DTYPES and implementation("moe_mlp") == "triton":
-        return _kernel()(x, weights, index, _args(gate), _args(up), _args(down), activation)
+        args = (_args(gate), _args(up), _args(down))
+        return _kernel()(x, weights, index, *args, activation, hidden_hook=hook)
     g, u, d = (w.dequantize(x.dtype) for w in (gate, up, down))
-    return reference.moe_mlp(x, weights, index, (g, u), d, activation, sum_dtype)
+    return reference.moe_mlp(x, weights, index, (g, u), d, activation, sum_dtype, hook)
 
 
 def fake_quant_act(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
-    """NVFP4 quantize-dequantize of activations x [M, K] per 16 along K with the global
-    `input_scale` (ModelOpt's, amax / (6 * 448)): Blackwell's W4A4 activation numerics in x's dtype."""
-    amax16 = x.float().abs().unflatten(-1, (-1, BLOCK)).amax(dim=-1)
-    q = encode(x, amax16 / E2M1_MAX, input_scale.float().reshape(()))
-    return q.dequantize(x.dtype)
+    """NVFP4 quantize-dequantize of activations x [..., K] per 16 along K with the global
+    `input_scale` (ModelOpt's, amax / (6 * 448)): Blackwell's W4A4 activation numerics in x's dtype.
+
+    The values of `encode(x, amax16 / 6, input_scale).dequantize(x.dtype)` (tests/quant/
+    test_nvfp4_act.py), computed without tables or host data so it can be captured in a CUDA graph:
+    on the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6} nearest-even rounding is torch.round (half to
+    even) at step 1/2 below 2 and step 1 below 4 (the even codes sit on the even multiples), and
+    4 / 6 split at 5 (a tie goes to 4, code 6)."""
+    g = input_scale.float().reshape(())
+    blocks = x.float().unflatten(-1, (-1, BLOCK))
+    amax16 = blocks.abs().amax(dim=-1, keepdim=True)
+    step = ((amax16 / E2M1_MAX) / g).clamp(0, FP8_MAX).to(FP8).float() * g  # e4m3 block scale
+    a = torch.where(step > 0, blocks.abs() / step.clamp_min(1e-30), 0.0).clamp(max=E2M1_MAX)
+    q = torch.where(a < 2, torch.round(2 * a) / 2, torch.where(a < 4, torch.round(a), 0.0))
+    q = torch.where(a >= 4, torch.where(a <= 5, 4.0, E2M1_MAX), q)
+    return torch.where(blocks < 0, -q, q).mul(step).flatten(-2).to(x.dtype)
+
+
+def act_quantizers(gate: Nvfp4Weight, up: Nvfp4Weight, down: Nvfp4Weight) -> tuple:
+    """(x's, the hidden's) input scales for `moe_mlp_nvfp4`'s W4A4 emulation: gate and up share
+    one input, so the larger of their scales. Raises ValueError when a weight has none."""
+    for name, w in (("gate", gate), ("up", up), ("down", down)):
+        if w.input_scale is None:
+            raise ValueError(
+                f"activations='nvfp4': the {name} projection's NVFP4 weight has no input scale "
+                "(the checkpoint must store static activation scales: ModelOpt `input_scale`, "
+                "compressed-tensors `input_global_scale`; `dlmrt quantize` writes them)"
+            )
+    return torch.maximum(gate.input_scale, up.input_scale), down.input_scale

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -203,8 +205,10 @@ def moe_mlp(
     down: torch.Tensor,  # [experts, hidden, inter]
     activation: str,  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     sum_dtype: torch.dtype | None = None,
+    hidden_hook: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """sum_j weights[r, j] * down_e(act(gate_e x_r) * up_e x_r), e = index[r, j]; [rows, hidden].
+    `hidden_hook` (NVFP4 W4A4 emulation) maps each act(gate) * up before its down projection.
 
     A loop over the active experts (ascending id) with gather / index_add, as the HF references.
     A fused gate_up (gate rows first) is one linear per expert, a (gate, up) pair two. Each weighted
@@ -221,6 +225,7 @@ def moe_mlp(
             gate, up = F.linear(xe, gate_up[0][e]), F.linear(xe, gate_up[1][e])
         else:
             gate, up = F.linear(xe, gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(act(gate) * up, down[e])
+        h = act(gate) * up
+        y = F.linear(h if hidden_hook is None else hidden_hook(h), down[e])
         out.index_add_(0, rows, (y * weights[rows, slot, None]).to(acc))
     return out.to(x.dtype)

@@ -4,7 +4,10 @@ A weight w [N, K] (or stacked experts [E, N, K]) is stored as
 - `packed` uint8 [..., N, K/2]: code of element 2j in the low nibble, element 2j+1 in the high one;
   a code is sign (bit 3) | E2M1 magnitude index (bits 0-2) into `E2M1_VALUES`;
 - `block_scale` e4m3 [..., N, K/16]: one scale per 16 consecutive elements of a row;
-- `global_scale` fp32 [] (dense) or [E] (per expert): w ≈ e2m1(code) * block_scale * global_scale.
+- `global_scale` fp32 [] (dense) or [E] (per expert): w ≈ e2m1(code) * block_scale * global_scale;
+- `input_scale` fp32 [] or None: the checkpoint's static activation global scale (ModelOpt's
+  `input_scale` = amax / (6 * 448); one per layer, the largest expert's for stacked experts, as
+  one quantizer serves all experts of a layer); only `activations="nvfp4"` emulation reads it.
 This is ModelOpt's layout (`weight`, `weight_scale`, `weight_scale_2`); compressed-tensors stores the
 reciprocal global scale (`weight_global_scale`), the reader inverts it (`nvfp4_reader.py`).
 `quantize_nvfp4` picks the scales as ModelOpt does: global = amax / (6 * 448), block = amax16 / 6
@@ -60,11 +63,13 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class Nvfp4Weight:
-    """packed uint8 [..., N, K/2]; block_scale e4m3 [..., N, K/16]; global_scale fp32 [] / [E]."""
+    """packed uint8 [..., N, K/2]; block_scale e4m3 [..., N, K/16]; global_scale fp32 [] / [E];
+    input_scale fp32 [] or None."""
 
     packed: torch.Tensor
     block_scale: torch.Tensor
     global_scale: torch.Tensor
+    input_scale: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -93,7 +98,13 @@ class Nvfp4Weight:
             self.packed.narrow(dim, start, rows),
             self.block_scale.narrow(dim, start, rows),
             self.global_scale,
+            self.input_scale,
         )
+
+    def to(self, device: torch.device) -> Nvfp4Weight:
+        moved = (t.to(device) for t in (self.packed, self.block_scale, self.global_scale))
+        scale = None if self.input_scale is None else self.input_scale.to(device)
+        return Nvfp4Weight(*moved, scale)
 
 
 def check_k(w: torch.Tensor, what: str = "quantize_nvfp4") -> None:

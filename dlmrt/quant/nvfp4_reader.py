@@ -8,7 +8,10 @@ stored names of a weight W (a model parameter `x.weight`, or a stacked `experts.
                       `weight_global_scale` / `_global_scale` fp32 = 1 / (ModelOpt's global scale)
 
 A global scale is a scalar ([] or [1]) or, for a stacked tensor, one per expert ([E], [E, 1]).
-Static input scales (`input_scale`, `input_global_scale`) are dropped: dlmrt runs weight-only W4A16.
+A weight's static input scale (ModelOpt `x.input_scale` / `W_input_scale`, compressed-tensors
+`x.input_global_scale` / `W_input_global_scale` = its reciprocal) is kept on the Nvfp4Weight
+(`input_scale`, ModelOpt's convention; a stacked weight's the largest expert's): dlmrt runs W4A16
+and reads it only for `activations="nvfp4"` emulation. Other input scales are dropped.
 `split` renames a packed weight to its parameter and gives it the unpacked shape [.., N, K], so the
 loader's strict check is unchanged; `take` returns it dequantized (fp32) and keeps the Nvfp4Weight.
 Each malformed tensor is a CheckpointError naming it and its file.
@@ -39,6 +42,14 @@ def stored_names(weight: str, method: str) -> tuple[str, str, str]:
     return weight + "_packed", weight + "_scale", weight + "_global_scale"  # x.weight_packed ...
 
 
+def input_scale_name(weight: str, method: str, found: Found) -> str | None:
+    """The stored static input scale of parameter-side `weight` when the checkpoint has one."""
+    suffix = "input_scale" if method == MODELOPT else "input_global_scale"
+    name = weight.removesuffix(".weight") + "." + suffix if weight.endswith(".weight") else None
+    name = name or f"{weight}_{suffix}"
+    return name if name in found else None
+
+
 def _weight_of(name: str, found: Found, method: str) -> str | None:
     """The parameter-side weight name if `name` is a stored NVFP4 weight, else None."""
     if method == MODELOPT:
@@ -49,7 +60,7 @@ def _weight_of(name: str, found: Found, method: str) -> str | None:
 class Nvfp4Reader:
     """Built by `split`; `take` each streamed tensor; `weights(params)` the collected weights."""
 
-    def __init__(self, qcfg: QuantConfig, aux: dict[str, tuple[Path, torch.Tensor, torch.Tensor]],
+    def __init__(self, qcfg: QuantConfig, aux: dict[str, tuple],
                  source: dict[str, str], slices: dict[str, tuple[str, int]]) -> None:  # fmt: skip
         self.qcfg, self.aux, self.source, self.slices = qcfg, aux, source, slices
         self.ignore = qcfg.ignore
@@ -70,7 +81,7 @@ class Nvfp4Reader:
                         f"{found[packed][0]}: NVFP4 weight '{source[packed]}' has no {what} "
                         f"(expected a tensor '{name}')"
                     )
-            aux_names[weight] = (block, glob)
+            aux_names[weight] = (block, glob, input_scale_name(weight, qcfg.method, found))
             _check_packed_shape(found, source, packed, block)
         taken = set(weights.values()) | {n for pair in aux_names.values() for n in pair}
         rest: Found = {}
@@ -120,10 +131,12 @@ class Nvfp4Reader:
                     "must be"
                 )
             ws = [parts[e] for e in range(experts)]
+            inputs = [w.input_scale for w in ws]
             out[param] = Nvfp4Weight(
                 torch.stack([w.packed for w in ws]),
                 torch.stack([w.block_scale for w in ws]),
                 torch.stack([w.global_scale for w in ws]),
+                None if None in inputs else torch.stack(inputs).amax(),
             )
         return out
 
@@ -140,31 +153,28 @@ def _check_packed_shape(found: Found, source: dict[str, str], packed: str, block
         )
 
 
-def _read_aux(found: Found, source: dict[str, str], names: dict[str, tuple[str, str]]
-              ) -> dict[str, tuple[Path, torch.Tensor, torch.Tensor]]:  # fmt: skip
-    """weight -> (file, block scale, global scale) read from the files (scales are small)."""
+def _read_aux(found: Found, source: dict[str, str], names: dict[str, tuple[str, str, str | None]]
+              ) -> dict[str, tuple]:  # fmt: skip
+    """weight -> (file, block scale, global scale, input scale or None) read from the files
+    (scales are small; each file opened once)."""
+    wanted = {n for triple in names.values() for n in triple if n is not None}
     by_file: dict[Path, list[str]] = {}
-    for weight, (block, _) in names.items():
-        by_file.setdefault(found[block][0], []).append(weight)
-    out = {}
-    for f, weights in by_file.items():
+    for name in wanted:
+        by_file.setdefault(found[name][0], []).append(name)
+    got: dict[str, torch.Tensor] = {}
+    for f, tensors in by_file.items():
         with safe_open(str(f), framework="pt", device="cpu") as st:
-            for w in weights:
-                block, glob = names[w]
-                g_file = found[glob][0]
-                if g_file == f:
-                    g = st.get_tensor(source[glob])
-                else:
-                    with safe_open(str(g_file), framework="pt", device="cpu") as st2:
-                        g = st2.get_tensor(source[glob])
-                out[w] = (f, st.get_tensor(source[block]), g)
-    return out
+            got |= {n: st.get_tensor(source[n]) for n in tensors}
+    return {
+        w: (found[block][0], got[block], got[glob], None if inp is None else got[inp])
+        for w, (block, glob, inp) in names.items()
+    }
 
 
 def _build(name: str, stored: str, f: Path, packed: torch.Tensor,
-           aux: tuple[Path, torch.Tensor, torch.Tensor], method: str) -> Nvfp4Weight:  # fmt: skip
+           aux: tuple, method: str) -> Nvfp4Weight:  # fmt: skip
     """Check one stored NVFP4 weight's dtypes and shapes; its Nvfp4Weight (ModelOpt's scales)."""
-    _, block, glob = aux
+    _, block, glob, inp = aux
     block_name, glob_name = stored_names(name, method)[1:]
     if packed.dtype != torch.uint8:
         raise CheckpointError(
@@ -194,4 +204,18 @@ def _build(name: str, stored: str, f: Path, packed: torch.Tensor,
     g = g.expand(experts).contiguous() if experts is not None else g[0]
     if method != MODELOPT:
         g = 1.0 / g  # compressed-tensors stores the reciprocal (w = code * scale / global)
-    return Nvfp4Weight(packed, block, g)
+    return Nvfp4Weight(packed, block, g, _input_scale(f, stored, inp, allowed, method))
+
+
+def _input_scale(f: Path, stored: str, inp: torch.Tensor | None, allowed: list, method: str
+                 ) -> torch.Tensor | None:  # fmt: skip
+    """A weight's input scale as ModelOpt's fp32 [] (per expert: the largest), or None."""
+    if inp is None:
+        return None
+    if not inp.is_floating_point() or tuple(inp.shape) not in allowed:
+        raise CheckpointError(
+            f"{f}: the NVFP4 input scale of '{stored}' is {str(inp.dtype).removeprefix('torch.')} "
+            f"{list(inp.shape)}, expected float32 of shape one of {[list(s) for s in allowed]}"
+        )
+    scale = inp.float().reshape(-1)
+    return (scale if method == MODELOPT else 1.0 / scale).amax()

@@ -99,15 +99,24 @@ def place_fp8(
     fp8: dict[str, Fp8Weight],
     why: dict[str, str],
     device: torch.device,
+    activations: str = "none",
 ) -> dict[str, Fp8Weight]:
     """Run what the model can in FP8 (CUDA + `model.use_fp8`); the rest stays dequantized.
 
-    Returns the FP8 weights the model runs (empty on CPU). Logs what is FP8 and what is not, why."""
+    Returns the FP8 weights the model runs (empty on CPU). Logs what is FP8 and what is not, why.
+    activations="nvfp4": the NVFP4 experts are installed on any device (on the CPU their twin
+    runs them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`)."""
+    if activations == "nvfp4" and not any(isinstance(w, Nvfp4Weight) for w in fp8.values()):
+        raise ValueError("activations='nvfp4': the checkpoint has no NVFP4 weights to emulate "
+                         "W4A4 with (an NVFP4 checkpoint, loaded without quantization='none')")  # fmt: skip
     if not fp8 and not why:
         return {}
     dtype = next(model.parameters()).dtype
     running: dict[str, Fp8Weight] = {}
-    if not has_fp8_kernels(device):
+    if activations == "nvfp4" and hasattr(model, "use_fp8"):
+        running, _ = install(model, fp8)
+        emulate_w4a4(model)
+    elif not has_fp8_kernels(device):
         reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
         why |= {n: reason for n in fp8}
     elif not hasattr(model, "use_fp8"):
@@ -121,6 +130,21 @@ def place_fp8(
             )
     _log(running, why)
     return running
+
+
+def emulate_w4a4(model: torch.nn.Module) -> int:
+    """Give every NVFP4 expert module its activation quantizers (`ops.nvfp4.act_quantizers`:
+    ValueError naming a missing input scale); the number of modules. Dense NVFP4 weights were
+    dequantized at load and run W16A16 (logged)."""
+    from dlmrt.ops.nvfp4 import act_quantizers
+
+    experts = [m for m in model.modules() if getattr(m, "nvfp4", None) is not None]
+    for m in experts:
+        m.nvfp4_act = act_quantizers(*m.nvfp4)
+    log.info("NVFP4 W4A4 emulation: the inputs of %d expert layer(s) quantize-dequantized per 16 "
+             "(Blackwell's numerics, not its speed); dense NVFP4 weights run dequantized",
+             len(experts))  # fmt: skip
+    return len(experts)
 
 
 def has_fp8_kernels(device: torch.device) -> bool:

@@ -39,3 +39,30 @@ def test_nvfp4_checkpoint_on_cuda_modes_agree(tmp_path, family, fmt):
     assert_modes_agree(outs, family, fmt)
     plain = LLM(path, device="cuda", mode="eager", quantization="none")  # dequantized bf16
     assert not any(getattr(m, "nvfp4", None) is not None for m in plain.model.modules())
+
+
+@pytest.mark.parametrize("family", ["llada2", "dg"])
+def test_w4a4_emulation_on_cuda_modes_agree_and_match_the_cpu_twin(tmp_path, family):
+    """activations="nvfp4": the quantize-dequantize of the expert inputs is captured in the
+    graphs (the three modes agree) and the kernel path's layer equals the CPU twin's closely."""
+    import torch as t
+
+    src = nvfp4_sources(tmp_path / "src")[family]
+    amax = lambda name: t.tensor(3.0)  # noqa: E731
+    path = write_nvfp4_checkpoint(src, tmp_path / "w4a4", input_amax=amax)
+    llms = {m: LLM(path, device="cuda", mode=m, activations="nvfp4") for m in MODES}
+    vocab = 96 if family == "dg" else 256
+    prompt = [(31 * i + 7) % (vocab - 6) + 6 for i in range(9)]
+    kw = {"rng": "counter"} if family == "dg" else {}
+    outs = {m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw)
+            for m, llm in llms.items()}  # fmt: skip
+    assert_modes_agree(outs, family, "w4a4")
+    cpu = LLM(path, device="cpu", dtype="float32", mode="eager", activations="nvfp4")
+    gpu = LLM(path, device="cuda", dtype="float32", mode="eager", activations="nvfp4")
+    pick = lambda llm: next(m for m in llm.model.modules() if getattr(m, "nvfp4_act", None))  # noqa: E731
+    a, b = pick(cpu), pick(gpu)
+    x = t.randn(6, a.nvfp4[2].shape[1])  # down [E, H, I]: the hidden size
+    weights, index = t.rand(6, 2), t.tensor([[0, 1], [2, 3], [1, 2], [3, 0], [0, 2], [1, 3]])
+    want = a(x, weights, index)
+    got = b(x.cuda(), weights.cuda(), index.cuda()).cpu()
+    assert (got - want).norm() < 1e-2 * want.norm()

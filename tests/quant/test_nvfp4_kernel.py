@@ -134,3 +134,21 @@ def test_twin_is_dequantize_then_the_plain_op():
         x, weights, index, (deq[:, :16], deq[:, 16:]), down.dequantize(torch.float32), "silu"
     )
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@kernel_test
+def test_the_hidden_hook_runs_between_the_two_gemms_as_in_the_twin():
+    """W4A4 emulation (`activations="nvfp4"`): the hidden act(gate) * up quantize-dequantized
+    before the down projection, in the kernel as in the twin."""
+    from dlmrt.ops.nvfp4 import fake_quant_act
+
+    x, weights, index, gate_up, down = _case(5, 6, 96, 48, 2, torch.float32, seed=2)
+    hook = lambda h: fake_quant_act(h, torch.tensor(0.002, device=h.device))  # noqa: E731
+    got = _run(x, weights, index, gate_up, down, "silu", bk=32, hidden_hook=hook)
+    gate, up = split_gate_up(gate_up)
+    g, u, d = (w.dequantize(x.dtype) for w in (gate, up, down))
+    want = reference.moe_mlp(x, weights, index, (g, u), d, "silu", torch.float32, hook)
+    plain = _run(x, weights, index, gate_up, down, "silu", bk=32)
+    # a hidden value within rounding of an E2M1 midpoint may land on either side: compare norms
+    assert (got - want).norm() < 0.02 * want.norm() < (plain - want).norm()
