@@ -87,6 +87,14 @@ def _gate_up_kernel(
     if SCALED:  # FP8 weights: w = code * scale per output channel, applied to the sums
         acc_g = acc_g * tl.load(gate_scale_ptr + e64 * INTER + n, mask=n_ok, other=0.0)[None, :]
         acc_u = acc_u * tl.load(up_scale_ptr + e64 * INTER + n, mask=n_ok, other=0.0)[None, :]
+    store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER, GELU)
+
+
+@triton.jit
+def store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER: tl.constexpr,
+                 GELU: tl.constexpr):  # fmt: skip
+    """The gate|up epilogue (also kernels/moe_mlp_nvfp4.py's): h = act(gate) * up, each rounded
+    to h's dtype where torch rounds, stored at the tile's sorted (row, expert) positions."""
     dtype = h_ptr.dtype.element_ty
     g = acc_g.to(dtype).to(tl.float32)
     if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
@@ -143,8 +151,15 @@ def _down_kernel(
             acc = tl.dot(a, wd, acc)
     if SCALED:
         acc = acc * tl.load(down_scale_ptr + e64 * H + n, mask=n_ok, other=0.0)[None, :]
+    store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
+
+
+@triton.jit
+def store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H: tl.constexpr):
+    """The down epilogue (also kernels/moe_mlp_nvfp4.py's): y rounded to h's dtype, then times
+    the routing weight (as torch: y, then y * w), stored fp32 at each pair's (row, slot)."""
     weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]  # as torch: y, then y * w
+    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
     tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
 

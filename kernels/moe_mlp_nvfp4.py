@@ -1,6 +1,6 @@
 """Routed gated-MLP experts with NVFP4 weights: weight-only W4A16 on the grouped GEMM of moe_mlp.py.
 
-Same plan, tiles and epilogues as kernels/moe_mlp.py (device-side grouping, capturable, slots
+Same plan, tiles and epilogues (`store_hidden`, `store_weighted`) as kernels/moe_mlp.py (device-side grouping, capturable, slots
 summed in slot order). The weights are read packed: uint8 [E, N, K/2] (two E2M1 codes a byte,
 element 2j in the low nibble), one e4m3 block scale per 16 along K [E, N, K/16] and one fp32
 global scale per expert [E], i.e. 4.5 bits a weight. Each [BN, BK/2] byte tile (rows of the
@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_mlp import BLOCK_M, _tile, plan  # relative: kernels/ imports nothing from dlmrt
+# relative: kernels/ imports nothing from dlmrt
+from .moe_mlp import BLOCK_M, _tile, plan, store_hidden, store_weighted
 
 NVFP4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (packed, block scales, global scales)
 
@@ -86,16 +87,7 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         acc_g = _dot(a_base, k0, H, valid, gw, gs, n_ok, gg, acc_g, BK, IEEE)
         acc_u = _dot(a_base, k0, H, valid, uw, us, n_ok, ug, acc_u, BK, IEEE)
-    dtype = h_ptr.dtype.element_ty
-    g = acc_g.to(dtype).to(tl.float32)
-    if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1 (as kernels/moe_mlp.py)
-        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z)))
-    else:
-        act = g / (1.0 + tl.exp(-g))
-    h = act.to(dtype).to(tl.float32) * acc_u.to(dtype).to(tl.float32)
-    out = h_ptr + pos.to(tl.int64)[:, None] * INTER + n[None, :]
-    tl.store(out, h.to(dtype), mask=valid[:, None] & n_ok[None, :])
+    store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER, GELU)
 
 
 @triton.jit
@@ -118,9 +110,7 @@ def _down_kernel(
     ds = ds_ptr + e64 * stride_dse + n[:, None] * stride_dsn
     for k0 in range(0, INTER, BK):
         acc = _dot(a_base, k0, INTER, valid, dw, ds, n_ok, dg, acc, BK, IEEE)
-    weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]  # as torch: y, then y * w
-    tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
+    store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[int, int]:
