@@ -1,13 +1,13 @@
 """Routed gated-MLP experts with NVFP4 weights: weight-only W4A16 on the grouped GEMM of moe_mlp.py.
 
-Same plan, tiles and epilogues (`store_hidden`, `store_weighted`) as kernels/moe_mlp.py (device-side grouping, capturable, slots
-summed in slot order). The weights are read packed: uint8 [E, N, K/2] (two E2M1 codes a byte,
-element 2j in the low nibble), one e4m3 block scale per 16 along K [E, N, K/16] and one fp32
-global scale per expert [E], i.e. 4.5 bits a weight. Each [BN, BK/2] byte tile (rows of the
-weight, unit stride: coalesced) is decoded in registers by bit placement (`_decode`), its nibbles
-interleaved back into K order, times (block scale * global scale) in fp32 with one scale load per
-16 weights (the twin's arithmetic, so the converted weights equal the twin's dequantized ones),
-rounded to x's dtype and met by one contiguous activation tile in one dot.
+Same plan, tiles and epilogues (`store_hidden`, `store_weighted`) as kernels/moe_mlp.py (device-side
+grouping, capturable, slots summed in slot order). The weights are read packed: uint8 [E, N, K/2]
+(two E2M1 codes a byte, element 2j in the low nibble), one e4m3 block scale per 16 along K [E, N,
+K/16] and one fp32 global scale per expert [E], i.e. 4.5 bits a weight. Each [BN, BK/2] byte tile
+(rows of the weight, unit stride: coalesced) is decoded in registers by bit placement (`_decode`),
+its nibbles interleaved back into K order, times (block scale * global scale) in fp32 with one scale
+load per 16 weights (the twin's arithmetic, so the converted weights equal the twin's dequantized
+ones), rounded to x's dtype and met by one contiguous activation tile in one dot.
 The block scales may be passed already as fp32 (the CPU interpreter's e4m3 casts round wrongly;
 tests/quant/test_nvfp4_kernel.py); on the GPU they are read as e4m3.
 Torch twin: `dlmrt.ops.nvfp4.moe_mlp_nvfp4` (dequantize, then the bf16 op).

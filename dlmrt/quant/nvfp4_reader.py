@@ -42,7 +42,7 @@ def stored_names(weight: str, method: str) -> tuple[str, str, str]:
     return weight + "_packed", weight + "_scale", weight + "_global_scale"  # x.weight_packed ...
 
 
-def input_scale_name(weight: str, method: str, found: Found) -> str | None:
+def _input_scale_name(weight: str, method: str, found: Found) -> str | None:
     """The stored static input scale of parameter-side `weight` when the checkpoint has one."""
     suffix = "input_scale" if method == MODELOPT else "input_global_scale"
     name = weight.removesuffix(".weight") + "." + suffix if weight.endswith(".weight") else None
@@ -81,9 +81,9 @@ class Nvfp4Reader:
                         f"{found[packed][0]}: NVFP4 weight '{source[packed]}' has no {what} "
                         f"(expected a tensor '{name}')"
                     )
-            aux_names[weight] = (block, glob, input_scale_name(weight, qcfg.method, found))
+            aux_names[weight] = (block, glob, _input_scale_name(weight, qcfg.method, found))
             _check_packed_shape(found, source, packed, block)
-        taken = set(weights.values()) | {n for pair in aux_names.values() for n in pair}
+        taken = set(weights.values()) | {n for aux in aux_names.values() for n in aux if n}
         rest: Found = {}
         for name, entry in found.items():
             if name in taken or name.endswith(INPUT_SCALES + KV_SCALES):
@@ -136,7 +136,7 @@ class Nvfp4Reader:
                 torch.stack([w.packed for w in ws]),
                 torch.stack([w.block_scale for w in ws]),
                 torch.stack([w.global_scale for w in ws]),
-                None if None in inputs else torch.stack(inputs).amax(),
+                None if any(s is None for s in inputs) else torch.stack(inputs).amax(),
             )
         return out
 

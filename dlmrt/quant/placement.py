@@ -113,10 +113,7 @@ def place_fp8(
         return {}
     dtype = next(model.parameters()).dtype
     running: dict[str, Fp8Weight] = {}
-    if activations == "nvfp4" and hasattr(model, "use_fp8"):
-        running, _ = install(model, fp8)
-        emulate_w4a4(model)
-    elif not has_fp8_kernels(device):
+    if not has_fp8_kernels(device) and activations != "nvfp4":
         reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
         why |= {n: reason for n in fp8}
     elif not hasattr(model, "use_fp8"):
@@ -128,14 +125,16 @@ def place_fp8(
                 "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
                 "no NVFP4 dense kernel, or slower in FP8 at its shape)"
             )
+        if activations == "nvfp4":
+            emulate_w4a4(model)
     _log(running, why)
     return running
 
 
-def emulate_w4a4(model: torch.nn.Module) -> int:
+def emulate_w4a4(model: torch.nn.Module) -> None:
     """Give every NVFP4 expert module its activation quantizers (`ops.nvfp4.act_quantizers`:
-    ValueError naming a missing input scale); the number of modules. Dense NVFP4 weights were
-    dequantized at load and run W16A16 (logged)."""
+    ValueError naming a missing input scale). Dense NVFP4 weights were dequantized at load and run
+    W16A16 (logged)."""
     from dlmrt.ops.nvfp4 import act_quantizers
 
     experts = [m for m in model.modules() if getattr(m, "nvfp4", None) is not None]
@@ -144,7 +143,6 @@ def emulate_w4a4(model: torch.nn.Module) -> int:
     log.info("NVFP4 W4A4 emulation: the inputs of %d expert layer(s) quantize-dequantized per 16 "
              "(Blackwell's numerics, not its speed); dense NVFP4 weights run dequantized",
              len(experts))  # fmt: skip
-    return len(experts)
 
 
 def has_fp8_kernels(device: torch.device) -> bool:

@@ -12,11 +12,11 @@ the `report` pass packs what the host needs,
 
     report = [canvas (B) | step, halt, done]   int64
 
-and ONE copy (`copy_out`) + sync brings it back (a folded check's result likewise: `fold_out`). The copies are passes like the others (pinned
-rows: capturable), so in block_graph a block's copy in, start, folded commit, rounds, report and
-copy out are one graph launch (`BlockGraphRunner.chain`). Before the host rewrites the pinned
-input row it waits for the stream when a block was launched and never read back (a request
-cancelled between the two): the copy in may still be reading the row.
+and ONE copy (`copy_out`) + sync brings it back (a folded check's result likewise: `fold_out`). The
+copies are passes like the others (pinned rows: capturable), so in block_graph a block's copy in,
+start, folded commit, rounds, report and copy out are one graph launch (`BlockGraphRunner.chain`).
+Before the host rewrites the pinned input row it waits for the stream when a block was launched and
+never read back (a request cancelled between the two): the copy in may still be reading the row.
 """
 
 from __future__ import annotations
