@@ -22,6 +22,8 @@ prompts of `--context` tokens, fixed_steps / llada_editing.
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import sys
 import time
 from collections import defaultdict
@@ -181,26 +183,29 @@ def demo_requests(args, mode: str, device: str) -> tuple[dict, list[list[int]]]:
     return row, outs
 
 
-def shape_requests(args, mode: str, device: str) -> tuple[dict, list[list[int]]]:
-    """Full-size shapes with random bf16 weights: `--requests` random prompts of `--context`."""
+def shape_model(args, device: str):
+    """The full-size model (random bf16 weights, seeded: every mode runs the same one) and its rule."""
     dev = torch.device(device)
+    torch.manual_seed(0)
     if args.model == "qwen_dlm":
-        cfg, cls, rule = (
-            qwen_dlm_4b(args.layers or 36),
-            None,
-            make_rule("fixed_steps", denoising_steps=23),
-        )
-    else:
-        from moe_models import llada21_mini
+        cfg = qwen_dlm_4b(args.layers or 36)
+        return cfg, random_model(cfg, dev), make_rule("fixed_steps", denoising_steps=23)
+    from moe_models import llada21_mini
 
-        from dlmrt.models.llada2 import LLaDA2
+    from dlmrt.models.llada2 import LLaDA2
 
-        cfg, cls = llada21_mini(args.layers or 20), LLaDA2
-        rule = make_rule("llada_editing", editing="quality")
-    model = random_model(cfg, dev, cls=cls) if cls else random_model(cfg, dev)
+    cfg = llada21_mini(args.layers or 20)
+    model = random_model(cfg, dev, cls=LLaDA2)
+    return cfg, model, make_rule("llada_editing", editing="quality")
+
+
+def shape_requests(args, mode: str, device: str, built) -> tuple[dict, list[list[int]]]:
+    """Full-size shapes: `--requests` random prompts of `--context` through a fresh engine over
+    the one model `built` (so memory beyond weights + arena is this mode's alone)."""
+    cfg, model, rule = built
     weights = sum(p.nbytes for p in model.parameters())
     _reset_peak(device)
-    engine = BlockEngine(model, dev, torch.bfloat16, mode)
+    engine = BlockEngine(model, torch.device(device), torch.bfloat16, mode)
     gen = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(0, 150000, (args.context,), generator=gen).tolist()
@@ -232,6 +237,8 @@ def _sync(device: str) -> None:
 
 
 def _reset_peak(device: str) -> None:
+    """Peak statistics from here; the previous mode's engine (graphs hold reference cycles) freed."""
+    gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -260,7 +267,9 @@ def main() -> None:
     if args.device == "cpu":
         args.modes = ["eager"]  # the graph modes need CUDA
     args.new_tokens = args.new_tokens or (128 if args.model == "demo" else 512)
-    run = demo_requests if args.model == "demo" else shape_requests
+    run = demo_requests
+    if args.model != "demo":  # one model for every mode
+        run = functools.partial(shape_requests, built=shape_model(args, args.device))
     rows, tokens = [], {}
     for mode in args.modes:
         _reset_peak(args.device)

@@ -62,11 +62,12 @@ def _block(model, mode: str, context: int, rule, canvas: str = "masks"):
     rows = cfg.block_size
     engine = BlockEngine(model, dev, torch.bfloat16, mode, kv_cache_dtype=KV_DTYPE)
     prog = engine.program(RoundSpec(model, rule, 0.0, rows), context + rows)
-    engine.prefill(torch.randint(0, 150000, (context,)).tolist(), rows, prog.kv)
+    gen = torch.Generator().manual_seed(context)  # every mode sees the same prompt and canvas
+    engine.prefill(torch.randint(0, 150000, (context,), generator=gen).tolist(), rows, prog.kv)
     buf = prog.buf
     masks = torch.full((rows,), cfg.mask_token_id, device=dev)
-    if canvas == "random":
-        masks = torch.randint(0, 150000, (rows,), device=dev)
+    if canvas == "random":  # the same canvas in every mode: the experts it touches set the time
+        masks = torch.randint(0, 150000, (rows,), generator=gen).to(dev)
     unresolved = torch.ones(rows, dtype=torch.bool, device=dev)
     return engine, prog, lambda: buf.load(masks, unresolved, context, 0)
 
@@ -134,6 +135,7 @@ def canvas_floor(model, context: int):
 def build(name: str, layers: int | None, canvas: str = "masks"):
     """(model, rule, floor(context) -> (FLOPs, bytes), shape dict for the result file)."""
     dev = torch.device("cuda")
+    torch.manual_seed(0)  # the same random weights in every run
     if name == "qwen_dlm":
         cfg = qwen_dlm_4b(layers or 36)
         model = random_model(cfg, dev)

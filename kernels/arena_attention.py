@@ -23,9 +23,11 @@ from .arena_attention_split import arena_attention_split, pick_splits
 # No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
 # and the head dim: a round or a joint pass (<= 32 rows) takes a 32-row tile so few rows are
-# padding; prefill takes 64-row tiles; head dims >= 256 halve BLOCK_N so K/V tiles fit in shared
-# memory. fp32 (exact "ieee" dots, used by parity tests) keeps one small tile: large fp32 tiles
-# spill and take ptxas minutes to compile.
+# padding; prefill and wider rounds take 64-row tiles; 128-key tiles for head dims <= 128 (H200,
+# benchmarks/attention_tiles.py: 32 rows 23.3 -> 21.9 us per layer at 1k keys, 80.8 -> 67.7 at
+# 4k; 256 rows 22.0 -> 20.5 and 64.5 -> 57.3; 128-row tiles were 2x slower), 32-key tiles for
+# head dims >= 256 so K/V tiles fit in shared memory. fp32 (exact "ieee" dots, used by parity
+# tests) keeps one small tile: large fp32 tiles spill and take ptxas minutes to compile.
 SMALL_ROWS = 32
 
 
@@ -33,7 +35,7 @@ def tile_config(rows: int, head_dim: int, ieee: bool) -> tuple[int, int, int, in
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a launch: a pure function of the shape class."""
     if ieee:
         return 32, 32, 4, 2
-    block_n = 32 if head_dim >= 256 else 64
+    block_n = 32 if head_dim >= 256 else (64 if head_dim > 128 else 128)
     if rows <= SMALL_ROWS:
         return 32, block_n, 4, 3
     return 64, block_n, 4, 2 if head_dim >= 256 else 3
@@ -106,9 +108,11 @@ def arena_attention(
     block_size: int,
     scale: float,
     splits: int | None = None,
+    tiles: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     """`splits` None: picked by shape (`pick_splits`: few rows over a long arena split the keys
-    across programs, kernels/arena_attention_split.py); 1: this one-pass kernel."""
+    across programs, kernels/arena_attention_split.py); 1: this one-pass kernel. `tiles`
+    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides `tile_config` (benchmarks/attention_tiles.py)."""
     heads, rows, head_dim = q.shape
     if splits is None:
         splits = pick_splits(rows, heads, k.shape[1], _sms(q.device) if q.is_cuda else 132)
@@ -119,7 +123,7 @@ def arena_attention(
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
 
     ieee = q.dtype == torch.float32
-    block_m, block_n, warps, stages = tile_config(rows, head_dim, ieee)
+    block_m, block_n, warps, stages = tiles or tile_config(rows, head_dim, ieee)
     grid = (triton.cdiv(rows, block_m), heads)
     _arena_attention_kernel[grid](
         q, k, v, out, positions, block_size, scale,

@@ -146,10 +146,12 @@ def arena_attention_split(
     return out
 
 
-# Off by default (0): on the H200 it sped LLaDA's 32-row round up (5.64 -> 5.22 ms) and slowed
-# QwenDLM's 256 rows (5.85 -> 6.93 ms), but one captured fold test failed inside it (a capture
-# invalidated) and was not resolved in time: set 32 to use it (docs/kernels.md).
-SPLIT_MAX_ROWS = 0
+# Rounds of <= 32 rows only. H200 (benchmarks/attention_tiles.py, one layer of LLaDA-2.1-mini's
+# 32 rows): 20.9 -> 10.5 us at 1k keys and 67.2 -> 16.4 at 4k against the one-pass kernel's best
+# tile, the round 5.41 -> 5.20 ms; QwenDLM's 256 rows got slower split (20.2 -> 28.5 us at 1k: the
+# fp32 partials cost more than the extra programs buy). The captured fold test that once failed
+# inside it passes (sixth session, with the GPU engine suite).
+SPLIT_MAX_ROWS = 32
 
 
 def pick_splits(rows: int, heads: int, arena: int, sms: int) -> int:

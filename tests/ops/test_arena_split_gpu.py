@@ -59,13 +59,12 @@ def test_split_matches_twin(shape, start, rows, block, splits, dtype):
     torch.testing.assert_close(out.float(), ref, **TOL[dtype])
 
 
-def test_pick_splits_only_for_few_rows_over_long_arenas(monkeypatch):
+def test_pick_splits_only_for_few_rows_over_long_arenas():
     import dlmrt._kernels.arena_attention_split as split
     from dlmrt._kernels.arena_attention_split import pick_splits
 
-    assert pick_splits(32, 16, 4096, 132) == 1  # off by default (SPLIT_MAX_ROWS = 0)
-    monkeypatch.setattr(split, "SPLIT_MAX_ROWS", 32)
-
+    assert split.SPLIT_MAX_ROWS == 32  # on for rounds of <= 32 rows
+    assert pick_splits(33, 16, 4096, 132) == 1  # a wider round (or a 2 x 32-row joint pass)
     assert pick_splits(32, 16, 4096, 132) == 8  # LLaDA's round: 512 arena rows per split at most
     assert pick_splits(256, 32, 16384, 132) == 1  # QwenDLM's 256 rows: one pass (measured faster)
     assert pick_splits(256, 32, 512, 132) == 1  # a short arena: one pass

@@ -83,7 +83,7 @@ class BlockEngine:
         self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
-        self.workspace = Workspace(mode, self._new_arena)
+        self.workspace = Workspace(mode, self._new_arena, device)
 
     def _new_arena(self, rows: int) -> KVCache:
         c = self.cfg

@@ -68,7 +68,7 @@ class EncoderDecoderEngine:
         self.canvas_length: int = model.cfg.canvas_length
         self.embed_dtype = model.embed_table.dtype
         self.kv_dtype = arena_dtype(kv_cache_dtype, self.embed_dtype)  # kv_cache.py: FP8 arena
-        self.workspace = Workspace(mode, self._new_arena)
+        self.workspace = Workspace(mode, self._new_arena, device)
         self._torch_rng_logged = False
 
     def _new_arena(self, rows: int) -> ContextArena:

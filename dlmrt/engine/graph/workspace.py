@@ -3,7 +3,9 @@
 - one arena (the style's KV storage), sized to the largest request so far, rounded up to
   `ARENA_QUANTUM` rows; a growth drops every program (their graphs hold pointers into the old
   arena), so the next request recaptures;
-- one CUDA graph memory pool shared by every graph of the engine (they never run concurrently);
+- one CUDA graph memory pool shared by every graph of the engine (they never run concurrently),
+  over an allocator with expandable segments (`dlmrt/engine/allocator.py`: reserved memory stays
+  near allocated memory);
 - `extras`: other graphs over the arena (the block style's prefill graphs), dropped with it;
 - programs (static buffers + the runner that holds their graphs) per request shape, in a bounded
   LRU cache (`runner_cache.py`).
@@ -16,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from dlmrt.engine.allocator import use_expandable_segments
 from dlmrt.engine.graph.loop import Runner, make_runner
 from dlmrt.engine.graph.runner_cache import RunnerCache
 
@@ -24,7 +27,8 @@ A = TypeVar("A")
 
 
 class Workspace(Generic[A]):
-    def __init__(self, mode: str, new_arena: Callable[[int], A]) -> None:
+    def __init__(self, mode: str, new_arena: Callable[[int], A], device: torch.device) -> None:
+        use_expandable_segments(device)  # before the arena and the graphs' pool are allocated
         self.mode = mode
         self._new_arena = new_arena  # rows -> a zeroed arena of that many rows
         self.arena: A | None = None  # KVCache or ContextArena: both have `max_len`

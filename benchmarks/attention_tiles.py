@@ -1,0 +1,108 @@
+"""Arena attention tiles and key splits at the block styles' round shapes (one H200, bf16).
+
+python benchmarks/attention_tiles.py [--out results/attention_tiles_h200_DATE.json]
+
+For LLaDA-2.1-mini (32 rows, 16 / 4 heads x 128) and QwenDLM-4B (256 rows, 32 / 8 x 128), at
+contexts 1k and 4k: the one-pass kernel (`kernels/arena_attention.py`) under each candidate
+(BLOCK_M, BLOCK_N, num_warps, num_stages) and the split-KV kernel under each split count. A case
+is `LAYERS` back-to-back calls on distinct arena layers captured in one CUDA graph (as a round
+runs them), so a call's time includes its launch inside a graph but not a graph launch. Reports
+us per call, the shipped choice (`tile_config`, `pick_splits`), and the floors: FLOPs
+(4 rows keys heads dim at 790 TFLOP/s) and bytes (K and V of the visible keys at 4.3 TB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
+
+LAYERS, ARENA, PEAK_FLOPS = 16, 8192, 790e12
+SHAPES = {"llada2_32": (32, 16, 4), "qwen_dlm_256": (256, 32, 8)}  # rows, heads, kv heads
+TILES = {
+    32: [(32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4), (32, 32, 4, 3), (32, 64, 8, 3)],
+    256: [(64, 64, 4, 3), (64, 128, 4, 3), (32, 128, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 2),
+          (128, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3)],
+}  # fmt: skip
+SPLITS = {32: [2, 4, 8, 16], 256: [2, 4]}
+
+
+def _per_call_us(fn, iters: int) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # JIT outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return cuda_time(graph.replay, iters) * 1e6 / LAYERS
+
+
+def case(name: str, context: int, iters: int) -> dict:
+    from dlmrt._kernels.arena_attention import _sms, arena_attention, tile_config
+    from dlmrt._kernels.arena_attention_split import pick_splits
+
+    rows, heads, kv_heads = SHAPES[name]
+    gen = torch.Generator("cuda").manual_seed(context)
+    q = torch.randn(heads, rows, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    kv = torch.randn(2, LAYERS, kv_heads, ARENA, 128, device="cuda", generator=gen,
+                     dtype=torch.bfloat16)  # fmt: skip
+    pos = torch.arange(context, context + rows, device="cuda")
+    ref = arena_attention(q, kv[0, 0], kv[1, 0], pos, rows, 0.088, splits=1)
+
+    def run(**kw):
+        try:
+            return _run(**kw)
+        except Exception as exc:  # a tile that does not fit (shared memory): recorded, skipped
+            return f"failed: {type(exc).__name__}: {str(exc)[:120]}", 0.0
+
+    def _run(**kw):
+        def fn():
+            for layer in range(LAYERS):
+                arena_attention(q, kv[0, layer], kv[1, layer], pos, rows, 0.088, **kw)
+
+        out = arena_attention(q, kv[0, 0], kv[1, 0], pos, rows, 0.088, **kw)
+        return round(_per_call_us(fn, iters), 2), float((out.float() - ref.float()).abs().max())
+
+    keys = context + rows
+    row = {
+        "case": name, "context": context,
+        "shipped_tiles": list(tile_config(rows, 128, False)),
+        "shipped_splits": pick_splits(rows, heads, ARENA, _sms(q.device)),
+        "floor_flops_us": round(4 * rows * keys * heads * 128 / PEAK_FLOPS * 1e6, 2),
+        "floor_bytes_us": round(2 * kv_heads * keys * 128 * 2 / PEAK_BYTES * 1e6, 2),
+        "tiles_us": {}, "splits_us": {}, "max_abs_diff": 0.0,
+    }  # fmt: skip
+    for tiles in TILES[rows]:
+        us, diff = run(splits=1, tiles=tiles)
+        row["tiles_us"]["x".join(map(str, tiles))] = us
+        row["max_abs_diff"] = max(row["max_abs_diff"], diff)
+    for splits in SPLITS[rows]:
+        us, diff = run(splits=splits)
+        row["splits_us"][str(splits)] = us
+        row["max_abs_diff"] = max(row["max_abs_diff"], diff)
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--out", default="benchmarks/results/attention_tiles.json")
+    ap.add_argument("--git-revision", default=None)
+    args = ap.parse_args()
+    rows = [case(name, c, args.iters) for name in SHAPES for c in args.contexts]
+    write_result(args.out, {"benchmark": "attention_tiles", "command": " ".join(sys.argv),
+                            "layers_per_graph": LAYERS, "results": rows}, args.git_revision)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

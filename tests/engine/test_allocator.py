@@ -1,0 +1,35 @@
+"""The engine switches the CUDA allocator to expandable segments once, unless the user chose."""
+
+import pytest
+import torch
+
+from dlmrt.engine import allocator
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen: list[str] = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append)
+    monkeypatch.setattr(allocator, "_done", False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    return seen
+
+
+def test_cuda_switches_once(calls):
+    assert allocator.use_expandable_segments(torch.device("cuda"))
+    assert allocator.use_expandable_segments("cuda:0")
+    assert calls == ["expandable_segments:True"]
+
+
+def test_cpu_and_a_user_setting_are_left_alone(calls, monkeypatch):
+    assert not allocator.use_expandable_segments(torch.device("cpu"))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    assert not allocator.use_expandable_segments(torch.device("cuda"))
+    assert calls == []
+
+
+def test_a_cpu_engine_does_not_touch_the_allocator(calls):
+    from dlmrt.engine.graph.workspace import Workspace
+
+    Workspace("eager", lambda rows: None, torch.device("cpu"))
+    assert calls == []
