@@ -1,13 +1,17 @@
 """DiffusionGemma's vocabulary pass of one denoising step: one program per canvas row.
 
-From the softcapped fp32 logits x [rows, V] and the step's temperature T (a device scalar):
-z = x / T; argmax z (first among ties); the entropy of softmax(z); the self-conditioning input
-z in the model dtype (written to `sc`); and the inverse-CDF sample: the number of tokens whose
-cumulative probability is <= u * (total), clamped to V - 1 (`torch.searchsorted(cdf, u * cdf[-1],
-right=True)`), for the counter RNG's uniform u per row. Two passes over the row: (1) per-lane
-online max / sum of e^(z - m) / sum of e^(z - m)(z - m) (entropy = log S0 - S1 / S0 at the final
-max) and argmax, writing sc; (2) the running cumulative sum, block by block (tl.cumsum), counting
-entries <= the target. Torch twin: `dlmrt.ops.vocab.canvas_vocab` (the step's former torch code).
+From the LM head's raw output r [rows, V] (the model dtype), the final softcap c and the step's
+temperature T (a device scalar): the logits x = c tanh(r / c) in fp32 (c None: x = r), z = x / T;
+argmax z (first among ties); the entropy of softmax(z); the inverse-CDF sample: the number of
+tokens whose cumulative probability is <= u * (total), clamped to V - 1 (`torch.searchsorted(cdf,
+u * cdf[-1], right=True)`), for the counter RNG's uniform u per row; and the next step's
+self-conditioning probabilities softmax(z rounded to the model dtype), written to `sc` in the
+model dtype (the soft embedding is then one GEMM: no second reduction over the vocabulary, and
+neither the fp32 logits nor z are ever stored). Two passes over the row: (1) per-lane online max,
+S0 = sum e^(z - m), S1 = sum e^(z - m)(z - m) (entropy = log S0 - S1 / S0 at the final max), the
+argmax, and the online log-normaliser of the rounded z; (2) the running cumulative sum, block by
+block (tl.cumsum), counting entries <= the target, and the probabilities. Torch twin:
+`dlmrt.ops.vocab.canvas_vocab` (the step's and the model's former torch code).
 """
 
 from __future__ import annotations
@@ -21,51 +25,87 @@ _BIG = tl.constexpr(1 << 30)
 
 
 @triton.jit
-def _stats_pass(x_row, sc_row, t, V: tl.constexpr, BLOCK: tl.constexpr):
-    """Pass 1: per-lane online (max, S0, S1) and (best value, its first index); writes sc."""
+def _logits(r_row, offs, ok, cap, SOFTCAP: tl.constexpr):
+    """x = cap * tanh(r / cap) in fp32 (-inf where masked). tanh(a) = sign(a) (1 - e) / (1 + e),
+    e = exp(-2|a|) <= 1: no overflow, and no libdevice (the interpreter runs this too)."""
+    x = tl.load(r_row + offs, mask=ok, other=0.0).to(tl.float32)
+    if SOFTCAP:
+        a = x / cap
+        e = tl.exp(-2.0 * tl.abs(a))
+        th = (1.0 - e) / (1.0 + e)
+        x = cap * tl.where(a < 0, -th, th)
+    return tl.where(ok, x, float("-inf"))
+
+
+@triton.jit
+def _online(m, s, x):
+    """One block into a per-lane online (max, sum of e^(x - max)); -inf lanes add nothing."""
+    m_new = tl.maximum(m, x)
+    live = m_new > float("-inf")
+    alpha = tl.where(live, tl.exp(m - m_new), 0.0)
+    return m_new, alpha * s + tl.where(live, tl.exp(x - m_new), 0.0), alpha
+
+
+@triton.jit
+def _stats_pass(r_row, t, cap, SC_DTYPE: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr,
+                SOFTCAP: tl.constexpr):  # fmt: skip
+    """Pass 1: per-lane online (max, S0, S1) of z, (best value, its first index), and the
+    online (max, sum) of z rounded to the model dtype."""
     lane = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     s0 = tl.zeros([BLOCK], tl.float32)
     s1 = tl.zeros([BLOCK], tl.float32)
+    m_y = tl.full([BLOCK], float("-inf"), tl.float32)
+    s_y = tl.zeros([BLOCK], tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_i = tl.zeros([BLOCK], tl.int32)
     for v0 in range(0, V, BLOCK):
         offs = v0 + lane
         ok = offs < V
-        z = tl.load(x_row + offs, mask=ok, other=float("-inf")) / t
-        tl.store(sc_row + offs, z.to(sc_row.dtype.element_ty), mask=ok)
+        z = _logits(r_row, offs, ok, cap, SOFTCAP) / t
         better = z > best  # strict: the first index of a lane's maximum stays
         best_i = tl.where(better, offs, best_i)
         best = tl.where(better, z, best)
-        m_new = tl.maximum(m, z)
-        live = m_new > float("-inf")
-        alpha = tl.where(live, tl.exp(m - m_new), 0.0)
-        p = tl.where(ok & live, tl.exp(z - m_new), 0.0)
+        m_y, s_y, _ = _online(m_y, s_y, z.to(SC_DTYPE).to(tl.float32))
+        m_old = m
+        m, p_sum, alpha = _online(m, s0, z)
+        live = m > float("-inf")
+        p = tl.where(live, tl.exp(z - m), 0.0)
         # S1 relative to the running max: sum e^(z-m')(z-m') = alpha (S1 + (m - m') S0) + p (z - m')
-        shift = tl.where(live & (m > float("-inf")), m - m_new, 0.0)
-        s1 = alpha * (s1 + shift * s0) + p * tl.where(ok & live, z - m_new, 0.0)
-        s0 = alpha * s0 + p
-        m = m_new
-    return m, s0, s1, best, best_i
+        shift = tl.where(live & (m_old > float("-inf")), m_old - m, 0.0)
+        s1 = alpha * (s1 + shift * s0) + p * tl.where(ok & live, z - m, 0.0)
+        s0 = p_sum
+    return m, s0, s1, best, best_i, m_y, s_y
 
 
 @triton.jit
-def _canvas_vocab_kernel(x_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, sample_ptr,
-                         stride_x, stride_sc, V: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def _merge(m):
+    """A row's max over per-lane online maxima, and each lane's weight e^(m - max) (0: empty)."""
+    big_m = tl.max(m, 0)
+    w = tl.where(m > float("-inf"), tl.exp(m - big_m), 0.0)
+    return big_m, w
+
+
+@triton.jit
+def _canvas_vocab_kernel(r_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, sample_ptr, cap,
+                         stride_r, stride_sc, V: tl.constexpr, BLOCK: tl.constexpr,
+                         SOFTCAP: tl.constexpr):  # fmt: skip
     """V constexpr: one compile per vocabulary (a model constant), static loop bounds."""
     row = tl.program_id(0)
     t = tl.load(t_ptr)
-    x_row = x_ptr + row.to(tl.int64) * stride_x
+    r_row = r_ptr + row.to(tl.int64) * stride_r
     sc_row = sc_ptr + row.to(tl.int64) * stride_sc
-    m, s0, s1, best, best_i = _stats_pass(x_row, sc_row, t, V, BLOCK)
+    sc_dtype = sc_ptr.dtype.element_ty
+    m, s0, s1, best, best_i, m_y, s_y = _stats_pass(r_row, t, cap, sc_dtype, V, BLOCK, SOFTCAP)
     top = tl.max(best, 0)
     tl.store(argmax_ptr + row, tl.min(tl.where(best == top, best_i, _BIG), 0).to(tl.int64))
-    big_m = tl.max(m, 0)
-    w = tl.where(m > float("-inf"), tl.exp(m - big_m), 0.0)
+    big_m, w = _merge(m)
     total = tl.sum(s0 * w, 0)
     rel = tl.sum(w * (s1 + tl.where(m > float("-inf"), m - big_m, 0.0) * s0), 0)
     tl.store(entropy_ptr + row, tl.log(total) - rel / total)
-    # pass 2: inverse CDF in the e^(z - M) scale
+    big_y, w_y = _merge(m_y)
+    log_z_y = big_y + tl.log(tl.sum(s_y * w_y, 0))
+    # pass 2: inverse CDF in the e^(z - M) scale, and the self-conditioning probabilities
     target = tl.load(u_ptr + row) * total
     lane = tl.arange(0, BLOCK)
     running = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
@@ -73,7 +113,9 @@ def _canvas_vocab_kernel(x_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, s
     for v0 in range(0, V, BLOCK):
         offs = v0 + lane
         ok = offs < V
-        z = tl.load(x_row + offs, mask=ok, other=float("-inf")) / t
+        z = _logits(r_row, offs, ok, cap, SOFTCAP) / t
+        y = z.to(sc_dtype).to(tl.float32)
+        tl.store(sc_row + offs, tl.exp(y - log_z_y).to(sc_dtype), mask=ok)
         p = tl.where(ok, tl.exp(z - big_m), 0.0)
         cdf = running + tl.cumsum(p, 0)
         count += tl.sum((ok & (cdf <= target)).to(tl.int32), 0)
@@ -82,20 +124,22 @@ def _canvas_vocab_kernel(x_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, s
 
 
 def canvas_vocab(
-    logits: torch.Tensor,  # [rows, V] fp32 (softcapped)
+    raw: torch.Tensor,  # [rows, V] the LM head's output (any float dtype)
+    softcap: float | None,  # the final logit softcap (None: none)
     temperature: torch.Tensor,  # 0-d fp32 device scalar
     u: torch.Tensor,  # [rows] fp32 uniforms in [0, 1)
-    sc: torch.Tensor,  # [rows, V] out: logits / T in the model dtype
+    sc: torch.Tensor,  # [rows, V] out: the self-conditioning probabilities, model dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # argmax, entropy, sampled
-    rows, vocab = logits.shape
-    if logits.stride(-1) != 1 or sc.stride(-1) != 1:
-        raise ValueError("canvas_vocab: logits and sc need a contiguous last dim")
-    argmax = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    rows, vocab = raw.shape
+    if raw.stride(-1) != 1 or sc.stride(-1) != 1:
+        raise ValueError("canvas_vocab: raw logits and sc need a contiguous last dim")
+    argmax = torch.empty(rows, dtype=torch.int64, device=raw.device)
     sampled = torch.empty_like(argmax)
-    entropy = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    entropy = torch.empty(rows, dtype=torch.float32, device=raw.device)
     _canvas_vocab_kernel[(rows,)](
-        logits, temperature.float(), u.float().contiguous(), sc, argmax, entropy, sampled,
-        logits.stride(0), sc.stride(0), V=vocab, BLOCK=BLOCK if logits.is_cuda else 64,
-        num_warps=8 if logits.is_cuda else 1,
+        raw, temperature.float(), u.float().contiguous(), sc, argmax, entropy, sampled,
+        float(softcap or 1.0), raw.stride(0), sc.stride(0), V=vocab,
+        BLOCK=BLOCK if raw.is_cuda else 64, SOFTCAP=softcap is not None,
+        num_warps=8 if raw.is_cuda else 1,
     )  # fmt: skip
     return argmax, entropy, sampled

@@ -143,7 +143,9 @@ class DiffusionGemma(nn.Module):
 
     The last `canvas` rows run in decoder mode (0: a pure encoder pass); `sc_logits` [canvas, vocab]
     are the previous step's logits (already tempered: the soft embedding is softmax(sc_logits /
-    sc_temperature) @ E * sqrt(hidden)); None = zero self-conditioning input (first step).
+    sc_temperature) @ E * sqrt(hidden)); None = zero self-conditioning input (first step). The
+    engine's step passes `sc_probs` instead (those softmax probabilities, made by its vocabulary
+    pass: `ops.canvas_vocab`) and takes the LM head's output before the softcap (`softcap=False`).
     """
 
     def __init__(self, cfg: DiffusionGemmaConfig) -> None:
@@ -194,16 +196,25 @@ class DiffusionGemma(nn.Module):
             probs = F.softmax(y, dim=-1, dtype=torch.float32)
         else:  # tensor parallel: this rank's vocabulary shard; partial sums, one all-reduce
             probs = torch.exp(y - vocab.logsumexp(y, group).unsqueeze(-1))
-        scale = self.embed_scale(self.embed_table.dtype)
-        soft = vocab.reduce_sum(probs.to(self.embed_table.dtype) @ self.embed_table, group)
-        return soft * scale
+        return self.embed_probs(probs)
 
-    def _embed(self, ids: torch.Tensor, canvas: int, sc_logits, sc_temperature: float, first):
+    def embed_probs(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs @ E * sqrt(hidden), probs cast to the model dtype first (tensor parallel: this
+        rank's vocabulary shard of probs and E; partial sums, one all-reduce)."""
+        scale = self.embed_scale(self.embed_table.dtype)
+        soft = probs.to(self.embed_table.dtype) @ self.embed_table
+        return vocab.reduce_sum(soft, tp.active()) * scale
+
+    def _embed(self, ids, canvas: int, sc_logits, sc_temperature: float, first, sc_probs=None):
         scale = self.embed_scale(self.embed_table.dtype)
         h = self.model.embed_tokens(ids) * scale
         if canvas == 0:
             return h
-        soft = None if sc_logits is None else self.soft_embedding(sc_logits, sc_temperature)
+        soft = None
+        if sc_probs is not None:
+            soft = self.embed_probs(sc_probs)
+        elif sc_logits is not None:
+            soft = self.soft_embedding(sc_logits, sc_temperature)
         tail = self.model.self_conditioning.inject(h[-canvas:], soft, first)
         return tail if canvas == h.shape[0] else torch.cat((h[:-canvas], tail))
 
@@ -229,12 +240,16 @@ class DiffusionGemma(nn.Module):
         compute_logits: bool = True,
         cache: ContextCache | None = None,
         first: torch.Tensor | None = None,
+        sc_probs: torch.Tensor | None = None,  # [canvas, vocab], instead of sc_logits
+        softcap: bool = True,
     ) -> torch.Tensor | None:
         """With `cache`, the rows are either new context rows (`canvas=0`: encoded, their K/V
         appended) or the canvas alone (`canvas=rows`: decoded against the cached context). With
         an arena in `ctx.kv` (the engine's static path) likewise, at device-side positions.
         `first` ([] bool on the device, static decoder passes): when set, `sc_logits` is ignored
-        (exactly sc_logits=None), so one captured graph serves a canvas's first step too."""
+        (exactly sc_logits=None), so one captured graph serves a canvas's first step too.
+        `softcap=False`: the LM head's output as it is (model dtype), for the caller to softcap
+        (`cfg.final_logit_softcapping`) in its own pass over the vocabulary."""
         pos, window = ctx.positions, self.cfg.sliding_window
         if ctx.kv is not None:
             if cache is not None or canvas not in (0, pos.shape[0]):
@@ -244,7 +259,7 @@ class DiffusionGemma(nn.Module):
             view = ArenaContext(ctx.kv, pos, canvas > 0, window)
         else:
             view = GrowingContext(cache, pos, canvas, window)
-        h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first)
+        h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first, sc_probs)
         ropes = self._ropes(pos, h.dtype)
         for i, (layer, kind) in enumerate(
             zip(self.model.layers, self.cfg.layer_types, strict=True)
@@ -253,6 +268,5 @@ class DiffusionGemma(nn.Module):
         view.finish()
         if not compute_logits:
             return None
-        logits = self.lm_head(self.model.norm(h)).float()
-        cap = self.cfg.final_logit_softcapping
-        return logits if cap is None else cap * torch.tanh(logits / cap)
+        raw = self.lm_head(self.model.norm(h))
+        return ops.vocab.softcapped(raw, self.cfg.final_logit_softcapping) if softcap else raw

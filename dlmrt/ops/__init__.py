@@ -94,15 +94,20 @@ def canvas_attention(
 
 
 def canvas_vocab(
-    logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, sc: torch.Tensor
+    raw: torch.Tensor,
+    softcap: float | None,
+    temperature: torch.Tensor,
+    u: torch.Tensor,
+    sc: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DiffusionGemma's vocabulary pass: (argmax, entropy, inverse-CDF sample at uniforms `u`) of
-    softmax(logits / T), T a device scalar; writes logits / T into `sc` (the next step's
-    self-conditioning input). One kernel (kernels/canvas_vocab.py); twin `dlmrt/ops/vocab.py`."""
-    fast = logits.is_cuda and logits.is_contiguous() and sc.is_contiguous()
+    softmax(z), z = softcap tanh(raw / softcap) / T from the LM head's output `raw`, T a device
+    scalar; writes the next step's self-conditioning probabilities softmax(z) (z rounded to the
+    model dtype) into `sc`. One kernel (kernels/canvas_vocab.py); twin `dlmrt/ops/vocab.py`."""
+    fast = raw.is_cuda and raw.is_contiguous() and sc.is_contiguous()
     if fast and implementation("canvas_vocab") == "triton":
-        return _resolve("canvas_vocab")(logits, temperature, u, sc)
-    return vocab.canvas_vocab(logits, temperature, u, sc)
+        return _resolve("canvas_vocab")(raw, softcap, temperature, u, sc)
+    return vocab.canvas_vocab(raw, softcap, temperature, u, sc)
 
 
 def token_stats(

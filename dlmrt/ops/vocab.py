@@ -1,8 +1,10 @@
 """The torch twin of DiffusionGemma's vocabulary pass (kernels/canvas_vocab.py).
 
-The canvas step's former torch code, op for op (so CPU tokens do not move): z = logits / T,
-softmax in fp32, the counter RNG's inverse-CDF sample (`entropy_bound_canvas.counter_sample` with
-its uniform given), argmax, `token_entropy`, and z cast into the self-conditioning buffer.
+The former torch code of the model's logits, the canvas step and the model's soft embedding, op
+for op (so CPU tokens do not move): the softcap x = c tanh(r / c) of the LM head's output r in
+fp32, z = x / T, softmax in fp32, the counter RNG's inverse-CDF sample
+(`entropy_bound_canvas.counter_sample` with its uniform given), argmax, `token_entropy`, and the
+next step's self-conditioning probabilities softmax(z cast to the model dtype), in the model dtype.
 """
 
 from __future__ import annotations
@@ -25,14 +27,31 @@ def entropy(z: torch.Tensor) -> torch.Tensor:
     return -(logp.clamp(min=torch.finfo(logp.dtype).min) * probs).sum(-1)
 
 
+def softcapped(raw: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """The model's fp32 logits from its LM head's output: c tanh(r / c), or r (no softcap)."""
+    logits = raw.float()
+    return logits if softcap is None else softcap * torch.tanh(logits / softcap)
+
+
+def sc_probs(z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The soft embedding's probabilities of tempered logits z: softmax of z in `dtype`, in fp32,
+    cast to `dtype` (the self-conditioning input the model rounds to its dtype first)."""
+    return torch.softmax(z.to(dtype).float(), dim=-1, dtype=torch.float32).to(dtype)
+
+
 def canvas_vocab(
-    logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, sc: torch.Tensor
+    raw: torch.Tensor,
+    softcap: float | None,
+    temperature: torch.Tensor,
+    u: torch.Tensor,
+    sc: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(argmax, entropy, sampled) of softmax(logits / T); writes logits / T into `sc`."""
-    z = logits / temperature
+    """(argmax, entropy, sampled) of softmax(softcapped(raw) / T); writes the self-conditioning
+    probabilities of z = softcapped(raw) / T into `sc`."""
+    z = softcapped(raw, softcap) / temperature
     probs = torch.softmax(z, dim=-1, dtype=torch.float32)
     sampled = inverse_cdf(probs, u)
     argmax = torch.argmax(z, dim=-1)
     h = entropy(z)
-    sc.copy_(z.to(sc.dtype))
+    sc.copy_(sc_probs(z, sc.dtype))
     return argmax, h, sampled

@@ -51,6 +51,8 @@ class CanvasBuffers:
         self.canvas = torch.zeros(rows, **long)
         self.argmax = torch.zeros(rows, **long)
         vocab = spec.model.lm_head.out_features  # tensor parallel: this rank's vocabulary shard
+        # The next step's self-conditioning input: softmax of this step's tempered logits, in
+        # the model dtype (the vocabulary pass writes it; the model's soft embedding is one GEMM).
         self.sc = torch.zeros(rows, vocab, dtype=dtype, device=device)
         self.first = torch.ones((), dtype=torch.bool, device=device)  # no self-conditioning yet
         self.history = torch.full((spec.settings.stability_threshold, rows), -1, **long)
@@ -95,9 +97,9 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     counter sample, entropy, acceptance, re-noise, stability + confidence stop, history, step + 1."""
     s = spec.settings
     ctx = AttnContext(buf.start + buf.offsets, 1, arena)
-    logits = spec.model(buf.canvas, ctx, spec.length, buf.sc, first=buf.first)
+    raw = spec.model(buf.canvas, ctx, spec.length, sc_probs=buf.sc, first=buf.first, softcap=False)
     t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
-    sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, logits, t_step)
+    sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, raw, t_step)
     accepted = ebc.accept(entropy, s.entropy_bound)
     vocab = spec.model.cfg.vocab_size
     renoise = ebc.counter_canvas(buf.seed, buf.index, t_step, spec.length, vocab)
@@ -111,22 +113,26 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     buf.step.add_(1)
 
 
-def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, logits: torch.Tensor, t_step: torch.Tensor):
-    """(counter sample, argmax, entropy, argmax probability) of softmax(logits / T), logits / T
-    written into the self-conditioning buffer. One device: one kernel (ops.canvas_vocab: softmax,
-    the uniform of `ebc.counter_sample`, argmax, entropy, sc); the argmax probability (for the
-    draft trace only) is a second pass. Tensor parallel: `_draw` over the vocabulary shards."""
+def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step: torch.Tensor):
+    """(counter sample, argmax, entropy, argmax probability) of softmax(z), z = softcapped(raw) / T
+    from the LM head's output `raw`; the next step's self-conditioning probabilities written into
+    `buf.sc`. One device: one kernel (ops.canvas_vocab: softcap, softmax, the uniform of
+    `ebc.counter_sample`, argmax, entropy, sc); the argmax probability (for the draft trace only)
+    is a second pass. Tensor parallel: `_draw` over the vocabulary shards."""
     temperature = ebc.temperature(spec.settings, t_step)
-    if tp.active() is not None:
-        z = logits / temperature
+    cap = spec.model.cfg.final_logit_softcapping
+    group = tp.active()
+    if group is not None:
+        z = ops.vocab.softcapped(raw, cap) / temperature
         out = _draw(z, buf, t_step)
-        buf.sc.copy_(z.to(buf.sc.dtype))
+        y = z.to(buf.sc.dtype).float()  # as the model's soft embedding under tensor parallelism
+        buf.sc.copy_(torch.exp(y - tp_vocab.logsumexp(y, group).unsqueeze(-1)).to(buf.sc.dtype))
         return out
     u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
-    argmax, entropy, sampled = ops.canvas_vocab(logits, temperature, u, buf.sc)
+    argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc)
     confidence = None
     if buf.trace_argmax is not None:
-        z = buf.sc.float()  # logits / T as the kernel wrote it
+        z = ops.vocab.softcapped(raw, cap) / temperature
         confidence = torch.exp(z.gather(-1, argmax[:, None])[:, 0] - torch.logsumexp(z, dim=-1))
     return sampled, argmax, entropy, confidence
 
