@@ -29,7 +29,7 @@ def use_expandable_segments(device: torch.device | str) -> bool:
     if torch.device(device).type != "cuda" or "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
         return False
     if not _done:
-        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+        setter = _setter()
         if setter is None:
             log.info("allocator: this torch cannot switch to expandable segments; left as is")
             return False
@@ -37,3 +37,10 @@ def use_expandable_segments(device: torch.device | str) -> bool:
         log.info("allocator: expandable segments on (PYTORCH_CUDA_ALLOC_CONF unset)")
         _done = True
     return True
+
+
+def _setter():
+    """torch's runtime allocator-settings call: the accelerator one where it exists (torch 2.11
+    deprecates the CUDA one in its favour), else the CUDA one, else None."""
+    fn = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    return fn or getattr(torch.cuda.memory, "_set_allocator_settings", None)

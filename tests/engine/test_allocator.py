@@ -9,7 +9,7 @@ from dlmrt.engine import allocator
 @pytest.fixture
 def calls(monkeypatch):
     seen: list[str] = []
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", seen.append)
+    monkeypatch.setattr(allocator, "_setter", lambda: seen.append)
     monkeypatch.setattr(allocator, "_done", False)
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     return seen
@@ -26,6 +26,10 @@ def test_cpu_and_a_user_setting_are_left_alone(calls, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
     assert not allocator.use_expandable_segments(torch.device("cuda"))
     assert calls == []
+
+
+def test_this_torch_has_a_setter():
+    assert callable(allocator._setter())
 
 
 def test_a_cpu_engine_does_not_touch_the_allocator(calls):

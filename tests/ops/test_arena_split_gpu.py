@@ -63,8 +63,9 @@ def test_pick_splits_only_for_few_rows_over_long_arenas():
     import dlmrt._kernels.arena_attention_split as split
     from dlmrt._kernels.arena_attention_split import pick_splits
 
-    assert split.SPLIT_MAX_ROWS == 32  # on for rounds of <= 32 rows
+    assert (split.SPLIT_MIN_ROWS, split.SPLIT_MAX_ROWS) == (17, 32)  # on for rounds of 17-32 rows
     assert pick_splits(33, 16, 4096, 132) == 1  # a wider round (or a 2 x 32-row joint pass)
+    assert pick_splits(16, 16, 4096, 132) == 1  # a 16-row tile: captures failed (see the kernel)
     assert pick_splits(32, 16, 4096, 132) == 8  # LLaDA's round: 512 arena rows per split at most
     assert pick_splits(256, 32, 16384, 132) == 1  # QwenDLM's 256 rows: one pass (measured faster)
     assert pick_splits(256, 32, 512, 132) == 1  # a short arena: one pass

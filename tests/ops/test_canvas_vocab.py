@@ -55,6 +55,21 @@ def test_twin_is_the_former_model_and_step_code(cap):
     assert torch.equal(sc, probs_then.to(torch.bfloat16))
 
 
+def _probs_close(got: torch.Tensor, want: torch.Tensor, z: torch.Tensor) -> None:
+    """The self-conditioning probabilities: the kernel's tanh form and exp(y - log Z) are a few
+    fp32 roundings from the twin. In bf16 both round z first; where their z's fall on either side
+    of a rounding boundary they differ by one bf16 ulp of z (2^-7 |z|, up to 0.25 at |z| ~ 40),
+    which scales that probability by e^ulp, and the probability itself rounds to bf16 (2^-8)."""
+    if got.dtype != torch.bfloat16:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-9)
+        return
+    ulp = torch.exp2(torch.floor(torch.log2(z.abs().clamp(min=1e-30))) - 7)
+    bound = torch.exp(ulp + 2e-2)
+    ratio = (got.float() + 1e-30) / (want.float() + 1e-30)
+    assert ((ratio <= bound) & (ratio >= 1 / bound)).all()
+    assert (ratio - 1).abs().median() < 1e-2  # most entries: the same rounded z
+
+
 @pytest.mark.gpu
 @kernel_case
 @pytest.mark.parametrize("rows,v", [(1, 37), (7, 300), (32, 4096), (256, 262144)])
@@ -73,11 +88,9 @@ def test_kernel_matches_twin(rows, v, dtype, cap):
     want = vocab.canvas_vocab(raw, cap, t, u, sc_ref)
     assert torch.equal(got[0], want[0])  # argmax, the first index among ties
     torch.testing.assert_close(got[1], want[1], atol=2e-4, rtol=1e-4)  # entropy
-    # probabilities: the kernel's tanh form and exp(y - log Z) are a few roundings from the twin
-    # (bf16: z itself rounds, so one ulp of z moves a probability by ~0.4%)
-    rtol, atol = (2e-2, 1e-6) if dtype == torch.bfloat16 else (1e-4, 1e-9)
-    torch.testing.assert_close(sc.float(), sc_ref.float(), rtol=rtol, atol=atol)
-    assert torch.allclose(sc.double().sum(-1), torch.ones(rows, dtype=torch.float64), atol=2e-2)
+    _probs_close(sc, sc_ref, vocab.softcapped(raw, cap) / t)
+    ones = torch.ones(rows, dtype=torch.float64, device=DEV)
+    assert torch.allclose(sc.double().sum(-1), ones, atol=2e-2)
     # the sample: equal unless u * total falls within rounding of a CDF step
     logits = vocab.softcapped(raw, cap)
     cdf = torch.cumsum(torch.softmax(logits / t, -1, dtype=torch.float64), -1)
