@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 
@@ -40,7 +41,16 @@ def use_expandable_segments(device: torch.device | str) -> bool:
 
 
 def _setter():
-    """torch's runtime allocator-settings call: the accelerator one where it exists (torch 2.11
-    deprecates the CUDA one in its favour), else the CUDA one, else None."""
-    fn = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    return fn or getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    """torch's runtime allocator-settings call: the CUDA one (the one measured on the H200 with
+    torch 2.11, which deprecates it with a FutureWarning: silenced), else the accelerator one
+    that replaces it, else None."""
+    cuda = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if cuda is None:
+        return getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+
+    def quiet(settings: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            cuda(settings)
+
+    return quiet
