@@ -24,8 +24,8 @@ from .arena_attention_split import arena_attention_split, pick_splits
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
 # and the head dim: a round or a joint pass (<= 32 rows) takes a 32-row tile so few rows are
 # padding; prefill and wider rounds take 64-row tiles; 128-key tiles for head dims <= 128 (H200,
-# benchmarks/attention_tiles.py: 32 rows 23.3 -> 21.9 us per layer at 1k keys, 80.8 -> 67.7 at
-# 4k; 256 rows 22.0 -> 20.5 and 64.5 -> 57.3; 128-row tiles were 2x slower), 32-key tiles for
+# benchmarks/attention_tiles.py: 32 rows 23.1 -> 20.9 us per layer at 1k keys, 80.7 -> 67.2 at
+# 4k; 256 rows 21.7 -> 20.2 and 65.1 -> 57.9; 128-row tiles were 2x slower), 32-key tiles for
 # head dims >= 256 so K/V tiles fit in shared memory. fp32 (exact "ieee" dots, used by parity
 # tests) keeps one small tile: large fp32 tiles spill and take ptxas minutes to compile.
 SMALL_ROWS = 32
