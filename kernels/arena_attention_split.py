@@ -154,14 +154,16 @@ def arena_attention_split(
 # it (tests/engine/test_drafts_gpu.py::test_a_cap_of_one_round_or_step, and once a fold test),
 # not yet understood; 32-row captures (LLaDA's rounds, the GPU tests) pass.
 SPLIT_MIN_ROWS, SPLIT_MAX_ROWS = 17, 32
+SPLIT_MIN_ARENA = 2048  # LLaDA at a 1k-token context: 1,056 rows -> a 2,048-row arena, 4 splits
 
 
 def pick_splits(rows: int, heads: int, arena: int, sms: int) -> int:
     """How many key splits fill the GPU (about 4 programs per SM), 1 = the one-pass kernel.
 
-    Only for few rows (SPLIT_MIN_ROWS .. SPLIT_MAX_ROWS) over long arenas: at most one split per
-    512 arena rows, at most 16."""
-    if not SPLIT_MIN_ROWS <= rows <= SPLIT_MAX_ROWS or arena < 1024:
+    Only for few rows (SPLIT_MIN_ROWS .. SPLIT_MAX_ROWS) over arenas of >= SPLIT_MIN_ARENA rows
+    (the arena is sized to the longest request: a one-arena-quantum model such as the demo keeps
+    the one-pass kernel it was measured with), at most one split per 512 arena rows, at most 16."""
+    if not SPLIT_MIN_ROWS <= rows <= SPLIT_MAX_ROWS or arena < SPLIT_MIN_ARENA:
         return 1
     tiles = triton.cdiv(rows, 64 if rows > 32 else 32) * heads
     return max(1, min(16, arena // 512, (4 * sms) // tiles))

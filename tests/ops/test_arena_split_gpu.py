@@ -69,6 +69,8 @@ def test_pick_splits_only_for_few_rows_over_long_arenas():
     assert pick_splits(32, 16, 4096, 132) == 8  # LLaDA's round: 512 arena rows per split at most
     assert pick_splits(256, 32, 16384, 132) == 1  # QwenDLM's 256 rows: one pass (measured faster)
     assert pick_splits(256, 32, 512, 132) == 1  # a short arena: one pass
+    assert pick_splits(32, 16, 1024, 132) == 1  # one arena quantum (the demo's joint passes)
+    assert pick_splits(32, 16, 2048, 132) == 4  # LLaDA's round at a 1k-token context
     assert pick_splits(1024, 32, 16384, 132) == 1  # prefill: enough row tiles already
 
 
