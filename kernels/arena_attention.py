@@ -29,13 +29,21 @@ from .arena_attention_split import arena_attention_split, pick_splits
 # head dims >= 256 so K/V tiles fit in shared memory. fp32 (exact "ieee" dots, used by parity
 # tests) keeps one small tile: large fp32 tiles spill and take ptxas minutes to compile.
 SMALL_ROWS = 32
+# Shared memory per block a 128-key tile needs (3 stages of bf16 K and V at head dim 128 and a
+# 64-row Q: ~208 KB; H100 / H200 give 227 KB); GPUs with less (A100 164 KB, Ada 99 KB) keep 64.
+BIG_TILE_SMEM = 210_000
+HOPPER_SMEM = 232_448
 
 
-def tile_config(rows: int, head_dim: int, ieee: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a launch: a pure function of the shape class."""
+def tile_config(
+    rows: int, head_dim: int, ieee: bool, smem: int = HOPPER_SMEM
+) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a launch: a pure function of the shape class
+    and the device's shared memory per block (`smem`, bytes)."""
     if ieee:
         return 32, 32, 4, 2
-    block_n = 32 if head_dim >= 256 else (64 if head_dim > 128 else 128)
+    wide = head_dim <= 128 and smem >= BIG_TILE_SMEM
+    block_n = 32 if head_dim >= 256 else (128 if wide else 64)
     if rows <= SMALL_ROWS:
         return 32, block_n, 4, 3
     return 64, block_n, 4, 2 if head_dim >= 256 else 3
@@ -100,6 +108,15 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _smem(device: torch.device) -> int:
+    """Shared memory per block (opt-in bytes); the interpreter (CPU tensors): Hopper's."""
+    if device.type != "cuda":
+        return HOPPER_SMEM
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", 49_152)
+
+
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim] (one layer of the arena)
@@ -123,7 +140,7 @@ def arena_attention(
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
 
     ieee = q.dtype == torch.float32
-    block_m, block_n, warps, stages = tiles or tile_config(rows, head_dim, ieee)
+    block_m, block_n, warps, stages = tiles or tile_config(rows, head_dim, ieee, _smem(q.device))
     grid = (triton.cdiv(rows, block_m), heads)
     _arena_attention_kernel[grid](
         q, k, v, out, positions, block_size, scale,

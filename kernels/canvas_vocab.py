@@ -138,7 +138,7 @@ def canvas_vocab(
     entropy = torch.empty(rows, dtype=torch.float32, device=raw.device)
     _canvas_vocab_kernel[(rows,)](
         raw, temperature.float(), u.float().contiguous(), sc, argmax, entropy, sampled,
-        float(softcap or 1.0), raw.stride(0), sc.stride(0), V=vocab,
+        1.0 if softcap is None else float(softcap), raw.stride(0), sc.stride(0), V=vocab,
         BLOCK=BLOCK if raw.is_cuda else 64, SOFTCAP=softcap is not None,
         num_warps=8 if raw.is_cuda else 1,
     )  # fmt: skip

@@ -7,8 +7,9 @@ size it has seen, so memory *reserved* runs far above memory *allocated*. Measur
 allocated but 1.26 GiB reserved beyond weights + KV arena with fixed segments, 0.27 / 0.62 GiB with
 expandable ones (segments grow in place by mapping more pages), tokens unchanged. vLLM and
 SGLang users get the same by exporting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; the engine
-switches it on itself, once, unless the user has set PYTORCH_CUDA_ALLOC_CONF (their choice wins).
-It applies to segments allocated from then on.
+switches it on itself, once, unless the user has set an allocator configuration
+(PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF or PYTORCH_HIP_ALLOC_CONF: their choice wins). It
+applies to segments allocated from then on; a torch that refuses it is logged, not fatal.
 """
 
 from __future__ import annotations
@@ -21,21 +22,26 @@ import torch
 
 log = logging.getLogger("dlmrt")
 _done = False
+USER_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
 def use_expandable_segments(device: torch.device | str) -> bool:
     """Switch the allocator to expandable segments for CUDA `device` (once per process); False
-    when not CUDA, when PYTORCH_CUDA_ALLOC_CONF is set, or when this torch cannot."""
+    when not CUDA, when the user configured the allocator (`USER_SETTINGS`), or when this torch
+    cannot."""
     global _done
-    if torch.device(device).type != "cuda" or "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
+    if torch.device(device).type != "cuda" or any(v in os.environ for v in USER_SETTINGS):
         return False
     if not _done:
         setter = _setter()
-        if setter is None:
-            log.info("allocator: this torch cannot switch to expandable segments; left as is")
+        try:
+            if setter is None:
+                raise RuntimeError("no runtime allocator-settings call in this torch")
+            setter("expandable_segments:True")
+        except RuntimeError as exc:
+            log.info("allocator: expandable segments not switched on (%s); left as is", exc)
             return False
-        setter("expandable_segments:True")
-        log.info("allocator: expandable segments on (PYTORCH_CUDA_ALLOC_CONF unset)")
+        log.info("allocator: expandable segments on (no allocator configuration set)")
         _done = True
     return True
 

@@ -139,7 +139,8 @@ class Backbone(nn.Module):
 
 
 class DiffusionGemma(nn.Module):
-    """forward(ids, ctx, canvas, sc_logits) -> softcapped fp32 logits [rows, vocab].
+    """forward(ids, ctx, canvas, sc_logits) -> softcapped fp32 logits [rows, vocab] (with
+    `softcap=False`: the LM head's output in the model dtype).
 
     The last `canvas` rows run in decoder mode (0: a pure encoder pass); `sc_logits` [canvas, vocab]
     are the previous step's logits (already tempered: the soft embedding is softmax(sc_logits /

@@ -131,3 +131,29 @@ def test_missing_text_field_names_it(ckpt, tmp_path):
     (tmp_path / "m" / "model.safetensors").symlink_to(path / "model.safetensors")
     with pytest.raises(CheckpointError, match="text_config.num_experts"):
         load_checkpoint(tmp_path / "m", torch.float32, CPU)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_engine_soft_embedding_is_the_former_one_bit_for_bit(ckpt, dtype):
+    """The engine's step hands the model sc_probs (`ops.vocab.sc_probs` of its tempered logits)
+    instead of those logits in the model dtype: the soft embedding and the raw-then-softcapped
+    logits are the former ones bit for bit (CPU tokens do not move)."""
+    from dlmrt.ops import vocab
+
+    model = load_checkpoint(ckpt[0], dtype, CPU).model
+    z = 4 * torch.randn(
+        CANVAS, model.lm_head.out_features, generator=torch.Generator().manual_seed(3)
+    )
+    with torch.no_grad():
+        then = model.soft_embedding(
+            z.to(dtype), 1.0
+        )  # the former path: sc held z in the model dtype
+        now = model.embed_probs(vocab.sc_probs(z, dtype))
+    assert torch.equal(now, then)
+    ids = _ids(CANVAS, 4)
+    ctx = AttnContext(torch.arange(CANVAS), 1, None)
+    with torch.no_grad():
+        logits = model(ids, ctx, CANVAS, z.to(dtype))
+        raw = model(ids, ctx, CANVAS, sc_probs=vocab.sc_probs(z, dtype), softcap=False)
+    assert raw.dtype == dtype
+    assert torch.equal(vocab.softcapped(raw, model.cfg.final_logit_softcapping), logits)

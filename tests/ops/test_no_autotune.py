@@ -39,3 +39,15 @@ def test_no_kernel_module_autotunes():
         module = importlib.import_module(f"{kernels.__name__}.{info.name}")
         tuned += [f"{info.name}.{n}" for n, v in vars(module).items() if isinstance(v, Autotuner)]
     assert not tuned, f"autotuned kernels (they benchmark inside requests): {tuned}"
+
+
+def test_wide_key_tiles_only_where_shared_memory_holds_them():
+    """128-key tiles need ~208 KB of shared memory per block (H100 / H200: 227 KB); an A100
+    (164 KB) or an Ada GPU (99 KB) keeps 64-key tiles, head dims > 128 too."""
+    from dlmrt._kernels.arena_attention import HOPPER_SMEM, tile_config
+
+    assert tile_config(256, 128, False, HOPPER_SMEM)[1] == 128
+    assert tile_config(32, 64, False, HOPPER_SMEM)[1] == 128
+    assert tile_config(256, 128, False, 164 * 1024)[1] == 64
+    assert tile_config(32, 128, False, 99 * 1024)[1] == 64
+    assert tile_config(32, 192, False, HOPPER_SMEM)[1] == 64

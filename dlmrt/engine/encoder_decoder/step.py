@@ -133,6 +133,7 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
     confidence = None
     if buf.trace_argmax is not None:
         z = ops.vocab.softcapped(raw, cap) / temperature
+        z = z.to(buf.sc.dtype).float()  # as before: from z in the model dtype (the old sc buffer)
         confidence = torch.exp(z.gather(-1, argmax[:, None])[:, 0] - torch.logsumexp(z, dim=-1))
     return sampled, argmax, entropy, confidence
 
