@@ -192,12 +192,16 @@ class DiffusionGemma(nn.Module):
     def soft_embedding(self, sc_logits: torch.Tensor, sc_temperature: float) -> torch.Tensor:
         """softmax(sc_logits / T) @ E * sqrt(hidden), as transformers: softmax in fp32, cast,
         then @ E (not the fused exp(x - logZ) twin)."""
+        return self.embed_probs(self.self_conditioning_probs(sc_logits, sc_temperature))
+
+    @staticmethod
+    def self_conditioning_probs(sc_logits: torch.Tensor, sc_temperature: float) -> torch.Tensor:
+        """softmax(sc_logits / T) in fp32 (tensor parallel: this rank's vocabulary shard, with the
+        log-normaliser combined across the ranks)."""
         y, group = sc_logits.float() / sc_temperature, tp.active()
         if group is None:
-            probs = F.softmax(y, dim=-1, dtype=torch.float32)
-        else:  # tensor parallel: this rank's vocabulary shard; partial sums, one all-reduce
-            probs = torch.exp(y - vocab.logsumexp(y, group).unsqueeze(-1))
-        return self.embed_probs(probs)
+            return F.softmax(y, dim=-1, dtype=torch.float32)
+        return torch.exp(y - vocab.logsumexp(y, group).unsqueeze(-1))
 
     def embed_probs(self, probs: torch.Tensor) -> torch.Tensor:
         """probs @ E * sqrt(hidden), probs cast to the model dtype first (tensor parallel: this

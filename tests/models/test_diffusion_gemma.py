@@ -145,9 +145,8 @@ def test_engine_soft_embedding_is_the_former_one_bit_for_bit(ckpt, dtype):
         CANVAS, model.lm_head.out_features, generator=torch.Generator().manual_seed(3)
     )
     with torch.no_grad():
-        then = model.soft_embedding(
-            z.to(dtype), 1.0
-        )  # the former path: sc held z in the model dtype
+        # the former path: the sc buffer held z in the model dtype
+        then = model.soft_embedding(z.to(dtype), 1.0)
         now = model.embed_probs(vocab.sc_probs(z, dtype))
     assert torch.equal(now, then)
     ids = _ids(CANVAS, 4)

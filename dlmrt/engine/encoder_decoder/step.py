@@ -121,12 +121,11 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
     is a second pass. Tensor parallel: `_draw` over the vocabulary shards."""
     temperature = ebc.temperature(spec.settings, t_step)
     cap = spec.model.cfg.final_logit_softcapping
-    group = tp.active()
-    if group is not None:
+    if tp.active() is not None:
         z = ops.vocab.softcapped(raw, cap) / temperature
         out = _draw(z, buf, t_step)
-        y = z.to(buf.sc.dtype).float()  # as the model's soft embedding under tensor parallelism
-        buf.sc.copy_(torch.exp(y - tp_vocab.logsumexp(y, group).unsqueeze(-1)).to(buf.sc.dtype))
+        probs = spec.model.self_conditioning_probs(z.to(buf.sc.dtype), 1.0)  # over the shards
+        buf.sc.copy_(probs.to(buf.sc.dtype))
         return out
     u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
     argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc)
