@@ -45,17 +45,62 @@ def _decode(b, s):
 @triton.jit
 def _dot(a_base, k0, K: tl.constexpr, a_rows, w_base, s_base, n_ok, g, acc, BK: tl.constexpr,
          IEEE: tl.constexpr):  # fmt: skip
-    """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :]^T: one contiguous activation tile, one dot."""
+    """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :]^T: one contiguous activation tile, one dot (the dense
+    linear's step, kernels/linear_nvfp4.py)."""
+    b, s = _load_w(w_base, s_base, k0, K, n_ok, BK)
+    return _mma(_load_a(a_base, k0, K, a_rows, BK), b, s, g, acc, False, IEEE)
+
+
+@triton.jit
+def _load_a(a_base, k0, K: tl.constexpr, a_rows, BK: tl.constexpr):
     kk = k0 + tl.arange(0, BK)
-    a = tl.load(a_base + kk[None, :], mask=a_rows[:, None] & (kk < K)[None, :], other=0.0)
+    return tl.load(a_base + kk[None, :], mask=a_rows[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _load_w(w_base, s_base, k0, K: tl.constexpr, n_ok, BK: tl.constexpr):
+    """The [BN, BK/2] code bytes and [BN, BK/16] block scales of K step k0 (none past K)."""
     jj = k0 // 2 + tl.arange(0, BK // 2)
     b = tl.load(w_base + jj[None, :], mask=n_ok[:, None] & (jj < K // 2)[None, :], other=0)
     ss = k0 // 16 + tl.arange(0, BK // 16)
     s = tl.load(s_base + ss[None, :], mask=n_ok[:, None] & (ss < K // 16)[None, :], other=0.0)
+    return b, s
+
+
+@triton.jit
+def _mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ decode(b, s)^T ([BM, BN]); SWAP: acc^T + decode(b, s) @ a^T ([BN, BM]: the
+    decoded weights are the dot's first operand, which can stay in registers)."""
     w = _decode(b.to(tl.int32), s.to(tl.float32) * g).to(a.dtype)  # rounded once, as the twin
-    if IEEE:
-        return tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-    return tl.dot(a, tl.trans(w), acc)
+    # one return, after the branches: Triton also traces what follows a taken constexpr branch
+    if SWAP:
+        if IEEE:
+            acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(a), acc)
+    else:
+        if IEEE:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _acc(BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr):
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _tile_major(acc, SWAP: tl.constexpr):
+    """The accumulator as [BM, BN] (rows of the tile first) for the epilogues."""
+    if SWAP:
+        acc = tl.trans(acc)
+    return acc
 
 
 @triton.jit
@@ -67,6 +112,7 @@ def _gate_up_kernel(
     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
     E_PAD: tl.constexpr, GELU: tl.constexpr, IEEE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SWAP: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -75,8 +121,8 @@ def _gate_up_kernel(
     row = (pair // TOP_K).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < INTER
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_g = _acc(BM, BN, SWAP)
+    acc_u = _acc(BM, BN, SWAP)
     gg = tl.load(gg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
     ug = tl.load(ug_ptr + e64) * 16384.0
     a_base = x_ptr + row[:, None] * stride_x
@@ -84,9 +130,24 @@ def _gate_up_kernel(
     gs = gs_ptr + e64 * stride_gse + n[:, None] * stride_gsn
     uw = uw_ptr + e64 * stride_uwe + n[:, None] * stride_uwn
     us = us_ptr + e64 * stride_use + n[:, None] * stride_usn
-    for k0 in range(0, H, BK):
-        acc_g = _dot(a_base, k0, H, valid, gw, gs, n_ok, gg, acc_g, BK, IEEE)
-        acc_u = _dot(a_base, k0, H, valid, uw, us, n_ok, ug, acc_u, BK, IEEE)
+    if PREFETCH:  # the next step's bytes are in flight while this step decodes
+        bg, sg = _load_w(gw, gs, 0, H, n_ok, BK)
+        bu, su = _load_w(uw, us, 0, H, n_ok, BK)
+        for k0 in range(0, H, BK):
+            a = _load_a(a_base, k0, H, valid, BK)
+            nbg, nsg = _load_w(gw, gs, k0 + BK, H, n_ok, BK)
+            nbu, nsu = _load_w(uw, us, k0 + BK, H, n_ok, BK)
+            acc_g = _mma(a, bg, sg, gg, acc_g, SWAP, IEEE)
+            acc_u = _mma(a, bu, su, ug, acc_u, SWAP, IEEE)
+            bg, sg, bu, su = nbg, nsg, nbu, nsu
+    else:
+        for k0 in range(0, H, BK):
+            a = _load_a(a_base, k0, H, valid, BK)
+            bg, sg = _load_w(gw, gs, k0, H, n_ok, BK)
+            bu, su = _load_w(uw, us, k0, H, n_ok, BK)
+            acc_g = _mma(a, bg, sg, gg, acc_g, SWAP, IEEE)
+            acc_u = _mma(a, bu, su, ug, acc_u, SWAP, IEEE)
+    acc_g, acc_u = _tile_major(acc_g, SWAP), _tile_major(acc_u, SWAP)
     store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER, GELU)
 
 
@@ -96,6 +157,7 @@ def _down_kernel(
     stride_dwe, stride_dwn, stride_dse, stride_dsn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    SWAP: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -103,14 +165,24 @@ def _down_kernel(
     pair = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < H
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc = _acc(BM, BN, SWAP)
     dg = tl.load(dg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
     a_base = h_ptr + pos.to(tl.int64)[:, None] * INTER
     dw = dw_ptr + e64 * stride_dwe + n[:, None] * stride_dwn
     ds = ds_ptr + e64 * stride_dse + n[:, None] * stride_dsn
-    for k0 in range(0, INTER, BK):
-        acc = _dot(a_base, k0, INTER, valid, dw, ds, n_ok, dg, acc, BK, IEEE)
-    store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
+    if PREFETCH:
+        b, s = _load_w(dw, ds, 0, INTER, n_ok, BK)
+        for k0 in range(0, INTER, BK):
+            a = _load_a(a_base, k0, INTER, valid, BK)
+            nb, ns = _load_w(dw, ds, k0 + BK, INTER, n_ok, BK)
+            acc = _mma(a, b, s, dg, acc, SWAP, IEEE)
+            b, s = nb, ns
+    else:
+        for k0 in range(0, INTER, BK):
+            a = _load_a(a_base, k0, INTER, valid, BK)
+            b, s = _load_w(dw, ds, k0, INTER, n_ok, BK)
+            acc = _mma(a, b, s, dg, acc, SWAP, IEEE)
+    store_weighted(_tile_major(acc, SWAP), h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[int, int]:
@@ -141,6 +213,8 @@ def moe_mlp_nvfp4(
     stages: int | None = None,
     bm: int | None = None,  # rows of an expert tile (see `_tiles`)
     hidden_hook=None,  # maps the hidden act(gate) * up [pairs, I] between the two GEMMs (W4A4)
+    swap: bool = False,  # the decoded weights as the dot's first operand
+    prefetch: bool = False,  # the next K step's weight bytes loaded before this step's decode
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k]; gate / up ([E, I, H/2] uint8, [E, I, H/16] e4m3 or
     fp32, [E] fp32), down ([E, H, I/2], [E, H, I/16], [E]) with unit-stride rows -> [rows, H]."""
@@ -161,6 +235,7 @@ def moe_mlp_nvfp4(
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
+    launch |= {"SWAP": swap, "PREFETCH": prefetch}
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",

@@ -1,5 +1,7 @@
 """SwiGLU activation on the fused gate_up output: out = SiLU(gate) * up, rounded like torch
-(SiLU rounds to the dtype, then the product). Torch twin: `dlmrt.ops.reference.silu_mul`."""
+(SiLU rounds to the dtype, then the product). Torch twin: `dlmrt.ops.reference.silu_mul`.
+GELU: GeGLU's gelu_tanh(gate) * up instead (Gemma; twin `dlmrt.ops.gemma.gelu_mul`), the tanh
+from exp as in kernels/moe_mlp.py's epilogue."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from . import pdl  # relative: kernels/ imports nothing from dlmrt
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                     GELU: tl.constexpr = False):  # fmt: skip
     if PDL:  # programmatic dependent launch: wait for the producer before the first load
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -20,17 +23,22 @@ def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, n, BLOCK: tl.constexpr, PDL: tl
     g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
     u = tl.load(gu_ptr + row * stride_gu + n + offs, mask=mask, other=0.0).to(tl.float32)
     gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    if GELU:  # tanh(z) = 2 sigmoid(2z) - 1
+        z = 0.7978845608028654 * (gf + 0.044715 * gf * gf * gf)
+        act = 0.5 * gf * (2.0 / (1.0 + tl.exp(-2.0 * z)))
+    else:
+        act = gf / (1.0 + tl.exp(-gf))
+    act = act.to(g.dtype).to(tl.float32)
     tl.store(out_ptr + row * n + offs, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [rows, 2n] (gate columns first) -> [rows, n]."""
+def silu_mul(gate_up: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """gate_up [rows, 2n] (gate columns first) -> [rows, n]; gelu: GeGLU's activation."""
     rows, n2 = gate_up.shape
     n = n2 // 2
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-        gate_up, out, gate_up.stride(0), n, BLOCK=block, num_warps=4, **pdl.launch()
+        gate_up, out, gate_up.stride(0), n, BLOCK=block, num_warps=4, GELU=gelu, **pdl.launch()
     )
     return out

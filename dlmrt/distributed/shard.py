@@ -156,6 +156,7 @@ def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Modul
         elif isinstance(m, llada2.Attention):
             _llada_attention(m, group)
         elif isinstance(m, dg.Attention):
+            m.qkv_weight = None  # re-fused from the sliced projections below
             _attention(m, group, m.q_proj, m.k_proj, m.v_proj, m.o_proj)
         elif isinstance(m, layers.SwiGLU):
             _mlp(m, group, name, reduce=id(m) not in shared)

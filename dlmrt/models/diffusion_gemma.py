@@ -25,10 +25,10 @@ from dlmrt.distributed import group as tp
 from dlmrt.distributed import vocab
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext
-from dlmrt.models.layers import GeGLU, GemmaRMSNorm, proportional_rope_cos_sin
+from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
+from dlmrt.ops import gemma
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
-from dlmrt.ops.reference import rotate
 
 
 class Attention(nn.Module):
@@ -48,25 +48,38 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
         self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
+        self.qkv_weight: torch.Tensor | None = None  # q|k|v (full layers: q|k) once fused
+
+    def fuse(self) -> None:
+        projs = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
+        self.qkv_weight = fuse_weights(*projs)
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.qkv_weight is None:
+            return tuple(p(x) for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None)
+        kv = self.kv_heads * self.head_dim
+        sizes = (self.heads * self.head_dim, kv) + ((kv,) if self.v_proj is not None else ())
+        return F.linear(x, self.qkv_weight).split(sizes, dim=-1)
 
     def forward(self, x: torch.Tensor, rope, pos: torch.Tensor, view, layer: int, sliding: bool):
         """-> output [rows, hidden]; `view` (a context of `diffusion_gemma_context.py`) stores
         this pass's K/V where its data says and attends over the keys it makes visible."""
         rows = x.shape[0]
-        q = self.q_proj(x).view(rows, self.heads, self.head_dim)
-        k = self.k_proj(x).view(rows, self.kv_heads, self.head_dim)
-        v = k if self.v_proj is None else self.v_proj(x).view(rows, self.kv_heads, self.head_dim)
+        parts = self._qkv(x)
+        q = parts[0].view(rows, self.heads, self.head_dim)
+        k = parts[1].view(rows, self.kv_heads, self.head_dim)
+        v = k if self.v_proj is None else parts[2].view(rows, self.kv_heads, self.head_dim)
         # transformers' roundings: norm (fp32, one cast), then RoPE in the model dtype
-        q = rotate(self.q_norm(q), *rope).transpose(0, 1)
-        k = rotate(self.k_norm(k), *rope).transpose(0, 1)
-        v = ops.gemma_rms_norm(v, None, self.eps).transpose(0, 1)
+        q = gemma.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)  # [heads, rows, d]
+        k = gemma.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
+        v = gemma.v_norm(v, self.eps)
         out = view.attend(layer, sliding, q, k, v)
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 
 class Router(nn.Module):
-    """softmax(proj(RMSNorm_noweight(r) * scale / sqrt(hidden))) in fp32, top-k, renormalised,
-    times per_expert_scale."""
+    """softmax(proj(x)) in fp32, top-k, renormalised, times per_expert_scale, where the input
+    x = RMSNorm_noweight(r) * scale / sqrt(hidden) comes from `ops.gemma.attn_residual`."""
 
     def __init__(self, cfg: DiffusionGemmaConfig) -> None:
         super().__init__()
@@ -75,8 +88,7 @@ class Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
         self.k, self.eps, self.root = cfg.top_k_experts, cfg.rms_norm_eps, cfg.hidden_size**-0.5
 
-    def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = ops.gemma_rms_norm(r, None, self.eps) * self.scale * self.root
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ops.moe_route_softmax(self.proj(x), self.per_expert_scale, self.k)
 
 
@@ -116,16 +128,24 @@ class Layer(nn.Module):
         self.router, self.experts = Router(cfg), Experts(cfg)
         for name in self._NORMS:
             setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+        self.eps = cfg.rms_norm_eps
         self.register_buffer("layer_scalar", torch.ones(1))  # decoder copy
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
     def forward(self, h, rope, pos, view, layer: int, sliding: bool):
+        """The residual stream's norms and adds are two fused ops (`dlmrt/ops/gemma.py`)."""
         attn = self.self_attn(self.input_layernorm(h), rope, pos, view, layer, sliding)
-        r = h + self.post_attention_layernorm(attn)
-        dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(r)))
-        moe = self.experts(self.pre_feedforward_layernorm_2(r), *self.router(r))
-        out = r + self.post_feedforward_layernorm(dense + self.post_feedforward_layernorm_2(moe))
-        return out * torch.where(view.is_canvas, self.layer_scalar, self.encoder_layer_scalar)
+        norms = (self.post_attention_layernorm, self.pre_feedforward_layernorm)
+        norms += (self.pre_feedforward_layernorm_2,)
+        r, x_mlp, x_moe, x_router = gemma.attn_residual(
+            attn, h, tuple(n.weight for n in norms), self.router.scale, self.router.root, self.eps
+        )
+        dense, moe = self.mlp(x_mlp), self.experts(x_moe, *self.router(x_router))
+        norms = (self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2)
+        norms += (self.post_feedforward_layernorm,)
+        scalars = (self.layer_scalar, self.encoder_layer_scalar)
+        weights = tuple(n.weight for n in norms)
+        return gemma.layer_out(dense, moe, r, weights, view.is_canvas, scalars, self.eps)
 
 
 class Backbone(nn.Module):

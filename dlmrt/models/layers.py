@@ -13,6 +13,7 @@ from torch import nn
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.ops import fp8 as fp8_ops
+from dlmrt.ops import gemma
 
 
 class RMSNorm(nn.Module):
@@ -199,10 +200,8 @@ class GeGLU(SwiGLU):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+            return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        return self.down_proj(gemma.gelu_mul(F.linear(x, self.gate_up_weight)))
 
 
 class DecoderLayer(nn.Module):

@@ -20,7 +20,7 @@ log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
-OPS += ("canvas_vocab", "linear_nvfp4")
+OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms")
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
