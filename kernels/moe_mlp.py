@@ -49,6 +49,41 @@ def _tile(
 
 
 @triton.jit
+def acc_zeros(BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr):
+    """A tile's fp32 accumulator: [BM, BN], or [BN, BM] when SWAP (acc^T = W a^T: the weight tile
+    is the dot's first operand, so Hopper runs a wgmma with the tile's rows as its N)."""
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    return acc  # one return after the branches: Triton also traces what follows a taken one
+
+
+@triton.jit
+def tile_major(acc, SWAP: tl.constexpr):
+    """The accumulator as [BM, BN] (the tile's rows first) for the epilogues."""
+    if SWAP:
+        acc = tl.trans(acc)
+    return acc
+
+
+@triton.jit
+def mma(a, w, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ w^T for a [BM, BK], w [BN, BK] (SWAP: acc^T + w @ a^T)."""
+    if SWAP:
+        if IEEE:
+            acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(a), acc)
+    else:
+        if IEEE:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, gate_ptr, up_ptr,
     gate_scale_ptr, up_scale_ptr,  # [E, INTER] fp32 per-channel scales of FP8 weights (SCALED)
@@ -57,7 +92,7 @@ def _gate_up_kernel(
     H: tl.constexpr,  # constexpr: static per model, and the loop bounds
     INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     GELU: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SCALED: tl.constexpr = False,
+    SCALED: tl.constexpr = False, SWAP: tl.constexpr = False,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -66,24 +101,21 @@ def _gate_up_kernel(
     row = (pair // TOP_K).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < INTER
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-    g_base = gate_ptr + e64 * stride_ge + n[None, :] * stride_gn
-    u_base = up_ptr + e64 * stride_ue + n[None, :] * stride_un
+    acc_g = acc_zeros(BM, BN, SWAP)
+    acc_u = acc_zeros(BM, BN, SWAP)
+    g_base = gate_ptr + e64 * stride_ge + n[:, None] * stride_gn  # [BN, BK] tiles: rows of W
+    u_base = up_ptr + e64 * stride_ue + n[:, None] * stride_un
     for k0 in range(0, H, BK):
         kk = k0 + tl.arange(0, BK)
         k_ok = kk < H
         a_mask = valid[:, None] & k_ok[None, :]
         a = tl.load(x_ptr + row[:, None] * stride_x + kk[None, :], mask=a_mask, other=0.0)
-        w_mask = k_ok[:, None] & n_ok[None, :]
-        wg = tl.load(g_base + kk[:, None], mask=w_mask, other=0.0).to(a.dtype)  # [BK, BN]
-        wu = tl.load(u_base + kk[:, None], mask=w_mask, other=0.0).to(a.dtype)
-        if IEEE:
-            acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
-            acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
-        else:
-            acc_g = tl.dot(a, wg, acc_g)
-            acc_u = tl.dot(a, wu, acc_u)
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        wg = tl.load(g_base + kk[None, :], mask=w_mask, other=0.0).to(a.dtype)
+        wu = tl.load(u_base + kk[None, :], mask=w_mask, other=0.0).to(a.dtype)
+        acc_g = mma(a, wg, acc_g, SWAP, IEEE)
+        acc_u = mma(a, wu, acc_u, SWAP, IEEE)
+    acc_g, acc_u = tile_major(acc_g, SWAP), tile_major(acc_u, SWAP)
     if SCALED:  # FP8 weights: w = code * scale per output channel, applied to the sums
         acc_g = acc_g * tl.load(gate_scale_ptr + e64 * INTER + n, mask=n_ok, other=0.0)[None, :]
         acc_u = acc_u * tl.load(up_scale_ptr + e64 * INTER + n, mask=n_ok, other=0.0)[None, :]
@@ -129,6 +161,7 @@ def _down_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     SCALED: tl.constexpr = False,
+    SWAP: tl.constexpr = False,
 ):
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -136,19 +169,16 @@ def _down_kernel(
     pair = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < H
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    d_base = down_ptr + e64 * stride_de + n[None, :] * stride_dn
+    acc = acc_zeros(BM, BN, SWAP)
+    d_base = down_ptr + e64 * stride_de + n[:, None] * stride_dn
     h_base = h_ptr + pos.to(tl.int64)[:, None] * INTER
     for k0 in range(0, INTER, BK):
         kk = k0 + tl.arange(0, BK)
         k_ok = kk < INTER
         a = tl.load(h_base + kk[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-        wd = tl.load(d_base + kk[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        wd = wd.to(a.dtype)
-        if IEEE:
-            acc = tl.dot(a, wd, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, wd, acc)
+        wd = tl.load(d_base + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = mma(a, wd.to(a.dtype), acc, SWAP, IEEE)
+    acc = tile_major(acc, SWAP)
     if SCALED:
         acc = acc * tl.load(down_scale_ptr + e64 * H + n, mask=n_ok, other=0.0)[None, :]
     store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
@@ -199,6 +229,7 @@ def moe_mlp(
     bk: int | None = None,  # default 64; 128 for FP8 weights (measured: 0.21 vs 0.26 ms, LLaDA)
     warps: int = 4,
     stages: int | None = None,
+    swap: bool = False,  # acc^T = W a^T (see `acc_zeros`)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k], gate_up [E, 2I, H] or ([E, I, H], [E, I, H]),
     down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype. `scales`: the weights are
@@ -218,7 +249,7 @@ def moe_mlp(
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
-    common["SCALED"] = scales is not None
+    common["SCALED"], common["SWAP"] = scales is not None, swap
     bk = bk or (128 if scales is not None else 64)
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
     gs, us, ds = (s.contiguous() for s in scales) if scales is not None else (x, x, x)

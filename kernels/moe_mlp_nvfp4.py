@@ -7,7 +7,11 @@ K/16] and one fp32 global scale per expert [E], i.e. 4.5 bits a weight. Each [BN
 (rows of the weight, unit stride: coalesced) is decoded in registers by bit placement (`_decode`),
 its nibbles interleaved back into K order, times (block scale * global scale) in fp32 with one scale
 load per 16 weights (the twin's arithmetic, so the converted weights equal the twin's dequantized
-ones), rounded to x's dtype and met by one contiguous activation tile in one dot.
+ones), rounded to x's dtype and met by one contiguous activation tile in one dot. `swap` (default)
+computes acc^T = W a^T: the decoded [BN, BK] tile is the dot's first operand, so Hopper runs a
+wgmma with the tile's 16 or 32 rows as its N instead of an Ampere-style mma (13-19% faster a
+layer). A register prefetch of the next step's bytes was slower: it defeats Triton's cp.async
+pipelining of the byte loads.
 The block scales may be passed already as fp32 (the CPU interpreter's e4m3 casts round wrongly;
 tests/quant/test_nvfp4_kernel.py); on the GPU they are read as e4m3.
 Torch twin: `dlmrt.ops.nvfp4.moe_mlp_nvfp4` (dequantize, then the bf16 op).
@@ -20,7 +24,7 @@ import triton
 import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
-from .moe_mlp import BLOCK_M, _tile, plan, store_hidden, store_weighted
+from .moe_mlp import BLOCK_M, _tile, acc_zeros, mma, plan, store_hidden, store_weighted, tile_major
 
 NVFP4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (packed, block scales, global scales)
 
@@ -48,7 +52,7 @@ def _dot(a_base, k0, K: tl.constexpr, a_rows, w_base, s_base, n_ok, g, acc, BK: 
     """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :]^T: one contiguous activation tile, one dot (the dense
     linear's step, kernels/linear_nvfp4.py)."""
     b, s = _load_w(w_base, s_base, k0, K, n_ok, BK)
-    return _mma(_load_a(a_base, k0, K, a_rows, BK), b, s, g, acc, False, IEEE)
+    return _decoded_mma(_load_a(a_base, k0, K, a_rows, BK), b, s, g, acc, False, IEEE)
 
 
 @triton.jit
@@ -68,39 +72,10 @@ def _load_w(w_base, s_base, k0, K: tl.constexpr, n_ok, BK: tl.constexpr):
 
 
 @triton.jit
-def _mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
-    """acc + a @ decode(b, s)^T ([BM, BN]); SWAP: acc^T + decode(b, s) @ a^T ([BN, BM]: the
-    decoded weights are the dot's first operand, which can stay in registers)."""
+def _decoded_mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ decode(b, s)^T ([BM, BN]; SWAP: its transpose, see moe_mlp.py's `acc_zeros`)."""
     w = _decode(b.to(tl.int32), s.to(tl.float32) * g).to(a.dtype)  # rounded once, as the twin
-    # one return, after the branches: Triton also traces what follows a taken constexpr branch
-    if SWAP:
-        if IEEE:
-            acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(a), acc)
-    else:
-        if IEEE:
-            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
-    return acc
-
-
-@triton.jit
-def _acc(BM: tl.constexpr, BN: tl.constexpr, SWAP: tl.constexpr):
-    if SWAP:
-        acc = tl.zeros([BN, BM], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-    return acc
-
-
-@triton.jit
-def _tile_major(acc, SWAP: tl.constexpr):
-    """The accumulator as [BM, BN] (rows of the tile first) for the epilogues."""
-    if SWAP:
-        acc = tl.trans(acc)
-    return acc
+    return mma(a, w, acc, SWAP, IEEE)
 
 
 @triton.jit
@@ -112,7 +87,7 @@ def _gate_up_kernel(
     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
     E_PAD: tl.constexpr, GELU: tl.constexpr, IEEE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SWAP: tl.constexpr, PREFETCH: tl.constexpr,
+    SWAP: tl.constexpr,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -121,8 +96,8 @@ def _gate_up_kernel(
     row = (pair // TOP_K).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < INTER
-    acc_g = _acc(BM, BN, SWAP)
-    acc_u = _acc(BM, BN, SWAP)
+    acc_g = acc_zeros(BM, BN, SWAP)
+    acc_u = acc_zeros(BM, BN, SWAP)
     gg = tl.load(gg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
     ug = tl.load(ug_ptr + e64) * 16384.0
     a_base = x_ptr + row[:, None] * stride_x
@@ -130,24 +105,13 @@ def _gate_up_kernel(
     gs = gs_ptr + e64 * stride_gse + n[:, None] * stride_gsn
     uw = uw_ptr + e64 * stride_uwe + n[:, None] * stride_uwn
     us = us_ptr + e64 * stride_use + n[:, None] * stride_usn
-    if PREFETCH:  # the next step's bytes are in flight while this step decodes
-        bg, sg = _load_w(gw, gs, 0, H, n_ok, BK)
-        bu, su = _load_w(uw, us, 0, H, n_ok, BK)
-        for k0 in range(0, H, BK):
-            a = _load_a(a_base, k0, H, valid, BK)
-            nbg, nsg = _load_w(gw, gs, k0 + BK, H, n_ok, BK)
-            nbu, nsu = _load_w(uw, us, k0 + BK, H, n_ok, BK)
-            acc_g = _mma(a, bg, sg, gg, acc_g, SWAP, IEEE)
-            acc_u = _mma(a, bu, su, ug, acc_u, SWAP, IEEE)
-            bg, sg, bu, su = nbg, nsg, nbu, nsu
-    else:
-        for k0 in range(0, H, BK):
-            a = _load_a(a_base, k0, H, valid, BK)
-            bg, sg = _load_w(gw, gs, k0, H, n_ok, BK)
-            bu, su = _load_w(uw, us, k0, H, n_ok, BK)
-            acc_g = _mma(a, bg, sg, gg, acc_g, SWAP, IEEE)
-            acc_u = _mma(a, bu, su, ug, acc_u, SWAP, IEEE)
-    acc_g, acc_u = _tile_major(acc_g, SWAP), _tile_major(acc_u, SWAP)
+    for k0 in range(0, H, BK):
+        a = _load_a(a_base, k0, H, valid, BK)
+        bg, sg = _load_w(gw, gs, k0, H, n_ok, BK)
+        bu, su = _load_w(uw, us, k0, H, n_ok, BK)
+        acc_g = _decoded_mma(a, bg, sg, gg, acc_g, SWAP, IEEE)
+        acc_u = _decoded_mma(a, bu, su, ug, acc_u, SWAP, IEEE)
+    acc_g, acc_u = tile_major(acc_g, SWAP), tile_major(acc_u, SWAP)
     store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER, GELU)
 
 
@@ -157,7 +121,7 @@ def _down_kernel(
     stride_dwe, stride_dwn, stride_dse, stride_dsn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SWAP: tl.constexpr, PREFETCH: tl.constexpr,
+    SWAP: tl.constexpr,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -165,31 +129,25 @@ def _down_kernel(
     pair = tl.load(order_ptr + pos, mask=valid, other=0).to(tl.int64)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < H
-    acc = _acc(BM, BN, SWAP)
+    acc = acc_zeros(BM, BN, SWAP)
     dg = tl.load(dg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
     a_base = h_ptr + pos.to(tl.int64)[:, None] * INTER
     dw = dw_ptr + e64 * stride_dwe + n[:, None] * stride_dwn
     ds = ds_ptr + e64 * stride_dse + n[:, None] * stride_dsn
-    if PREFETCH:
-        b, s = _load_w(dw, ds, 0, INTER, n_ok, BK)
-        for k0 in range(0, INTER, BK):
-            a = _load_a(a_base, k0, INTER, valid, BK)
-            nb, ns = _load_w(dw, ds, k0 + BK, INTER, n_ok, BK)
-            acc = _mma(a, b, s, dg, acc, SWAP, IEEE)
-            b, s = nb, ns
-    else:
-        for k0 in range(0, INTER, BK):
-            a = _load_a(a_base, k0, INTER, valid, BK)
-            b, s = _load_w(dw, ds, k0, INTER, n_ok, BK)
-            acc = _mma(a, b, s, dg, acc, SWAP, IEEE)
-    store_weighted(_tile_major(acc, SWAP), h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
+    for k0 in range(0, INTER, BK):
+        a = _load_a(a_base, k0, INTER, valid, BK)
+        b, s = _load_w(dw, ds, k0, INTER, n_ok, BK)
+        acc = _decoded_mma(a, b, s, dg, acc, SWAP, IEEE)
+    store_weighted(tile_major(acc, SWAP), h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[int, int]:
     """Default (BM, BK), static per shape (capture-safe). Each tile decodes its expert's weights
     once, so when experts get >= 8 pairs on average (DiffusionGemma's 256-row canvas: 16) 32-row
     tiles decode them about half as often; measured on the H200 (benchmarks/moe_nvfp4.py):
-    DiffusionGemma 0.608 -> 0.538 ms with (32, 64), LLaDA's ~1 pair per expert best at (16, 128)."""
+    DiffusionGemma 0.608 -> 0.538 ms with (32, 64), LLaDA's ~1 pair per expert best at (16, 128).
+    With `swap` (the default; benchmarks/results/moe_nvfp4_swap_h200_2026-12-02.json) the same
+    tiles are still the best: LLaDA 0.329 -> 0.286 ms a layer, DiffusionGemma 0.536 -> 0.438."""
     many = pairs >= 8 * experts
     bm = bm or (32 if many else BLOCK_M)
     return bm, bk or (64 if bm > BLOCK_M else 128)
@@ -213,8 +171,7 @@ def moe_mlp_nvfp4(
     stages: int | None = None,
     bm: int | None = None,  # rows of an expert tile (see `_tiles`)
     hidden_hook=None,  # maps the hidden act(gate) * up [pairs, I] between the two GEMMs (W4A4)
-    swap: bool = False,  # the decoded weights as the dot's first operand
-    prefetch: bool = False,  # the next K step's weight bytes loaded before this step's decode
+    swap: bool = True,  # the decoded weights as the dot's first operand (see `_tiles`)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k]; gate / up ([E, I, H/2] uint8, [E, I, H/16] e4m3 or
     fp32, [E] fp32), down ([E, H, I/2], [E, H, I/16], [E]) with unit-stride rows -> [rows, H]."""
@@ -235,7 +192,7 @@ def moe_mlp_nvfp4(
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
-    launch |= {"SWAP": swap, "PREFETCH": prefetch}
+    launch["SWAP"] = swap
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",

@@ -92,13 +92,13 @@ def _moe_inputs(rows, experts, hidden, inter, top_k, hits, dtype, seed):
     return x, weights, index, gate_up, down
 
 
-def _check_mlp(args, activation, split, dtype):
+def _check_mlp(args, activation, split, dtype, swap=False):
     from dlmrt._kernels.moe_mlp import moe_mlp
 
     x, weights, index, gate_up, down = args
     inter = down.shape[2]
     gu = (gate_up[:, :inter], gate_up[:, inter:]) if split else gate_up
-    got = moe_mlp(x, weights, index, gu, down, activation)
+    got = moe_mlp(x, weights, index, gu, down, activation, swap=swap)
     want = reference.moe_mlp(x, weights, index, gu, down, activation)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
@@ -111,12 +111,14 @@ def _check_mlp(args, activation, split, dtype):
 @pytest.mark.parametrize("hits", ["random", "one", "spread"])
 @pytest.mark.parametrize("activation,split", [("silu", True), ("gelu_tanh", False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_moe_mlp_matches_twin(rows, hits, activation, split, dtype):
-    """Awkward sizes: hidden and inter not multiples of the 64-wide tiles, 24 experts, top-6."""
+@pytest.mark.parametrize("swap", [False, True])
+def test_moe_mlp_matches_twin(rows, hits, activation, split, dtype, swap):
+    """Awkward sizes: hidden and inter not multiples of the 64-wide tiles, 24 experts, top-6;
+    both accumulator orientations (`swap`: acc^T = W a^T)."""
     if dtype == torch.bfloat16 and not CUDA:
         pytest.skip("the Triton interpreter's bf16 tl.dot is broken")
     args = _moe_inputs(rows, 24, 200, 72, 6, hits, dtype, seed=rows + len(hits))
-    _check_mlp(args, activation, split, dtype)
+    _check_mlp(args, activation, split, dtype, swap)
 
 
 @needs_cuda

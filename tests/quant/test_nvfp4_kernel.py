@@ -69,9 +69,10 @@ def _run(x, weights, index, gate_up, down, activation, **kw):
 @pytest.mark.parametrize(
     "rows, experts, hidden, inter, top_k", [(5, 6, 96, 48, 2), (3, 4, 48, 80, 3)]
 )
-def test_kernel_matches_the_twin_fp32(rows, experts, hidden, inter, top_k, activation):
+@pytest.mark.parametrize("swap", [True, False])
+def test_kernel_matches_the_twin_fp32(rows, experts, hidden, inter, top_k, activation, swap):
     case = _case(rows, experts, hidden, inter, top_k, torch.float32)
-    got = _run(*case, activation, bk=32)
+    got = _run(*case, activation, bk=32, swap=swap)
     want = _twin(*case, activation)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
