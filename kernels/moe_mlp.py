@@ -226,7 +226,7 @@ def moe_mlp(
     sum_dtype: torch.dtype | None = None,  # noqa: ARG001 (the slots are always summed in fp32)
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     bn: int = 64,  # the tiles and launch shape (benchmarks/moe_fp8.py sweeps them)
-    bk: int | None = None,  # default 64; 128 for FP8 weights (measured: 0.21 vs 0.26 ms, LLaDA)
+    bk: int | None = None,  # default 128 (fp32: 64, its tiles spill); see below
     warps: int = 4,
     stages: int | None = None,
     swap: bool = False,  # acc^T = W a^T (see `acc_zeros`)
@@ -250,7 +250,10 @@ def moe_mlp(
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     common["SCALED"], common["SWAP"] = scales is not None, swap
-    bk = bk or (128 if scales is not None else 64)
+    # H200, one layer (benchmarks/results/moe_mlp_swap_h200_2026-12-02.json): bf16 LLaDA 0.315 ->
+    # 0.280 ms with 128-wide K tiles, DiffusionGemma 0.444 -> 0.432; FP8 0.21 vs 0.26 (64). `swap`
+    # (the NVFP4 kernel's default) measured no faster here: off.
+    bk = bk or (64 if x.dtype == torch.float32 else 128)
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
     gs, us, ds = (s.contiguous() for s in scales) if scales is not None else (x, x, x)
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
