@@ -11,8 +11,9 @@ to the dtype where torch rounds it):
 - `layer_out`: at the layer's end, out = (r + norm_pf(norm_pf1(dense) + norm_pf2(moe))) * s, with s
   the layer scalar of the row's kind (canvas rows: the decoder's, context rows: the encoder's).
 
-One program per row; the mean of squares is a tree sum (torch's own reduction order differs: equal
-to within fp32 rounding, see tests/ops/test_gemma_norms.py). Torch twins: `dlmrt/ops/gemma.py`.
+One program per row; the mean of squares is a tree sum and the inverse root an rsqrt (torch sums in
+another order and takes pow(-0.5): a few fp32 ulp apart, so a bf16 output can move by a rounding
+step; tests/ops/test_gemma_norms.py). Torch twins: `dlmrt/ops/gemma.py`.
 """
 
 from __future__ import annotations
@@ -91,17 +92,17 @@ def _launch_shape(n: int) -> dict:
 def attn_residual(
     attn: torch.Tensor,
     h: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    gains: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     router_scale: torch.Tensor,
     root: float,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """attn, h [rows, n] contiguous; weights (post-attention, pre-feedforward, pre-feedforward-2)
+    """attn, h [rows, n] contiguous; gains (post-attention, pre-feedforward, pre-feedforward-2)
     -> (r, ff input, experts input, router input), each [rows, n]."""
     rows, n = h.shape
     r, ff, ff2, router = (torch.empty_like(h) for _ in range(4))
     _attn_residual_kernel[(rows,)](
-        attn, h, *weights, router_scale, r, ff, ff2, router, n, eps, root,
+        attn, h, *gains, router_scale, r, ff, ff2, router, n, eps, root,
         **_launch_shape(n), **pdl.launch(),
     )  # fmt: skip
     return r, ff, ff2, router
@@ -111,17 +112,18 @@ def layer_out(
     dense: torch.Tensor,
     moe: torch.Tensor,
     r: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    gains: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     is_canvas: torch.Tensor,
     scalars: tuple[torch.Tensor, torch.Tensor],
     eps: float,
 ) -> torch.Tensor:
-    """dense, moe, r [rows, n] contiguous; weights (post-feedforward-1, -2, post-feedforward);
-    is_canvas [rows] bool; scalars (decoder's, encoder's) one-element tensors -> [rows, n]."""
+    """dense, moe, r [rows, n] contiguous; gains (post-feedforward-1, -2, post-feedforward);
+    is_canvas [rows] uint8 (nonzero: a canvas row); scalars (decoder's, encoder's) one-element
+    tensors -> [rows, n]."""
     rows, n = r.shape
     out = torch.empty_like(r)
     _layer_out_kernel[(rows,)](
-        dense, moe, r, *weights, is_canvas, *scalars, out, n, eps,
+        dense, moe, r, *gains, is_canvas, *scalars, out, n, eps,
         **_launch_shape(n), **pdl.launch(),
     )  # fmt: skip
     return out

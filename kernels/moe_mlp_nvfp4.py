@@ -191,8 +191,8 @@ def moe_mlp_nvfp4(
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
+    common["SWAP"] = swap
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
-    launch["SWAP"] = swap
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",

@@ -86,7 +86,7 @@ class Router(nn.Module):
         self.proj = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(cfg.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
-        self.k, self.eps, self.root = cfg.top_k_experts, cfg.rms_norm_eps, cfg.hidden_size**-0.5
+        self.k, self.root = cfg.top_k_experts, cfg.hidden_size**-0.5
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ops.moe_route_softmax(self.proj(x), self.per_expert_scale, self.k)
@@ -135,17 +135,19 @@ class Layer(nn.Module):
     def forward(self, h, rope, pos, view, layer: int, sliding: bool):
         """The residual stream's norms and adds are two fused ops (`dlmrt/ops/gemma.py`)."""
         attn = self.self_attn(self.input_layernorm(h), rope, pos, view, layer, sliding)
-        norms = (self.post_attention_layernorm, self.pre_feedforward_layernorm)
-        norms += (self.pre_feedforward_layernorm_2,)
+        gains_in = (self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight)
+        gains_in += (self.pre_feedforward_layernorm_2.weight,)
         r, x_mlp, x_moe, x_router = gemma.attn_residual(
-            attn, h, tuple(n.weight for n in norms), self.router.scale, self.router.root, self.eps
+            attn, h, gains_in, self.router.scale, self.router.root, self.eps
         )
         dense, moe = self.mlp(x_mlp), self.experts(x_moe, *self.router(x_router))
-        norms = (self.post_feedforward_layernorm_1, self.post_feedforward_layernorm_2)
-        norms += (self.post_feedforward_layernorm,)
+        gains_out = (
+            self.post_feedforward_layernorm_1.weight,
+            self.post_feedforward_layernorm_2.weight,
+        )
+        gains_out += (self.post_feedforward_layernorm.weight,)
         scalars = (self.layer_scalar, self.encoder_layer_scalar)
-        weights = tuple(n.weight for n in norms)
-        return gemma.layer_out(dense, moe, r, weights, view.is_canvas, scalars, self.eps)
+        return gemma.layer_out(dense, moe, r, gains_out, view.is_canvas, scalars, self.eps)
 
 
 class Backbone(nn.Module):

@@ -1,9 +1,13 @@
-"""DiffusionGemma's fused per-layer ops, each resolved like every op (`implementation`).
+"""DiffusionGemma's fused per-layer ops, resolved together as the op `gemma_norms`
+(`implementation("gemma_norms")`: one switch for the layer, also over the Gemma modes of the
+`qk_norm_rope` and `silu_mul` kernels, so that `ops.use` / DLMRT_OPS flip the whole layer).
 
 CUDA -> kernels/gemma_norms.py, kernels/qk_norm_rope.py (Gemma's roundings) and
 kernels/silu_mul.py (GeGLU); otherwise the twins below, which are the model's former torch code
 op for op (`dlmrt/models/diffusion_gemma.py` ran exactly these lines before the kernels), so CPU
-runs keep their bits. The kernels round where these twins round.
+runs keep their bits. The kernels round where these twins round; they differ in the order of the
+fp32 mean-of-squares sum, rsqrt vs pow(-0.5) and the exp-based tanh (a few fp32 ulp), which can
+move a bf16 rounding by a step.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def qk_norm_rope(
 ) -> torch.Tensor:
     """x [rows, heads, head_dim] -> RoPE(gemma_rms_norm(x)) as [heads, rows, head_dim] (the norm
     in fp32 with one cast, then rotate-half RoPE in x's dtype, as transformers)."""
-    if _heads_ok(x) and cos.stride(-1) == sin.stride(-1) == 1:
+    if _heads_ok(x) and cos.stride() == sin.stride() and cos.stride(-1) == 1:
         return _kernel("qk_norm_rope", "qk_norm_rope")(x, weight, cos, sin, eps, gemma=True)
     return rotate(gemma_rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
 
@@ -64,16 +68,16 @@ def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def attn_residual(
     attn: torch.Tensor,
     h: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    gains: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     router_scale: torch.Tensor,
     root: float,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """After attention: r = h + norm_pa(attn); -> (r, norm_ff(r), norm_ff2(r),
-    norm(r) * router_scale * root), `weights` = (w_pa, w_ff, w_ff2)."""
+    norm(r) * router_scale * root), `gains` = (w_pa, w_ff, w_ff2)."""
     if _fast(attn, h):
-        return _kernel("gemma_norms", "attn_residual")(attn, h, weights, router_scale, root, eps)
-    w_pa, w_ff, w_ff2 = weights
+        return _kernel("gemma_norms", "attn_residual")(attn, h, gains, router_scale, root, eps)
+    w_pa, w_ff, w_ff2 = gains
     r = h + gemma_rms_norm(attn, w_pa, eps)
     router = gemma_rms_norm(r, None, eps) * router_scale * root
     return r, gemma_rms_norm(r, w_ff, eps), gemma_rms_norm(r, w_ff2, eps), router
@@ -83,17 +87,17 @@ def layer_out(
     dense: torch.Tensor,
     moe: torch.Tensor,
     r: torch.Tensor,
-    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    gains: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     is_canvas: torch.Tensor,
     scalars: tuple[torch.Tensor, torch.Tensor],
     eps: float,
 ) -> torch.Tensor:
     """The layer's end: (r + norm_pf(norm_pf1(dense) + norm_pf2(moe))) * s per row, s = scalars[0]
-    on canvas rows (is_canvas [rows, 1] bool), else scalars[1]; `weights` = (w_pf1, w_pf2, w_pf)."""
+    on canvas rows (is_canvas [rows, 1] bool), else scalars[1]; `gains` = (w_pf1, w_pf2, w_pf)."""
     if _fast(dense, moe, r, is_canvas):
         flags = is_canvas.reshape(-1).view(torch.uint8)
-        return _kernel("gemma_norms", "layer_out")(dense, moe, r, weights, flags, scalars, eps)
-    w_pf1, w_pf2, w_pf = weights
+        return _kernel("gemma_norms", "layer_out")(dense, moe, r, gains, flags, scalars, eps)
+    w_pf1, w_pf2, w_pf = gains
     dense = gemma_rms_norm(dense, w_pf1, eps)
     out = r + gemma_rms_norm(dense + gemma_rms_norm(moe, w_pf2, eps), w_pf, eps)
     return out * torch.where(is_canvas, *scalars)

@@ -136,3 +136,35 @@ def test_gelu_mul_kernel_matches_twin(dtype, rows, n):
     got = kernel.silu_mul(gate_up, gelu=True)
     gate, up = gate_up.cpu().chunk(2, dim=-1)
     torch.testing.assert_close(got.cpu(), F.gelu(gate, approximate="tanh") * up, **_tol(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_ops_take_the_kernels_on_cuda_as_the_model_calls_them(dtype):
+    """Through `dlmrt.ops.gemma` as the layer calls it (is_canvas a [rows, 1] bool, q from a
+    fused projection's view): CUDA results equal the CPU twins' within rounding."""
+    gen = torch.Generator().manual_seed(3)
+    rows, n, heads, d = 9, 96, 2, 32
+    attn, h, dense, moe = (_randn(rows, n, gen=gen, dtype=dtype, scale=3) for _ in range(4))
+    w = _gains(n, gen, dtype, 7)
+    is_canvas = (torch.arange(rows, device=DEV) >= 4).unsqueeze(1)
+    scalars = (torch.tensor([0.75]).to(DEV, dtype), torch.tensor([1.5]).to(DEV, dtype))
+    cpu = lambda ts: [t.cpu() for t in ts]  # noqa: E731
+    got = gemma.attn_residual(attn, h, w[:3], w[6], n**-0.5, EPS)
+    want = gemma.attn_residual(attn.cpu(), h.cpu(), cpu(w[:3]), w[6].cpu(), n**-0.5, EPS)
+    for g, x in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), x, **_tol(dtype))
+    got = gemma.layer_out(dense, moe, h, w[3:6], is_canvas, scalars, EPS)
+    want = gemma.layer_out(*cpu((dense, moe, h)), cpu(w[3:6]), is_canvas.cpu(), cpu(scalars), EPS)
+    torch.testing.assert_close(got.cpu(), want, **_tol(dtype))
+    qkv = _randn(rows, 3 * heads * d, gen=gen, dtype=dtype)
+    q = qkv[:, : heads * d].view(rows, heads, d)
+    cos, sin = proportional_rope_cos_sin(torch.arange(rows, device=DEV), d, 1e4, 0.5, dtype)
+    got = gemma.qk_norm_rope(q, w[0][:d].contiguous(), cos, sin, EPS)
+    want = gemma.qk_norm_rope(*cpu((q, w[0][:d], cos, sin)), EPS)
+    torch.testing.assert_close(got.cpu(), want, **_tol(dtype))
+    torch.testing.assert_close(
+        gemma.v_norm(q, EPS).cpu(), gemma.v_norm(q.cpu(), EPS), **_tol(dtype)
+    )
+    torch.testing.assert_close(gemma.gelu_mul(qkv).cpu(), gemma.gelu_mul(qkv.cpu()), **_tol(dtype))

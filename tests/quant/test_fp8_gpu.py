@@ -91,6 +91,10 @@ def test_fp8_expert_kernel_matches_its_twin(rows, fused):
     deq = [w.dequantize(torch.bfloat16) for w in (gate, up, down)]
     ref = reference.moe_mlp(x, weights, index, (deq[0], deq[1]), deq[2], "silu")
     torch.testing.assert_close(fast.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    from dlmrt._kernels.moe_mlp import moe_mlp  # the other accumulator orientation (kernels.md)
+
+    swapped = moe_mlp(x, weights, index, gate_up, down.qweight, "silu", scales=scales, swap=True)
+    torch.testing.assert_close(swapped.float(), ref.float(), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize(("rows", "ctx"), [(7, 40), (32, 1000), (256, 1300)])
