@@ -50,9 +50,10 @@ class Attention(nn.Module):
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.qkv_weight: torch.Tensor | None = None  # q|k|v (full layers: q|k) once fused
 
-    def fuse(self) -> None:
-        projs = [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
-        self.qkv_weight = fuse_weights(*projs)
+    def fuse(self) -> None:  # CUDA only: on the CPU a wider bf16 GEMM rounds unlike HF's three
+        if self.q_proj.weight.device.type == "cuda":
+            projs = (self.q_proj, self.k_proj, self.v_proj)
+            self.qkv_weight = fuse_weights(*(p for p in projs if p is not None))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.qkv_weight is None:
