@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .silu_mul import activation  # relative: kernels/ imports nothing from dlmrt
+
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 
@@ -54,8 +56,7 @@ def _silu_mul_fp8_kernel(gu_ptr, q_ptr, s_ptr, stride_gu, n, BLOCK: tl.constexpr
     mask = offs < n
     g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0)
     u = tl.load(gu_ptr + row * stride_gu + n + offs, mask=mask, other=0.0).to(tl.float32)
-    gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+    act = activation(g.to(tl.float32), False).to(g.dtype).to(tl.float32)
     y = (act * u).to(g.dtype).to(tl.float32)
     _store_fp8_row(y, q_ptr, s_ptr, row, offs, mask, n)
 

@@ -26,6 +26,7 @@ from .moe_plan import (  # relative: kernels/ imports nothing from dlmrt
     plan_chunked,
     plan_small,
 )
+from .silu_mul import activation  # the SiLU / gelu_tanh of every epilogue
 
 BLOCK_M = 16  # the rows of an expert tile: 32 rows x top-8 over 256 experts is ~1 pair per expert
 
@@ -128,12 +129,7 @@ def store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER: tl.constexpr,
     """The gate|up epilogue (also kernels/moe_mlp_nvfp4.py's): h = act(gate) * up, each rounded
     to h's dtype where torch rounds, stored at the tile's sorted (row, expert) positions."""
     dtype = h_ptr.dtype.element_ty
-    g = acc_g.to(dtype).to(tl.float32)
-    if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
-        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * z)))
-    else:
-        act = g / (1.0 + tl.exp(-g))
+    act = activation(acc_g.to(dtype).to(tl.float32), GELU)
     h = act.to(dtype).to(tl.float32) * acc_u.to(dtype).to(tl.float32)
     out = h_ptr + pos.to(tl.int64)[:, None] * INTER + n[None, :]
     tl.store(out, h.to(dtype), mask=valid[:, None] & n_ok[None, :])

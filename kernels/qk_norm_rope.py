@@ -47,16 +47,13 @@ def _qk_norm_rope_kernel(
     x = tl.load(base + offs)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, 0) / D + eps)
-    if HAS_W:
-        w = tl.load(w_ptr + offs).to(tl.float32)
-        wp = tl.load(w_ptr + partner).to(tl.float32)
-    else:
-        w, wp = 1.0, 1.0
+    w = tl.load(w_ptr + offs).to(tl.float32) if HAS_W else 1.0
     if GEMMA:
         y = (xf * inv * w).to(x.dtype).to(tl.float32)
     else:
         y = (w * (xf * inv).to(x.dtype).to(tl.float32)).to(x.dtype).to(tl.float32)
     if ROPE:
+        wp = tl.load(w_ptr + partner).to(tl.float32) if HAS_W else 1.0
         xp = tl.load(base + partner).to(tl.float32)
         if GEMMA:
             yp = (xp * inv * wp).to(x.dtype).to(tl.float32)
