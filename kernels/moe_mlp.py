@@ -10,8 +10,8 @@ when it is past the last one. Experts no pair picked cost nothing: their weights
 Kernels: (1) gate and up projections of one tile, the activation fused (SwiGLU or GeGLU, rounded
 to the dtype where torch rounds: each projection, the activation, the product), written in sorted
 order; (2) the down projection times the routing weight, written to the pair's own slot in fp32.
-The k slots of a row are then summed in slot order (torch sum, no atomics), so eager runs and
-graph replays give the same bits. Torch twin: `dlmrt.ops.reference.moe_mlp`.
+The k slots of a row are then summed in slot order (`slot_sum.py`, no atomics), so eager runs
+and graph replays give the same bits. Torch twin: `dlmrt.ops.reference.moe_mlp`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .moe_plan import (  # relative: kernels/ imports nothing from dlmrt
     plan_small,
 )
 from .silu_mul import activation  # the SiLU / gelu_tanh of every epilogue
+from .slot_sum import slot_sum
 
 BLOCK_M = 16  # the rows of an expert tile: 32 rows x top-8 over 256 experts is ~1 pair per expert
 
@@ -261,4 +262,4 @@ def moe_mlp(
         h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
-    return y.sum(1).to(x.dtype)
+    return slot_sum(y, x.dtype)

@@ -25,6 +25,7 @@ import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
 from .moe_mlp import BLOCK_M, _tile, acc_zeros, mma, plan, store_hidden, store_weighted, tile_major
+from .slot_sum import slot_sum
 
 NVFP4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (packed, block scales, global scales)
 
@@ -204,4 +205,4 @@ def moe_mlp_nvfp4(
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
         hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
-    return y.sum(1).to(x.dtype)
+    return slot_sum(y, x.dtype)

@@ -1,10 +1,16 @@
-"""Per-head RMSNorm + rotate-half RoPE for q or k, written head-major, optionally at arena rows.
+"""Per-head RMSNorm + rotate-half RoPE for q or k, written head-major, optionally at arena rows;
+and the whole q|k|v of an arena pass in one launch.
 
-x [rows, heads, head_dim] (a view of the fused qkv output) -> out[head, dest(row), :], where dest is
-the row itself, or positions[row] when writing keys straight into the KV arena (the KV write is
-fused). Rounded like the torch twin (`dlmrt.ops.reference.qk_norm_rope`): normalised row, gain
-product, x*cos, rot*sin and their sum each round to the dtype. GEMMA: Gemma's norm (the gain
-product in fp32, one cast; twin `dlmrt.ops.gemma.qk_norm_rope`), the RoPE roundings the same.
+`qk_norm_rope`: x [rows, heads, head_dim] (a view of the fused qkv output) -> out[head, dest(row),
+:], where dest is the row itself, or positions[row] when writing keys straight into the KV arena.
+`qkv_norm_rope`: one launch over the fused q|k|v heads: q normed and rotated into a new
+head-major tensor, k normed, rotated and written at its arena rows, v copied to its arena rows
+(three launches, and V's index_put, before).
+Rounded like the torch twins (`dlmrt.ops.reference.qk_norm_rope`, `qkv_norm_rope`): normalised
+row, gain product, x*cos, rot*sin and their sum each round to the dtype. RoPE rotates the first
+ROT dims of a head (cos / sin [rows, ROT]; ROT < head_dim: LLaDA2's partial rotary), the rest pass
+through unchanged. GEMMA: Gemma's norm (the gain product in fp32, one cast; twin
+`dlmrt.ops.gemma.qk_norm_rope`), the RoPE roundings the same.
 """
 
 from __future__ import annotations
@@ -14,6 +20,49 @@ import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
+
+@triton.jit
+def _normed(x, w, inv, GEMMA: tl.constexpr):
+    """A head row's normalised, gained values (fp32 holding the twin's roundings)."""
+    xf = x.to(tl.float32)
+    if GEMMA:
+        return (xf * inv * w).to(x.dtype).to(tl.float32)
+    return (w * (xf * inv).to(x.dtype).to(tl.float32)).to(x.dtype).to(tl.float32)
+
+
+@triton.jit
+def _norm_rope(
+    base, w_ptr, c_row, s_row, eps,
+    D: tl.constexpr, ROT: tl.constexpr, GEMMA: tl.constexpr, ROPE: tl.constexpr,
+    HAS_W: tl.constexpr,
+):  # fmt: skip
+    """One head row at `base`: RMSNorm (+ gain), then RoPE over its first ROT dims.
+    Returns (y in fp32, the loaded row: its dtype is the result's)."""
+    offs = tl.arange(0, D)
+    x = tl.load(base + offs)
+    xf = x.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(xf * xf, 0) / D + eps)
+    w = tl.load(w_ptr + offs).to(tl.float32) if HAS_W else 1.0
+    y = _normed(x, w, inv, GEMMA)
+    if ROPE:
+        HALF = ROT // 2
+        if ROT == D:
+            partner = (offs + HALF) % D
+            c = tl.load(c_row + offs).to(tl.float32)
+            s = tl.load(s_row + offs).to(tl.float32)
+        else:  # dims >= ROT: cos 1, sin 0 -> y * 1 + rot * 0 = y exactly (they pass through)
+            rotated = offs < ROT
+            partner = tl.where(rotated, (offs + HALF) % ROT, offs)
+            c = tl.load(c_row + offs, mask=rotated, other=1.0).to(tl.float32)
+            s = tl.load(s_row + offs, mask=rotated, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner).to(tl.float32) if HAS_W else 1.0
+        yp = _normed(tl.load(base + partner), wp, inv, GEMMA)
+        rot = tl.where(offs < HALF, -yp, yp)
+        a = (y * c).to(x.dtype).to(tl.float32)
+        b = (rot * s).to(x.dtype).to(tl.float32)
+        y = a + b
+    return y, x
 
 
 @triton.jit
@@ -31,7 +80,7 @@ def _qk_norm_rope_kernel(
     stride_or,
     eps,
     D: tl.constexpr,
-    HALF: tl.constexpr,
+    ROT: tl.constexpr,
     AT_POS: tl.constexpr,
     GEMMA: tl.constexpr = False,
     ROPE: tl.constexpr = True,  # False: the norm alone (Gemma's weightless V norm)
@@ -41,41 +90,53 @@ def _qk_norm_rope_kernel(
     if PDL:  # programmatic dependent launch: wait for the producer before the first load
         tl.extra.cuda.gdc_wait()
     row, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    offs = tl.arange(0, D)
-    partner = (offs + HALF) % D
     base = x_ptr + row * stride_xr + head * stride_xh
-    x = tl.load(base + offs)
-    xf = x.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(xf * xf, 0) / D + eps)
-    w = tl.load(w_ptr + offs).to(tl.float32) if HAS_W else 1.0
-    if GEMMA:
-        y = (xf * inv * w).to(x.dtype).to(tl.float32)
-    else:
-        y = (w * (xf * inv).to(x.dtype).to(tl.float32)).to(x.dtype).to(tl.float32)
-    if ROPE:
-        wp = tl.load(w_ptr + partner).to(tl.float32) if HAS_W else 1.0
-        xp = tl.load(base + partner).to(tl.float32)
-        if GEMMA:
-            yp = (xp * inv * wp).to(x.dtype).to(tl.float32)
-        else:
-            yp = (wp * (xp * inv).to(x.dtype).to(tl.float32)).to(x.dtype).to(tl.float32)
-        rot = tl.where(offs < HALF, -yp, yp)
-        c = tl.load(cos_ptr + row * stride_cr + offs).to(tl.float32)
-        s = tl.load(sin_ptr + row * stride_cr + offs).to(tl.float32)
-        a = (y * c).to(x.dtype).to(tl.float32)
-        b = (rot * s).to(x.dtype).to(tl.float32)
-        y = a + b
+    c_row, s_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_cr
+    y, x = _norm_rope(base, w_ptr, c_row, s_row, eps, D, ROT, GEMMA, ROPE, HAS_W)
     dest = tl.load(pos_ptr + row) if AT_POS else row
     tl.store(
-        out_ptr + head * stride_oh + dest * stride_or + offs,
+        out_ptr + head * stride_oh + dest * stride_or + tl.arange(0, D),
         y.to(x.dtype).to(out_ptr.dtype.element_ty),  # an FP8 arena: rounded as the twin
     )
+
+
+@triton.jit
+def _qkv_norm_rope_kernel(
+    x_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
+    stride_xr, stride_xh, stride_cr, stride_qh, stride_qr, stride_kh, stride_kr,
+    stride_vh, stride_vr, eps,
+    H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    row, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = tl.arange(0, D)
+    base = x_ptr + row * stride_xr + head * stride_xh
+    c_row, s_row = cos_ptr + row * stride_cr, sin_ptr + row * stride_cr
+    if head < H:  # a query head: into the new head-major q at its row
+        y, x = _norm_rope(base, qw_ptr, c_row, s_row, eps, D, ROT, False, True, True)
+        tl.store(q_ptr + head * stride_qh + row * stride_qr + offs, y.to(x.dtype))
+    else:
+        dest = tl.load(pos_ptr + row)
+        if head < H + KV:  # a key head: into the K arena at the row's position
+            y, x = _norm_rope(base, kw_ptr, c_row, s_row, eps, D, ROT, False, True, True)
+            out = k_ptr + (head - H) * stride_kh + dest * stride_kr + offs
+            tl.store(out, y.to(x.dtype).to(k_ptr.dtype.element_ty))
+        else:  # a value head: copied into the V arena (an FP8 arena: rounded as write_rows)
+            x = tl.load(base + offs)
+            out = v_ptr + (head - H - KV) * stride_vh + dest * stride_vr + offs
+            tl.store(out, x.to(v_ptr.dtype.element_ty))
+
+
+def _warps(d: int) -> int:
+    return 1 if d <= 128 else 2
 
 
 def qk_norm_rope(
     x: torch.Tensor,  # [rows, heads, head_dim], unit stride in head_dim
     weight: torch.Tensor | None,  # [head_dim]; None: no gain
-    cos: torch.Tensor | None,  # [rows, head_dim]; None (with sin): no RoPE, the norm alone
+    cos: torch.Tensor | None,  # [rows, rot <= head_dim]; None (with sin): no RoPE, the norm alone
     sin: torch.Tensor | None,
     eps: float,
     out: torch.Tensor | None = None,  # [heads, L, head_dim]; None: a new [heads, rows, head_dim]
@@ -100,12 +161,37 @@ def qk_norm_rope(
         out.stride(1),
         eps,
         D=d,
-        HALF=d // 2,
+        ROT=cos.shape[-1] if rope else d,
         AT_POS=at_pos,
         GEMMA=gemma,
         ROPE=rope,
         HAS_W=weight is not None,
-        num_warps=1 if d <= 128 else 2,
+        num_warps=_warps(d),
         **pdl.launch(),
     )
     return out
+
+
+def qkv_norm_rope(
+    qkv: torch.Tensor,  # [rows, heads + 2 kv_heads, head_dim], unit stride in head_dim
+    q_weight: torch.Tensor,  # [head_dim]
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,  # [rows, rot <= head_dim]
+    sin: torch.Tensor,
+    eps: float,
+    k_arena: torch.Tensor,  # [kv_heads, L, head_dim]
+    v_arena: torch.Tensor,
+    positions: torch.Tensor,  # [rows]
+) -> torch.Tensor:
+    """q (normed, rotated) as a new [heads, rows, head_dim]; k and v written at their arena rows."""
+    rows, all_heads, d = qkv.shape
+    kv = k_arena.shape[0]
+    heads = all_heads - 2 * kv
+    q = torch.empty((heads, rows, d), dtype=qkv.dtype, device=qkv.device)
+    _qkv_norm_rope_kernel[(rows, all_heads)](
+        qkv, q_weight, k_weight, cos, sin, positions, q, k_arena, v_arena,
+        qkv.stride(0), qkv.stride(1), cos.stride(0), q.stride(0), q.stride(1),
+        k_arena.stride(0), k_arena.stride(1), v_arena.stride(0), v_arena.stride(1), eps,
+        H=heads, KV=kv, D=d, ROT=cos.shape[-1], num_warps=_warps(d), **pdl.launch(),
+    )  # fmt: skip
+    return q

@@ -114,6 +114,35 @@ def attend_arena(
     return block_attention(q, k, v, ctx.positions, keys, ctx.block_size, scale)
 
 
+def attend_qkv(
+    qkv: torch.Tensor,
+    kv_heads: int,
+    norms: tuple[RMSNorm, RMSNorm],
+    rope: tuple[torch.Tensor, torch.Tensor],
+    ctx: AttnContext,
+    layer_idx: int,
+    scale: float,
+) -> torch.Tensor:  # [heads, rows, head_dim]
+    """QK-normed, RoPE'd GQA attention of a fused q|k|v [rows, heads + 2 kv_heads, head_dim]
+    (RoPE over the first rope[0].shape[-1] dims of a head; q and k norms share one eps).
+
+    With an arena: q's norm + RoPE, k's norm + RoPE + arena write and v's arena write are one op
+    (one launch on CUDA), then attention over the arena. Without (training, reference passes):
+    block-causal attention over the pass's own rows."""
+    q_norm, k_norm = norms
+    if ctx.kv is not None:
+        layer_k, layer_v = ctx.kv.k[layer_idx], ctx.kv.v[layer_idx]
+        q = ops.qkv_norm_rope(
+            qkv, q_norm.weight, k_norm.weight, *rope, q_norm.eps, layer_k, layer_v, ctx.positions
+        )
+        return attend_arena(q, layer_k, layer_v, ctx, scale)
+    q, k, v = qkv.split((qkv.shape[1] - 2 * kv_heads, kv_heads, kv_heads), dim=1)
+    q = ops.qk_norm_rope(q, q_norm.weight, *rope, q_norm.eps)  # [heads, rows, d]
+    k = ops.qk_norm_rope(k, k_norm.weight, *rope, k_norm.eps)
+    pos = ctx.positions
+    return block_attention(q, k, v.transpose(0, 1), pos, pos, ctx.block_size, scale, ctx.mask)
+
+
 class Attention(nn.Module):
     """GQA self-attention with per-head QK RMSNorm before RoPE; writes K/V to the arena if given."""
 
@@ -139,35 +168,23 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.qkv_weight = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """q|k|v as one [rows, heads + 2 kv_heads, head_dim] tensor (a view of one GEMM once fused)."""
         if self.qkv_fp8 is not None:
-            return self.qkv_fp8(x).split(self.split, dim=-1)
-        if self.qkv_weight is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return F.linear(x, self.qkv_weight).split(self.split, dim=-1)
+            qkv = self.qkv_fp8(x)
+        elif self.qkv_weight is None:  # unfused (training): three GEMMs, one tensor
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        else:
+            qkv = F.linear(x, self.qkv_weight)
+        return qkv.view(qkv.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttnContext
     ) -> torch.Tensor:
-        q, k, v = self._qkv(x)
-        rows = q.shape[0]
-        q = q.view(rows, self.heads, self.head_dim)
-        k = k.view(rows, self.kv_heads, self.head_dim)
-        v = v.view(rows, self.kv_heads, self.head_dim)
-        q = ops.qk_norm_rope(q, self.q_norm.weight, *rope, self.q_norm.eps)  # [heads, rows, d]
-        if ctx.kv is None:
-            k = ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps)
-            v = v.transpose(0, 1)  # [kv_heads, rows, d]
-            out = block_attention(
-                q, k, v, ctx.positions, ctx.positions, ctx.block_size, self.scale, ctx.mask
-            )
-            return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
-        layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
-        # K is normalised, rotated and written into the arena in one step; V is copied in.
-        ops.qk_norm_rope(k, self.k_norm.weight, *rope, self.k_norm.eps, layer_k, ctx.positions)
-        ops.write_rows(layer_v, 1, ctx.positions, v.transpose(0, 1))
-        out = attend_arena(q, layer_k, layer_v, ctx, self.scale)
-        return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
+        qkv = self._qkv(x)
+        norms = (self.q_norm, self.k_norm)
+        out = attend_qkv(qkv, self.kv_heads, norms, rope, ctx, self.layer_idx, self.scale)
+        return self.o_proj(out.transpose(0, 1).reshape(qkv.shape[0], -1))
 
 
 class SwiGLU(nn.Module):

@@ -17,19 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlmrt import ops
-from dlmrt.attention import AttnContext, block_attention
+from dlmrt.attention import AttnContext
 from dlmrt.models.block_lm import BlockLM
-from dlmrt.models.layers import RMSNorm, SwiGLU, attend_arena
+from dlmrt.models.layers import RMSNorm, SwiGLU, attend_qkv
 from dlmrt.models.llada2_config import LLaDA2Config
 from dlmrt.models.moe import SparseMoE, stacked_slices
-from dlmrt.ops.reference import rotate
-
-
-def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the first cos.shape[-1] dims of x [rows, heads, head_dim]; rest unchanged."""
-    dim = cos.shape[-1]
-    return torch.cat((rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
 
 
 class Attention(nn.Module):
@@ -50,27 +42,12 @@ class Attention(nn.Module):
         self.dense = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim**-0.5
 
-    def _norm_rope(self, x: torch.Tensor, norm: RMSNorm, rope) -> torch.Tensor:
-        rows, heads, dim = x.shape
-        x = norm(x.reshape(rows * heads, dim)).view(rows, heads, dim)
-        return partial_rope(x, *rope).transpose(0, 1)  # [heads, rows, dim]
-
     def forward(self, x: torch.Tensor, rope, ctx: AttnContext) -> torch.Tensor:
         qkv = self.query_key_value(x)  # x may be a QuantAct (FP8 weights): no .shape
         rows = qkv.shape[0]
         qkv = qkv.view(rows, self.heads + 2 * self.kv_heads, self.head_dim)
-        q, k, v = qkv.split((self.heads, self.kv_heads, self.kv_heads), dim=1)
-        q = self._norm_rope(q, self.query_layernorm, rope)
-        k = self._norm_rope(k, self.key_layernorm, rope)
-        v = v.transpose(0, 1)
-        pos = ctx.positions
-        if ctx.kv is None:
-            out = block_attention(q, k, v, pos, pos, ctx.block_size, self.scale, ctx.mask)
-        else:
-            layer_k, layer_v = ctx.kv.k[self.layer_idx], ctx.kv.v[self.layer_idx]
-            ops.write_rows(layer_k, 1, pos, k)
-            ops.write_rows(layer_v, 1, pos, v)
-            out = attend_arena(q, layer_k, layer_v, ctx, self.scale)
+        norms = (self.query_layernorm, self.key_layernorm)
+        out = attend_qkv(qkv, self.kv_heads, norms, rope, ctx, self.layer_idx, self.scale)
         return self.dense(out.transpose(0, 1).reshape(rows, -1))
 
 

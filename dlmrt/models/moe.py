@@ -38,9 +38,21 @@ class Router(nn.Module):
             self.expert_bias = None
         self.n_group, self.topk_group, self.top_k = cfg.n_group, cfg.topk_group, cfg.top_k
         self.norm, self.scaling = cfg.norm_topk_prob, cfg.routed_scaling_factor
+        self._fp32: tuple[tuple, torch.Tensor] | None = None  # (weight's identity, fp32 copy)
+
+    def weight_fp32(self) -> torch.Tensor:
+        """The weight in fp32. Inference keeps one converted copy (a bf16 model converted it in
+        every forward: a kernel per layer per round), refreshed when the weight changes."""
+        w = self.weight
+        if w.dtype == torch.float32 or (w.requires_grad and torch.is_grad_enabled()):
+            return w.float()
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._fp32 is None or self._fp32[0] != key:
+            self._fp32 = (key, w.detach().float())
+        return self._fp32[1]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x.float(), self.weight.float())  # the router runs in fp32
+        logits = F.linear(x.float(), self.weight_fp32())  # the router runs in fp32
         # Ties and the top_k == 1 case: see `ops.reference.moe_route_grouped`.
         return ops.moe_route_grouped(
             logits,

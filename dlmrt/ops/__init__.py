@@ -20,7 +20,7 @@ log = logging.getLogger("dlmrt")
 _IMPL: dict[str, str] = {}
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
-OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms")
+OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms", "qkv_norm_rope")
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -153,6 +153,25 @@ def qk_norm_rope(
     """Per-head RMSNorm + RoPE, head-major, optionally written at arena rows. See kernels/qk_norm_rope.py."""
     fn = _resolve("qk_norm_rope") if x.is_cuda else reference.qk_norm_rope
     return fn(x, weight, cos, sin, eps, out, positions)
+
+
+def qkv_norm_rope(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_arena: torch.Tensor,
+    v_arena: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """An arena pass's fused q|k|v [rows, heads + 2 kv_heads, head_dim]: returns q normed and
+    rotated [heads, rows, head_dim], writes k (normed, rotated) and v at `positions` of their arena
+    layers. One launch on CUDA (kernels/qk_norm_rope.py; the `qk_norm_rope` switch)."""
+    fn = _resolve("qkv_norm_rope", "qk_norm_rope") if qkv.is_cuda else None
+    fn = fn or reference.qkv_norm_rope
+    return fn(qkv, q_weight, k_weight, cos, sin, eps, k_arena, v_arena, positions)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -93,21 +93,50 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
+def partial_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`rotate` on the first cos.shape[-1] dims of each head of x; the rest pass through
+    (LLaDA2's partial rotary; cos as wide as the head: plain `rotate`)."""
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return rotate(x, cos, sin)
+    return torch.cat((rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+
+
 def qk_norm_rope(
     x: torch.Tensor,  # [rows, heads, head_dim]
     weight: torch.Tensor,
-    cos: torch.Tensor,  # [rows, head_dim]
+    cos: torch.Tensor,  # [rows, rot <= head_dim]
     sin: torch.Tensor,
     eps: float,
     out: torch.Tensor | None = None,  # [heads, L, head_dim]
     positions: torch.Tensor | None = None,  # [rows]
 ) -> torch.Tensor:
     """Per-head RMSNorm, then RoPE; returns / writes head-major [heads, rows or L, head_dim]."""
-    y = rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
+    y = partial_rotate(rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
     if out is None:
         return y.contiguous()
     write_rows(out, 1, positions, y)  # an FP8 arena: rounded from the dtype
     return out
+
+
+def qkv_norm_rope(
+    qkv: torch.Tensor,  # [rows, heads + 2 kv_heads, head_dim]
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_arena: torch.Tensor,  # [kv_heads, L, head_dim]
+    v_arena: torch.Tensor,
+    positions: torch.Tensor,  # [rows]
+) -> torch.Tensor:
+    """An arena pass's q|k|v: returns q normed and rotated, head-major [heads, rows, head_dim];
+    writes k (normed, rotated) and v at their arena rows."""
+    kv = k_arena.shape[0]
+    q, k, v = qkv.split((qkv.shape[1] - 2 * kv, kv, kv), dim=1)
+    qk_norm_rope(k, k_weight, cos, sin, eps, k_arena, positions)
+    write_rows(v_arena, 1, positions, v.transpose(0, 1))
+    return qk_norm_rope(q, q_weight, cos, sin, eps)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -242,3 +242,20 @@ def test_sharded_checkpoint_with_index_loads(tmp_path, tiny):
         rtol=1e-4,
         atol=1e-4,
     )
+
+
+def test_router_fp32_weight_is_kept_and_follows_in_place_edits(tiny):
+    """A bf16 router keeps one fp32 copy for inference, refreshed when its weight changes."""
+    model = load_checkpoint(tiny[0], torch.float32, CPU).model
+    router = model.model.layers[1].mlp.gate
+    router.weight.data = router.weight.data.to(torch.bfloat16)
+    with torch.no_grad():
+        first = router.weight_fp32()
+        assert first.dtype == torch.float32 and router.weight_fp32() is first  # kept
+        assert torch.equal(first, router.weight.float())
+        router.weight.mul_(2)  # an in-place edit (a trainer's step, a reload)
+        second = router.weight_fp32()
+        assert second is not first and torch.equal(second, router.weight.float())
+    router.weight.requires_grad_(True)
+    with torch.enable_grad():  # training: a fresh conversion autograd can see
+        assert router.weight_fp32().grad_fn is not None

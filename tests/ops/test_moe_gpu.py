@@ -218,3 +218,20 @@ def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, mo
         assert got[4] == slow[4]
         for a, b in zip(got[:4], slow[:4], strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rows,top_k,hidden", [(1, 1, 8), (7, 8, 1500), (256, 8, 2816)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_slot_sum_is_the_slot_order_sum(rows, top_k, hidden, dtype):
+    """The experts' k-slot sum: fp32 in slot order, one cast (bit for bit that loop)."""
+    from dlmrt._kernels.slot_sum import slot_sum
+
+    if dtype == torch.bfloat16 and not CUDA:
+        pytest.skip("the interpreter's bf16 casts are not the GPU's")
+    y = torch.randn(rows, top_k, hidden, device=DEV, generator=_gen(rows + hidden))
+    want = y[:, 0].clone()
+    for s in range(1, top_k):
+        want += y[:, s]
+    got = slot_sum(y, dtype)
+    assert got.dtype == dtype and got.shape == (rows, hidden)
+    assert torch.equal(got, want.to(dtype))
