@@ -174,7 +174,7 @@ def load_checkpoint(
     NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check.
     quantization: None runs an FP8 checkpoint's FP8 weights in FP8, "fp8" also quantizes the other
     candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md).
-    activations: "nvfp4" emulates W4A4 on the NVFP4 routed experts (`quant/placement.py`)."""
+    activations: "nvfp4" emulates W4A4 on the NVFP4 experts and dense MLPs (quant/placement.py)."""
     root = _directory(Path(path))
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)

@@ -11,7 +11,7 @@ from dlmrt.engine.kv_cache import KV_CACHE_DTYPES  # as vLLM's --kv-cache-dtype;
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ROLES = ("base", "orl")
 QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
-ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 experts (docs/quantization.md)
+ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 MLPs (docs/quantization.md)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,8 +78,8 @@ class EngineConfig:
         default="none",
         metadata={
             "help": "none | nvfp4: nvfp4 quantize-dequantizes the inputs of an NVFP4 checkpoint's "
-            "expert GEMMs per 16 with its static input scales (Blackwell's W4A4 numerics, "
-            "emulated: no faster); none: weight-only W4A16",
+            "expert and dense MLP GEMMs per 16 with its static input scales (Blackwell's W4A4 "
+            "numerics, emulated: no faster); none: weight-only W4A16",
             "choices": ACTIVATIONS,
         },
     )

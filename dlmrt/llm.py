@@ -52,7 +52,7 @@ class LLM:
 
     quantization="fp8" quantizes the linear weights to FP8 at load; an FP8 checkpoint is detected
     from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena;
-    activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's experts (numerics, not speed).
+    activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's MLPs (numerics, not speed).
     """
 
     def __init__(

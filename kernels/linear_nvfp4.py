@@ -3,8 +3,11 @@
 The same decode as the routed experts (`kernels/moe_mlp_nvfp4.py: _dot`: [BN, BK/2] byte tiles
 of weight rows, one e4m3 block scale per 16 weights, bit-placement E2M1 -> fp16, the global scale
 times 2^14, one dot per K step) over a plain (rows, N) grid: the kernel that serves a dense NVFP4
-projection. Rounded where torch rounds F.linear: fp32 sums, one cast to x's dtype. Capturable (no
-host sync, static grid). Torch twin: `dlmrt.ops.nvfp4.linear_nvfp4` (dequantize, then F.linear).
+projection (the models' dense MLPs on CUDA: `dlmrt/models/nvfp4_linear.py`). The global scale is
+one per output row (a scalar is expanded), so gate|up run as one GEMM while each half keeps its
+own scale; each row's block scales are multiplied by that row's scale, as the twin's dequantize.
+Rounded where torch rounds F.linear: fp32 sums, one cast to x's dtype. Capturable (no host sync,
+static grid). Torch twin: `dlmrt.ops.nvfp4.linear_nvfp4` (dequantize, then F.linear).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ def _linear_kernel(
     m = tl.program_id(0) * BM + tl.arange(0, BM)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     m_ok, n_ok = m < M, n < N
-    g = tl.load(g_ptr) * 16384.0  # the decode's 2^-14, undone (exact)
+    # this tile's rows' global scales, times 2^14 to undo the decode's 2^-14 (exact), as [BN, 1]
+    # beside the [BN, BK/16] block scales they multiply
+    g = (tl.load(g_ptr + n, mask=n_ok, other=0.0) * 16384.0)[:, None]
     a_base = x_ptr + m.to(tl.int64)[:, None] * stride_x
     w_base = w_ptr + n[:, None] * stride_wn
     s_base = s_ptr + n[:, None] * stride_sn
@@ -47,7 +52,8 @@ def linear_nvfp4(
     warps: int = 4,
 ) -> torch.Tensor:
     """x [..., K]; packed uint8 [N, K/2], block_scale e4m3 (or fp32) [N, K/16], global_scale fp32
-    [] or [1] -> [..., N] in x's dtype. BM: 16 for up to 16 rows, else 64."""
+    [N] (one per output row) or [] / [1] (expanded) -> [..., N] in x's dtype. BM: 16 for up to 16
+    rows, else 64. A contiguous fp32 [N] global scale is used as it is (no copy per call)."""
     if bk % 32:
         raise ValueError(f"linear_nvfp4: bk must be a multiple of 32, got {bk}")
     n, half = packed.shape
@@ -58,12 +64,17 @@ def linear_nvfp4(
         )
     if packed.stride(-1) != 1 or block_scale.stride(-1) != 1:
         raise ValueError("linear_nvfp4: weight rows and block scales need unit stride")
+    if global_scale.numel() not in (1, n):
+        raise ValueError(
+            f"linear_nvfp4: global_scale {list(global_scale.shape)}: expected one value or one "
+            f"per output row ({n})"
+        )
     x2 = x.reshape(-1, x.shape[-1])
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     rows = x2.shape[0]
     bm = bm or (16 if rows <= 16 else 64)
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
-    g = global_scale.float().reshape(1)
+    g = global_scale.float().reshape(-1).expand(n).contiguous()
     _linear_kernel[(triton.cdiv(rows, bm), triton.cdiv(n, bn))](
         x2, packed, block_scale, g, y, rows, x2.stride(0), packed.stride(0), block_scale.stride(0),
         y.stride(0), N=n, K=2 * half, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,

@@ -9,8 +9,11 @@ those into their bf16 parameters). What runs FP8, and why:
 - Dense linears whose input comes from a norm or SiLU·up (q|k|v, gate|up, down, the LM head):
   FP8 GEMMs with the activation quantized inside its producer (RMSNorm `fp8_out`, silu_mul_fp8),
   kept where they measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`).
-- NVFP4 routed experts (`Nvfp4Weight`, dlmrt/quant/nvfp4.py): the W4A16 expert kernel; NVFP4 dense
-  linears have no kernel yet and run dequantized.
+- NVFP4 (`Nvfp4Weight`, dlmrt/quant/nvfp4.py): routed experts on the W4A16 expert kernel; dense
+  gated MLPs (QwenDLM, LLaDA2's first dense layers, DiffusionGemma's dense GeGLU) whose gate, up and
+  down are all NVFP4 as `Nvfp4Linear`s (models/nvfp4_linear.py: gate|up one GEMM, the dense W4A16
+  kernel). The loader calls this on CUDA, and on the CPU only for W4A4 emulation
+  (quant/placement.py): the CPU path otherwise dequantizes NVFP4 weights at load.
 - Never: o / dense (the attention output has no fused quantizer; slower in FP8 at <= 256 rows),
   shared experts (their input is shared with the router), embeddings, norms, routers, the ORL
   adapter and DiffusionGemma's self-conditioning MLP (as in the ORL paper).
@@ -24,7 +27,8 @@ import torch
 from torch import nn
 
 from dlmrt.models.fp8_linear import Fp8Linear
-from dlmrt.models.layers import SwiGLU
+from dlmrt.models.layers import GeGLU, SwiGLU
+from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops.fp8_choice import use_fp8_gemm
 from dlmrt.quant.fp8 import Fp8Weight
 from dlmrt.quant.nvfp4 import Nvfp4Weight
@@ -102,6 +106,22 @@ class _Installer:
     def nvfp4_to_device(self, w: Nvfp4Weight) -> Nvfp4Weight:
         return w.to(self.device)
 
+    def nvfp4_mlp(self, prefix: str, mlp: nn.Module) -> bool:
+        """A dense gated MLP whose gate, up and down are all NVFP4: gate|up as one `Nvfp4Linear`
+        (each half keeps its global scale, per row), down as another; the bf16 weights freed.
+        False (nothing done) unless all three are NVFP4."""
+        names = [f"{prefix}.{p}_proj.weight" for p in ("gate", "up", "down")]
+        if not all(n in self.nvfp4 for n in names):
+            return False
+        ws = {n: self.nvfp4_to_device(self.nvfp4[n]) for n in names}
+        mlp.gate_up_fp8 = Nvfp4Linear({n: ws[n] for n in names[:2]})
+        mlp.down_proj = Nvfp4Linear({names[2]: ws[names[2]]})
+        mlp.gate_up_weight = None
+        _free(mlp.gate_proj, mlp.up_proj)
+        self.done += names
+        log.info("nvfp4 %s: NVFP4 weight-only W4A16 (dense MLP)", prefix)
+        return True
+
 
 def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
     attn = getattr(layer, "self_attn", None) or layer.attention
@@ -118,6 +138,8 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
     mlp = layer.mlp
     if type(mlp) is SwiGLU:  # a dense MLP (never the adapter or shared experts)
         p = f"{prefix}.mlp"
+        if ins.nvfp4_mlp(p, mlp):  # its input stays bf16 (no NVFP4 activation producer)
+            return
         mlp.gate_up_fp8 = ins.linear([f"{p}.gate_proj.weight", f"{p}.up_proj.weight"])
         if mlp.gate_up_fp8 is not None:
             mlp.gate_up_weight = None
@@ -131,8 +153,8 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
 
 
 def install_fp8(model: nn.Module, fp8: dict, rows: int) -> list[str]:
-    """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts only, dense
-    NVFP4 weights are left to dequantize); returns the names left to dequantize."""
+    """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts and dense
+    gated MLPs whose three projections are all NVFP4); returns the names left to dequantize."""
     ins = _Installer(model, fp8, rows)
     is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
     for i, layer in enumerate(model.model.layers):
@@ -141,6 +163,8 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int) -> list[str]:
             _block_layer(ins, prefix, layer)
         else:
             ins.experts(f"{prefix}.experts", layer.experts, ("gate_up_proj", "down_proj"))
+            if type(layer.mlp) is GeGLU:  # the dense MLP beside the experts (NVFP4 only)
+                ins.nvfp4_mlp(f"{prefix}.mlp", layer.mlp)
     head = ins.linear(["lm_head.weight"], fused_input=is_block)
     if head is not None:
         model.lm_head = head

@@ -196,7 +196,8 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up_weight: torch.Tensor | None = None
-        self.gate_up_fp8: nn.Module | None = None  # Fp8Linear of gate|up (models/fp8_install.py)
+        # an Fp8Linear or Nvfp4Linear of gate|up (models/fp8_install.py; down_proj is then one too)
+        self.gate_up_fp8: nn.Module | None = None
         self.down_fp8 = False  # down_proj is an Fp8Linear: SiLU·up quantizes its own output
 
     def fuse(self) -> None:
@@ -216,6 +217,8 @@ class GeGLU(SwiGLU):
     """down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma's gated MLP, `gelu_pytorch_tanh`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_fp8 is not None:  # an Nvfp4Linear (models/fp8_install.py)
+            return self.down_proj(gemma.gelu_mul(self.gate_up_fp8(x)))
         if self.gate_up_weight is None:
             return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
         return self.down_proj(gemma.gelu_mul(F.linear(x, self.gate_up_weight)))

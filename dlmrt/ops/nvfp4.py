@@ -3,10 +3,12 @@ every op.
 
 CUDA -> kernels/moe_mlp_nvfp4.py / kernels/linear_nvfp4.py (E2M1 codes and e4m3 block scales
 decoded in registers, bf16 multiplies); otherwise the twin: dequantize the weights to x's dtype,
-then `reference.moe_mlp` / `F.linear`. The models call the expert op; the loader still dequantizes
-dense NVFP4 weights at load (docs/quantization.md), so `linear_nvfp4` has no model caller yet.
-The op takes `Nvfp4Weight`s, not a kernel's argument list, so a Blackwell kernel with FP4 tensor
-cores (W4A4) can be slotted in behind it later. Optional W4A4 emulation on Hopper: `act_scales`.
+then `reference.moe_mlp` / `F.linear`. The models call the expert op for routed experts and
+`linear_nvfp4` for dense MLPs whose gate, up and down are all NVFP4 (`models/nvfp4_linear.py`:
+on CUDA, and on the CPU under W4A4 emulation; otherwise the CPU dequantizes them at load).
+The ops take `Nvfp4Weight`s, not a kernel's argument list, so a Blackwell kernel with FP4 tensor
+cores (W4A4) can be slotted in behind them later. Optional W4A4 emulation on Hopper: `act_scales`
+/ `act_scale`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,14 @@ def _kernel():
     return importlib.import_module("dlmrt._kernels.moe_mlp_nvfp4").moe_mlp_nvfp4
 
 
-def linear_nvfp4(x: torch.Tensor, w: Nvfp4Weight) -> torch.Tensor:
-    """y = x @ W^T for an NVFP4 weight W [N, K] (one global scale): [..., K] -> [..., N]."""
+def linear_nvfp4(
+    x: torch.Tensor, w: Nvfp4Weight, act_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """y = x @ W^T for an NVFP4 weight W [N, K] (global scale [] or one per row [N]): [..., K] ->
+    [..., N]. `act_scale` (the input scale): W4A4 emulation, x NVFP4 quantize-dequantized per 16
+    (`fake_quant_act`) first, on both paths; None: W4A16."""
+    if act_scale is not None:
+        x = fake_quant_act(x, act_scale)
     if x.is_cuda and x.dtype in _MOE_DTYPES and implementation("linear_nvfp4") == "triton":
         kernel = importlib.import_module("dlmrt._kernels.linear_nvfp4").linear_nvfp4
         return kernel(x, w.packed, w.block_scale, w.global_scale)
@@ -94,9 +102,14 @@ def act_quantizers(gate: Nvfp4Weight, up: Nvfp4Weight, down: Nvfp4Weight) -> tup
     one input, so the larger of their scales. Raises ValueError when a weight has none."""
     for name, w in (("gate", gate), ("up", up), ("down", down)):
         if w.input_scale is None:
-            raise ValueError(
-                f"activations='nvfp4': the {name} projection's NVFP4 weight has no input scale "
-                "(the checkpoint must store static activation scales: ModelOpt `input_scale`, "
-                "compressed-tensors `input_global_scale`; `dlmrt quantize` writes them)"
-            )
+            raise no_input_scale(f"the {name} projection's NVFP4 weight")
     return torch.maximum(gate.input_scale, up.input_scale), down.input_scale
+
+
+def no_input_scale(what: str) -> ValueError:
+    """The error for an NVFP4 weight (`what`) without the input scale W4A4 emulation needs."""
+    return ValueError(
+        f"activations='nvfp4': {what} has no input scale (the checkpoint must store static "
+        "activation scales: ModelOpt `input_scale`, compressed-tensors `input_global_scale`; "
+        "`dlmrt quantize` writes them)"
+    )

@@ -5,6 +5,7 @@ A weight w [N, K] (or stacked experts [E, N, K]) is stored as
   a code is sign (bit 3) | E2M1 magnitude index (bits 0-2) into `E2M1_VALUES`;
 - `block_scale` e4m3 [..., N, K/16]: one scale per 16 consecutive elements of a row;
 - `global_scale` fp32 [] (dense) or [E] (per expert): w ≈ e2m1(code) * block_scale * global_scale;
+  or one per output row [..., N] (`cat_rows`: projections sharing one GEMM keep their own scales);
 - `input_scale` fp32 [] or None: the checkpoint's static activation global scale (ModelOpt's
   `input_scale` = amax / (6 * 448); one per layer, the largest expert's for stacked experts, as
   one quantizer serves all experts of a layer); only `activations="nvfp4"` emulation reads it.
@@ -63,8 +64,8 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)
 class Nvfp4Weight:
-    """packed uint8 [..., N, K/2]; block_scale e4m3 [..., N, K/16]; global_scale fp32 [] / [E];
-    input_scale fp32 [] or None."""
+    """packed uint8 [..., N, K/2]; block_scale e4m3 [..., N, K/16]; global_scale fp32 [] / [E]
+    (per tensor / expert) or [..., N] (per output row: `per_row`); input_scale fp32 [] or None."""
 
     packed: torch.Tensor
     block_scale: torch.Tensor
@@ -81,9 +82,15 @@ class Nvfp4Weight:
         t = (self.packed, self.block_scale, self.global_scale)
         return sum(x.numel() * x.element_size() for x in t)
 
+    @property
+    def per_row(self) -> bool:
+        """Whether global_scale has one value per output row ([..., N]) rather than per tensor."""
+        return self.global_scale.shape == self.packed.shape[:-1]
+
     def scales(self) -> torch.Tensor:
         """fp32 [..., N, K/16]: block_scale * global_scale, the multiplier of each block's codes."""
-        g = self.global_scale.float().reshape(*self.global_scale.shape, 1, 1)
+        g = self.global_scale.float()
+        g = g.unsqueeze(-1) if self.per_row else g.reshape(*g.shape, 1, 1)
         return self.block_scale.float() * g
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
@@ -94,10 +101,11 @@ class Nvfp4Weight:
     def narrow(self, start: int, rows: int) -> Nvfp4Weight:
         """Output channels [start, start + rows) (the last but one dim): a view."""
         dim = self.packed.dim() - 2
+        g = self.global_scale.narrow(dim, start, rows) if self.per_row else self.global_scale
         return Nvfp4Weight(
             self.packed.narrow(dim, start, rows),
             self.block_scale.narrow(dim, start, rows),
-            self.global_scale,
+            g,
             self.input_scale,
         )
 
@@ -105,6 +113,27 @@ class Nvfp4Weight:
         moved = (t.to(device) for t in (self.packed, self.block_scale, self.global_scale))
         scale = None if self.input_scale is None else self.input_scale.to(device)
         return Nvfp4Weight(*moved, scale)
+
+
+def cat_rows(weights: list[Nvfp4Weight]) -> Nvfp4Weight:
+    """Dense weights [N_i, K] stacked along N into one [sum N_i, K] with a per-row global scale
+    [sum N_i] (each part keeps its own, so it dequantizes to the concatenation of the parts'
+    dequantized weights, bit for bit): gate|up as one GEMM. Its input scale is the largest of the
+    parts' (they share one input, one quantizer, as `ops.nvfp4.act_quantizers`), None if any has
+    none."""
+    if any(w.packed.dim() != 2 for w in weights):
+        raise ValueError("cat_rows: expected dense [N, K] weights")
+    rows = [w.global_scale.float().reshape(-1).expand(w.packed.shape[0]) for w in weights]
+    scales = [w.input_scale for w in weights]
+    inp = None
+    if all(s is not None for s in scales):
+        inp = torch.stack([s.float().reshape(()) for s in scales]).amax()
+    return Nvfp4Weight(
+        torch.cat([w.packed for w in weights]),
+        torch.cat([w.block_scale for w in weights]),
+        torch.cat(rows),
+        inp,
+    )
 
 
 def check_k(w: torch.Tensor, what: str = "quantize_nvfp4") -> None:

@@ -104,8 +104,8 @@ def place_fp8(
     """Run what the model can in FP8 (CUDA + `model.use_fp8`); the rest stays dequantized.
 
     Returns the FP8 weights the model runs (empty on CPU). Logs what is FP8 and what is not, why.
-    activations="nvfp4": the NVFP4 experts are installed on any device (on the CPU their twin
-    runs them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`)."""
+    activations="nvfp4": the NVFP4 experts and dense MLPs are installed on any device (on the CPU
+    their twins run them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`)."""
     if activations == "nvfp4" and not any(isinstance(w, Nvfp4Weight) for w in fp8.values()):
         raise ValueError("activations='nvfp4': the checkpoint has no NVFP4 weights to emulate "
                          "W4A4 with (an NVFP4 checkpoint, loaded without quantization='none')")  # fmt: skip
@@ -123,7 +123,7 @@ def place_fp8(
         for name in declined:
             why[name] = (
                 "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
-                "no NVFP4 dense kernel, or slower in FP8 at its shape)"
+                "NVFP4 outside an all-NVFP4 gated MLP, or slower in FP8 at its shape)"
             )
         if activations == "nvfp4":
             emulate_w4a4(model)
@@ -132,17 +132,23 @@ def place_fp8(
 
 
 def emulate_w4a4(model: torch.nn.Module) -> None:
-    """Give every NVFP4 expert module its activation quantizers (`ops.nvfp4.act_quantizers`:
-    ValueError naming a missing input scale). Dense NVFP4 weights were dequantized at load and run
-    W16A16 (logged)."""
+    """Give every NVFP4 expert module its activation quantizers (`ops.nvfp4.act_quantizers`) and
+    every installed dense NVFP4 linear its input scale (`Nvfp4Linear.emulate_w4a4`: the dense MLP's
+    input with max(gate, up)'s, the hidden with down's); ValueError naming a missing input scale.
+    Dense NVFP4 weights the model did not install run dequantized (W16A16)."""
+    from dlmrt.models.nvfp4_linear import Nvfp4Linear
     from dlmrt.ops.nvfp4 import act_quantizers
 
     experts = [m for m in model.modules() if getattr(m, "nvfp4", None) is not None]
     for m in experts:
         m.nvfp4_act = act_quantizers(*m.nvfp4)
-    log.info("NVFP4 W4A4 emulation: the inputs of %d expert layer(s) quantize-dequantized per 16 "
-             "(Blackwell's numerics, not its speed); dense NVFP4 weights run dequantized",
-             len(experts))  # fmt: skip
+    mlps = [m for m in model.modules() if isinstance(getattr(m, "gate_up_fp8", None), Nvfp4Linear)]
+    dense = [lin for m in mlps for lin in (m.gate_up_fp8, m.down_proj)]  # in the order they run
+    for m in dense:
+        m.emulate_w4a4()
+    log.info("NVFP4 W4A4 emulation: the inputs of %d expert layer(s) and %d dense NVFP4 linear(s) "
+             "quantize-dequantized per 16 (Blackwell's numerics, not its speed)",
+             len(experts), len(dense))  # fmt: skip
 
 
 def has_fp8_kernels(device: torch.device) -> bool:

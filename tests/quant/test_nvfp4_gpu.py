@@ -1,7 +1,7 @@
 """GPU: the shipped demo model through `dlmrt quantize --format nvfp4 --task arithmetic` (its MLPs in
-NVFP4, dequantized at load: QwenDLM has no routed experts), 300 held-out problems: accuracy within
-2 points of bf16, tokens per forward within 5%; local-Hessian (16 x 16 blocks, diagonal) and plain
-amax scales side by side.
+NVFP4, on the dense W4A16 kernel: QwenDLM has no routed experts), 300 held-out problems: accuracy
+within 2 points of bf16, tokens per forward within 5%; local-Hessian (16 x 16 blocks, diagonal) and
+plain amax scales side by side.
 
 Run on the device machine: pytest -m gpu -s tests/quant/test_nvfp4_gpu.py
 """
