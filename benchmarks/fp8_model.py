@@ -30,15 +30,18 @@ def quantize(model: torch.nn.Module) -> dict[str, int]:
 
 
 def quantize_nvfp4(model: torch.nn.Module) -> dict[str, int]:
-    """Install NVFP4 routed experts (amax scales; W4A16 kernel); returns {name: weights}."""
+    """Install what `dlmrt quantize --format nvfp4` writes in NVFP4 (routed experts and dense MLPs,
+    amax scales; the W4A16 kernels); returns {name: weights}."""
     from dlmrt.quant.nvfp4 import quantize_nvfp4 as nvfp4
+    from dlmrt.quant.nvfp4_writer import is_nvfp4_target
 
-    names = [n for n, p in model.named_parameters() if ".experts." in n and p.dim() == 3]
+    names = [n for n, _ in model.named_parameters() if is_nvfp4_target(n)]
     weights = {n: nvfp4(model.get_parameter(n).detach()) for n in names}
     sizes = {n: model.get_parameter(n).numel() for n in names}
     left = set(model.use_fp8(weights))
     torch.cuda.empty_cache()
-    print(f"nvfp4 routed experts installed: {len(names) - len(left)} tensors", flush=True)
+    dense = sum(".experts." not in n for n in names if n not in left)
+    print(f"nvfp4 installed: {len(names) - len(left)} tensors ({dense} dense)", flush=True)
     return {n: sizes[n] for n in names if n not in left}
 
 
