@@ -72,9 +72,15 @@ class Attention(nn.Module):
         v = k if self.v_proj is None else parts[2].view(rows, self.kv_heads, self.head_dim)
         # transformers' roundings: norm (fp32, one cast), then RoPE in the model dtype
         q = gemma.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)  # [heads, rows, d]
-        k = gemma.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
-        v = gemma.v_norm(v, self.eps)
-        out = view.attend(layer, sliding, q, k, v)
+        arena = view.arena_rows(layer)
+        if arena is None:
+            k = gemma.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
+            out = view.attend(layer, sliding, q, k, gemma.v_norm(v, self.eps))
+        else:  # normed K / V go straight to their arena rows (no write pass after)
+            ak, av, pos = arena
+            gemma.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps, ak, pos)
+            gemma.v_norm(v, self.eps, av, pos)
+            out = view.attend_written(layer, sliding, q)
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 

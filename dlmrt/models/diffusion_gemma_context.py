@@ -92,6 +92,10 @@ class GrowingContext:
         self.kept = min(self.cached, window - 1)
         self.sliding = sliding[:, self.cached - self.kept :]  # a column depends on its key only
 
+    def arena_rows(self, layer: int) -> None:
+        """No arena: the layer's (k, v) come to `attend`."""
+        return None
+
     def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor):
         """This pass's q [heads, rows, head_dim], (k, v) [kv_heads, rows, head_dim] -> attention."""
         keys, values = self.keys(layer, sliding, k, v)
@@ -123,12 +127,15 @@ class ArenaContext:
         rows, dev = pos.shape[0], pos.device
         self.is_canvas = torch.full((rows, 1), decoder, dtype=torch.bool, device=dev)
 
-    def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor):
-        """Write this pass's rows (device indices), attend over the arena: `ops.canvas_attention`
-        (the visibility of the module docstring; an FP8 arena is read dequantized)."""
+    def arena_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K arena, V arena, positions): where this pass writes the layer's normed K / V rows."""
+        return self.arena.k[layer], self.arena.v[layer], self.pos
+
+    def attend_written(self, layer: int, sliding: bool, q):
+        """Attend over the arena after this pass wrote its rows at `arena_rows`:
+        `ops.canvas_attention` (the visibility of the module docstring; an FP8 arena is read
+        dequantized)."""
         ak, av = self.arena.k[layer], self.arena.v[layer]
-        ops.write_rows(ak, 1, self.pos, k)
-        ops.write_rows(av, 1, self.pos, v)
         window = self.window if sliding else 0
         return ops.canvas_attention(q, ak, av, self.pos, self.decoder, window, 1.0)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dlmrt.ops import implementation
-from dlmrt.ops.reference import gemma_rms_norm, rotate
+from dlmrt.ops.reference import gemma_rms_norm, rotate, write_rows
 
 
 def _kernel(module: str, name: str):
@@ -40,21 +40,44 @@ def _heads_ok(x: torch.Tensor) -> bool:
     return x.is_cuda and d & (d - 1) == 0 and x.stride(-1) == 1 and _triton()
 
 
+def _placed(y: torch.Tensor, out: torch.Tensor | None, positions: torch.Tensor | None):
+    if out is None:
+        return y
+    write_rows(out, 1, positions, y)  # an FP8 arena: rounded from the dtype
+    return out
+
+
 def qk_norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [rows, heads, head_dim] -> RoPE(gemma_rms_norm(x)) as [heads, rows, head_dim] (the norm
-    in fp32 with one cast, then rotate-half RoPE in x's dtype, as transformers)."""
+    in fp32 with one cast, then rotate-half RoPE in x's dtype, as transformers); with `out`
+    [heads, L, head_dim] and `positions` [rows]: written at those rows of `out` (the arena)."""
     if _heads_ok(x) and cos.stride() == sin.stride() and cos.stride(-1) == 1:
-        return _kernel("qk_norm_rope", "qk_norm_rope")(x, weight, cos, sin, eps, gemma=True)
-    return rotate(gemma_rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
+        kernel = _kernel("qk_norm_rope", "qk_norm_rope")
+        return kernel(x, weight, cos, sin, eps, out, positions, gemma=True)
+    y = rotate(gemma_rms_norm(x, weight, eps), cos, sin).transpose(0, 1)
+    return _placed(y, out, positions)
 
 
-def v_norm(v: torch.Tensor, eps: float) -> torch.Tensor:
-    """v [rows, kv_heads, head_dim] -> its weightless Gemma RMSNorm as [kv_heads, rows, head_dim]."""
+def v_norm(
+    v: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """v [rows, kv_heads, head_dim] -> its weightless Gemma RMSNorm as [kv_heads, rows, head_dim]
+    (with `out` and `positions`: written at those rows of `out`, as `qk_norm_rope`)."""
     if _heads_ok(v):
-        return _kernel("qk_norm_rope", "qk_norm_rope")(v, None, None, None, eps, gemma=True)
-    return gemma_rms_norm(v, None, eps).transpose(0, 1)
+        kernel = _kernel("qk_norm_rope", "qk_norm_rope")
+        return kernel(v, None, None, None, eps, out, positions, gemma=True)
+    return _placed(gemma_rms_norm(v, None, eps).transpose(0, 1), out, positions)
 
 
 def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -127,6 +127,35 @@ def test_gemma_qk_norm_rope_and_v_norm_kernels_match_twins(dtype, rows, heads, d
 @pytest.mark.gpu
 @kernel_test
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,heads,d", [(1, 2, 16), (7, 2, 64), (33, 1, 128)])
+def test_gemma_k_and_v_norms_written_at_arena_rows(dtype, rows, heads, d):
+    """The K / V norms written straight into arena rows equal the twins' values written there;
+    no other arena row changes (what `ArenaContext.arena_rows` relies on)."""
+    _, kernel, _ = _kernels()
+    gen = torch.Generator().manual_seed(rows + d)
+    x = _randn(rows, heads, d, gen=gen, dtype=dtype, scale=2)
+    w = _gains(d, gen, dtype, 1)[0]
+    pos = (torch.randperm(3 * rows + 4, generator=gen)[:rows] + 2).to(DEV)
+    cos, sin = proportional_rope_cos_sin(pos, d, 1e4, 1.0, dtype)
+    k_arena = torch.full((heads, 3 * rows + 8, d), 7.0, device=DEV, dtype=dtype)
+    v_arena = k_arena.clone()
+    kernel.qk_norm_rope(x, w, cos, sin, EPS, k_arena, pos, gemma=True)
+    kernel.qk_norm_rope(x, None, None, None, EPS, v_arena, pos, gemma=True)
+    cpu = [t.cpu() for t in (x, w, cos, sin, pos)]
+    k_want = torch.full((heads, 3 * rows + 8, d), 7.0, dtype=dtype)
+    v_want = k_want.clone()
+    gemma.qk_norm_rope(cpu[0], cpu[1], cpu[2], cpu[3], EPS, k_want, cpu[4])  # the twin path
+    gemma.v_norm(cpu[0], EPS, v_want, cpu[4])
+    torch.testing.assert_close(k_arena.cpu(), k_want, **_tol(dtype))
+    torch.testing.assert_close(v_arena.cpu(), v_want, **_tol(dtype))
+    untouched = torch.ones(3 * rows + 8, dtype=torch.bool)
+    untouched[cpu[4]] = False
+    assert (k_arena.cpu()[:, untouched] == 7.0).all() and (v_arena.cpu()[:, untouched] == 7.0).all()
+
+
+@pytest.mark.gpu
+@kernel_test
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,n", [(1, 40), (6, 1500)])
 def test_gelu_mul_kernel_matches_twin(dtype, rows, n):
     _, _, kernel = _kernels()
