@@ -38,6 +38,18 @@ def fp8_gemms() -> str:
     return value
 
 
+def nvfp4_dense() -> str:
+    """DLMRT_NVFP4_DENSE: how a dense NVFP4 MLP runs on CUDA: "measured" (default: the W4A16
+    kernel where it times faster than bf16 at the block rows, else dequantized), "kernel" (always:
+    4.5 bits a weight in memory) or "dequantize" (always bf16). See `ops/nvfp4_choice.py`."""
+    value = os.environ.get("DLMRT_NVFP4_DENSE", "measured").lower()
+    if value not in ("measured", "kernel", "dequantize"):
+        raise ValueError(
+            f"DLMRT_NVFP4_DENSE={value!r}: expected 'measured', 'kernel' or 'dequantize'"
+        )
+    return value
+
+
 def pdl() -> bool:
     """DLMRT_PDL: "1" launches the round's Triton kernels with programmatic dependent launch
     (Hopper+, `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer, so

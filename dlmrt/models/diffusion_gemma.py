@@ -199,12 +199,13 @@ class DiffusionGemma(nn.Module):
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 
-    def use_fp8(self, fp8: dict) -> list[str]:
-        """Run these FP8 weights ({parameter name: Fp8Weight}); returns the names not installed
-        (the loader dequantizes them). See `models/fp8_install.py`."""
+    def use_fp8(self, fp8: dict, emulate: bool = False) -> list[str]:
+        """Run these FP8 / NVFP4 weights ({parameter name: weight}); returns the names not
+        installed (the loader dequantizes them); `emulate`: W4A4 emulation. See
+        `models/fp8_install.py`."""
         from dlmrt.models.fp8_install import install_fp8  # the FP8 machinery loads on demand
 
-        return install_fp8(self, fp8, self.cfg.block_size)
+        return install_fp8(self, fp8, self.cfg.block_size, emulate)
 
     def fuse_projections(self) -> None:
         for module in self.modules():

@@ -30,6 +30,7 @@ from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops.fp8_choice import use_fp8_gemm
+from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
 from dlmrt.quant.fp8 import Fp8Weight
 from dlmrt.quant.nvfp4 import Nvfp4Weight
 
@@ -46,13 +47,14 @@ def _free(*linears: nn.Linear) -> None:
 
 
 class _Installer:
-    def __init__(self, model: nn.Module, fp8: dict, rows: int) -> None:
+    def __init__(self, model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -> None:
         self.fp8 = {n: w for n, w in fp8.items() if isinstance(w, Fp8Weight)}
         self.nvfp4 = {n: w for n, w in fp8.items() if isinstance(w, Nvfp4Weight)}
         self.model, self.rows = model, rows
         self.dtype = model.embed_table.dtype
         self.device = model.embed_table.device
         self.done: list[str] = []
+        self.emulate = emulate  # W4A4 emulation: every all-NVFP4 dense MLP is installed
 
     def _take(self, names: list[str], fused_input: bool = True) -> Fp8Weight | None:
         """The concatenated weights of `names` if all are FP8 and the GEMM wins, else None."""
@@ -113,6 +115,13 @@ class _Installer:
         names = [f"{prefix}.{p}_proj.weight" for p in ("gate", "up", "down")]
         if not all(n in self.nvfp4 for n in names):
             return False
+        if not self.emulate:  # W4A16 only where it is faster (ops/nvfp4_choice.py)
+            gate_up, down = self.nvfp4[names[0]].shape, self.nvfp4[names[2]].shape
+            shapes = [(2 * gate_up[0], gate_up[1]), (down[0], down[1])]
+            ok, why = use_nvfp4_dense(self.rows, shapes, self.device)
+            log.info("nvfp4 %s: %s (%s)", prefix, "W4A16 kernel" if ok else "dequantized", why)
+            if not ok:
+                return False
         ws = {n: self.nvfp4_to_device(self.nvfp4[n]) for n in names}
         mlp.gate_up_fp8 = Nvfp4Linear({n: ws[n] for n in names[:2]})
         mlp.down_proj = Nvfp4Linear({names[2]: ws[names[2]]})
@@ -152,10 +161,11 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         ins.experts(f"{prefix}.mlp.experts", mlp.experts, ("gate_proj", "up_proj", "down_proj"))
 
 
-def install_fp8(model: nn.Module, fp8: dict, rows: int) -> list[str]:
+def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -> list[str]:
     """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts and dense
-    gated MLPs whose three projections are all NVFP4); returns the names left to dequantize."""
-    ins = _Installer(model, fp8, rows)
+    gated MLPs whose three projections are all NVFP4, those where the kernel is faster unless
+    `emulate`: W4A4 emulation installs them all); returns the names left to dequantize."""
+    ins = _Installer(model, fp8, rows, emulate)
     is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}"

@@ -20,7 +20,7 @@ from dlmrt.quant.fp8 import quantize_per_channel
 _MEASURED: dict[tuple[int, int, int, bool], tuple[float, float]] = {}
 
 
-def _time_us(fn, reps: int = 20) -> float:
+def graph_time_us(fn, reps: int = 20) -> float:
     """GPU µs per call of `fn`, replayed from a CUDA graph of `reps` calls (as the rounds run it:
     no Python or launch overhead in the comparison)."""
     stream = torch.cuda.Stream()
@@ -52,8 +52,8 @@ def measure(
         x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
         wq, xq = quantize_per_channel(w), fp8_ops.quant_rows(x)
-        bf16 = _time_us(lambda: F.linear(x, w))
-        fp8 = _time_us(lambda: fp8_ops.fp8_linear(xq if fused_input else x, wq))
+        bf16 = graph_time_us(lambda: F.linear(x, w))
+        fp8 = graph_time_us(lambda: fp8_ops.fp8_linear(xq if fused_input else x, wq))
         _MEASURED[key] = (bf16, fp8)
     return _MEASURED[key]
 

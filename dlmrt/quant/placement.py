@@ -73,11 +73,11 @@ def quantize_candidates(model: torch.nn.Module) -> dict[str, Fp8Weight]:
     }
 
 
-def install(model: torch.nn.Module, fp8: dict) -> tuple[dict, list[str]]:
+def install(model: torch.nn.Module, fp8: dict, emulate: bool = False) -> tuple[dict, list[str]]:
     """(weights `model.use_fp8` runs, names it declined): each declined one dequantized into its
-    parameter, in the parameter's dtype."""
+    parameter, in the parameter's dtype. `emulate`: W4A4 emulation (every NVFP4 MLP installed)."""
     running = dict(fp8)  # use_fp8 moves what it installs to the device
-    declined = model.use_fp8(running)
+    declined = model.use_fp8(running, emulate)
     params = model.state_dict()
     for name in declined:
         with torch.no_grad():
@@ -119,11 +119,12 @@ def place_fp8(
     elif not hasattr(model, "use_fp8"):
         why |= {n: f"{type(model).__name__} has no FP8 kernels (use_fp8)" for n in fp8}
     else:
-        running, declined = install(model, fp8)
+        running, declined = install(model, fp8, emulate=activations == "nvfp4")
         for name in declined:
             why[name] = (
                 "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
-                "NVFP4 outside an all-NVFP4 gated MLP, or slower in FP8 at its shape)"
+                "NVFP4 outside an all-NVFP4 gated MLP, a dense MLP faster dequantized than on the "
+                "NVFP4 kernel, or slower in FP8 at its shape)"
             )
         if activations == "nvfp4":
             emulate_w4a4(model)

@@ -57,7 +57,8 @@ def _twin(mlp, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_dense_nvfp4_mlps_run_the_kernel_and_modes_agree(tmp_path, caplog, family):
+def test_dense_nvfp4_mlps_run_the_kernel_and_modes_agree(tmp_path, caplog, monkeypatch, family):
+    monkeypatch.setenv("DLMRT_NVFP4_DENSE", "kernel")  # not the measured choice: the kernel's test
     path = write_nvfp4_checkpoint(nvfp4_sources(tmp_path / "src")[family], tmp_path / "q")
     with caplog.at_level(logging.INFO, logger="dlmrt"):
         llms = {m: LLM(path, device="cuda", mode=m) for m in MODES}
