@@ -1,4 +1,5 @@
-"""Group a MoE layer's (row, slot) pairs by expert in ONE single-program kernel (no sort).
+"""Group a MoE layer's (row, slot) pairs by expert on the device without a sort: one program
+(a few pairs) or one per 64-pair chunk.
 
 Decode passes route at most a few thousand pairs (32 rows x 8 for LLaDA-2.1-mini, 256 x 8 for
 DiffusionGemma); `torch.sort` + `searchsorted` + the cumsums cost ~8 launches and a 64-bit radix
@@ -6,9 +7,9 @@ sort (~26 us on the H200) per layer. One program instead walks the pairs in chun
 (1) per-expert counts (one-hot sums), giving starts (exclusive cumsum) and tile ends (cumsum of
 ceil(count / BM)); (2) each pair's slot = start[e] + pairs of e in earlier chunks + pairs of e
 earlier in this chunk, so one expert's pairs keep pair order (the same `order` as the stable sort
-of `moe_mlp.plan`). Larger passes (DiffusionGemma's 2048 pairs, prefill) take `plan_chunked`
-(the same two walks spread over one program per chunk, three launches), the largest the torch
-sort plan.
+of `moe_mlp.plan`). Passes of more than one chunk (LLaDA's 256 pairs, DiffusionGemma's 2,048,
+prefill) take `plan_chunked` (the same two walks spread over one program per chunk, three
+launches: measured faster in the round, below), the largest the torch sort plan.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_PAIRS = 1024  # above: the torch plan (sort, parallel); measured on the H200: one program
-# groups 256 pairs in 14 us (sort path ~40 us) but 2048 pairs in 88 us
 CHUNK = 64
+# Up to one chunk of pairs (rounds of <= 8 rows at top-8): the single program; above, the chunked
+# plan. On the H200 the single program groups 256 pairs in 14-18 us and 2,048 in 88 us (sort
+# path ~40 / 63 us); LLaDA-2.1-mini's 32-row round (256 pairs a layer) took 4.019 / 4.025 ms with
+# the chunked plan against 4.138 / 4.139 with the single program (two runs each, alternated:
+# benchmarks/results/round_latency_llada2_bf16_plan_h200_2026-12-02.json), although alone, as a
+# replayed graph of plans, the two measured 19.5 vs 17.9 us: in the round the chunked plan wins.
+MAX_PAIRS = CHUNK
 
 
 @triton.jit
@@ -64,7 +70,8 @@ def _plan_kernel(
 
 
 def plan_small(index: torch.Tensor, experts: int, block_m: int):
-    """Same outputs as `moe_mlp.plan` for index.numel() <= MAX_PAIRS (one launch)."""
+    """Same outputs as `moe_mlp.plan` (one launch; `moe_mlp.plan` takes it up to MAX_PAIRS, it
+    serves any count up to MAX_CHUNKED_PAIRS, slower as they grow)."""
     pairs = index.numel()
     dev = index.device
     order = torch.empty(pairs, dtype=torch.int64, device=dev)

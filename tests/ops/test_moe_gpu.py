@@ -209,13 +209,17 @@ def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, mo
         index = torch.where((index == 2) & (torch.arange(top_k, device=DEV) > 0), 3, index)
     elif hits == "spread":
         index = torch.arange(rows * top_k, device=DEV).view(rows, top_k) % experts
+    from dlmrt._kernels import moe_plan
+
     fast = moe_mlp.plan(index, experts)
+    single = moe_plan.plan_small(index, experts, moe_mlp.BLOCK_M)  # at every size it may serve
     monkeypatch.setattr(moe_mlp, "MAX_PAIRS", 0)
     chunked = moe_mlp.plan(index, experts)  # the chunked plan up to MAX_CHUNKED_PAIRS
     monkeypatch.setattr(moe_mlp, "MAX_CHUNKED_PAIRS", 0)
     slow = moe_mlp.plan(index, experts)
     for got in (fast, chunked):
         assert got[4] == slow[4]
+    for got in (fast, single, chunked):
         for a, b in zip(got[:4], slow[:4], strict=True):
             assert torch.equal(a, b)
 
