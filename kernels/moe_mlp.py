@@ -227,6 +227,7 @@ def moe_mlp(
     warps: int = 4,
     stages: int | None = None,
     swap: bool = False,  # acc^T = W a^T (see `acc_zeros`)
+    add: torch.Tensor | None = None,  # [rows, H] added to the result (`slot_sum`)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k], gate_up [E, 2I, H] or ([E, I, H], [E, I, H]),
     down [E, H, I] (last dims contiguous) -> [rows, H] in x's dtype. `scales`: the weights are
@@ -262,4 +263,4 @@ def moe_mlp(
         h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
-    return slot_sum(y, x.dtype)
+    return slot_sum(y, x.dtype, add)

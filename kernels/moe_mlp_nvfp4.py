@@ -173,6 +173,7 @@ def moe_mlp_nvfp4(
     bm: int | None = None,  # rows of an expert tile (see `_tiles`)
     hidden_hook=None,  # maps the hidden act(gate) * up [pairs, I] between the two GEMMs (W4A4)
     swap: bool = True,  # the decoded weights as the dot's first operand (see `_tiles`)
+    add: torch.Tensor | None = None,  # [rows, H] added to the result (`slot_sum`)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k]; gate / up ([E, I, H/2] uint8, [E, I, H/16] e4m3 or
     fp32, [E] fp32), down ([E, H, I/2], [E, H, I/16], [E]) with unit-stride rows -> [rows, H]."""
@@ -205,4 +206,4 @@ def moe_mlp_nvfp4(
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
         hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
-    return slot_sum(y, x.dtype)
+    return slot_sum(y, x.dtype, add)

@@ -77,12 +77,21 @@ class Experts(nn.Module):
         self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
         self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: quant/placement.py
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        index: torch.Tensor,
+        add: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The routed experts' weighted sum per row, plus `add` (the shared experts' output,
+        added in the expert op's last pass)."""
         if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
-            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu", act_scales=self.nvfp4_act)
+            act = self.nvfp4_act
+            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu", act_scales=act, add=add)
         gate_up = (self.gate_proj, self.up_proj)
         return ops.moe_mlp(
-            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales
+            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales, add=add
         )
 
 
@@ -97,8 +106,8 @@ class SparseMoE(nn.Module):
         self.shared_experts = SwiGLU(cfg.hidden_size, shared) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.experts(x, *self.gate(x))
-        return y if self.shared_experts is None else y + self.shared_experts(x)
+        shared = None if self.shared_experts is None else self.shared_experts(x)
+        return self.experts(x, *self.gate(x), add=shared)
 
 
 def stacked_slices(model: nn.Module) -> dict[str, tuple[str, int]]:

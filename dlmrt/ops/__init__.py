@@ -197,23 +197,27 @@ def moe_mlp(
     activation: str,
     sum_dtype: torch.dtype | None = None,
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed gated-MLP experts (stacked [E, ...] weights), weighted sum per row; see
     `reference.moe_mlp`. CUDA: a grouped GEMM with device-side grouping, no host sync, so it can be
     captured in a CUDA graph (kernels/moe_mlp.py; it sums the k slots in fp32 whatever `sum_dtype`).
     `scales` (gate [E, I], up [E, I], down [E, H] fp32): the weights are FP8 codes, converted in the
-    kernel's registers; the twin dequantizes them to x's dtype first."""
+    kernel's registers; the twin dequantizes them to x's dtype first. `add` [rows, H] in x's dtype
+    (the shared experts' output): result + add, rounded as that add in x's dtype (on CUDA in the
+    kernel's last pass)."""
     fast = x.is_cuda and x.dtype in _MOE_DTYPES
     if fast and implementation("moe_mlp") == "triton":
         fn = _resolve("moe_mlp")
-        return fn(x, weights, index, gate_up, down, activation, sum_dtype, scales)
+        return fn(x, weights, index, gate_up, down, activation, sum_dtype, scales, add=add)
     if scales is not None:
         gate, up = gate_up if isinstance(gate_up, tuple) else gate_up.chunk(2, dim=1)
         gate, up, down = (
             (w.float() * s.unsqueeze(-1)).to(x.dtype) for w, s in zip((gate, up, down), scales)
         )
         gate_up = (gate, up)
-    return reference.moe_mlp(x, weights, index, gate_up, down, activation, sum_dtype)
+    y = reference.moe_mlp(x, weights, index, gate_up, down, activation, sum_dtype)
+    return y if add is None else y + add
 
 
 def moe_route_grouped(

@@ -62,8 +62,10 @@ def moe_mlp_nvfp4(
     activation: str,
     sum_dtype: torch.dtype | None = None,
     act_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`ops.moe_mlp` with NVFP4 stacked weights gate / up [E, I, H], down [E, H, I].
+    """`ops.moe_mlp` with NVFP4 stacked weights gate / up [E, I, H], down [E, H, I] (`add`: as
+    there, the shared experts' output added in the kernel's last pass).
 
     `act_scales` (x's, the hidden's input scale; `act_quantizers`): W4A4 emulation, both GEMM
     inputs NVFP4 quantize-dequantized per 16 (`fake_quant_act`) on both paths; None: W4A16."""
@@ -73,9 +75,10 @@ def moe_mlp_nvfp4(
         hook = lambda h: fake_quant_act(h, act_scales[1])  # noqa: E731
     if x.is_cuda and x.dtype in _MOE_DTYPES and implementation("moe_mlp") == "triton":
         args = (_args(gate), _args(up), _args(down))
-        return _kernel()(x, weights, index, *args, activation, hidden_hook=hook)
+        return _kernel()(x, weights, index, *args, activation, hidden_hook=hook, add=add)
     g, u, d = (w.dequantize(x.dtype) for w in (gate, up, down))
-    return reference.moe_mlp(x, weights, index, (g, u), d, activation, sum_dtype, hook)
+    y = reference.moe_mlp(x, weights, index, (g, u), d, activation, sum_dtype, hook)
+    return y if add is None else y + add
 
 
 def fake_quant_act(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:

@@ -239,3 +239,8 @@ def test_slot_sum_is_the_slot_order_sum(rows, top_k, hidden, dtype):
     got = slot_sum(y, dtype)
     assert got.dtype == dtype and got.shape == (rows, hidden)
     assert torch.equal(got, want.to(dtype))
+    # the shared experts' output added in the same pass: rounded as torch's add in the dtype
+    shared = torch.randn(rows, hidden + 3, device=DEV, generator=_gen(rows))[:, 3:].to(dtype)
+    assert torch.equal(slot_sum(y, dtype, shared), want.to(dtype) + shared)
+    with pytest.raises(ValueError, match="slot_sum: add must be"):
+        slot_sum(y, dtype, shared.float() if dtype != torch.float32 else shared.double())

@@ -116,3 +116,11 @@ def test_moe_ops_on_cpu_run_the_twins_even_when_triton_is_forced():
         assert all(torch.equal(a, b) for a, b in zip(got_s, want_s))
     finally:
         ops.use(None)
+
+
+def test_moe_mlp_adds_the_shared_output_as_the_separate_add_did():
+    """`add` (the shared experts' output) = the routed sum + add in x's dtype, on every path."""
+    x, weights, index, gate_up, down = _experts(torch.bfloat16)
+    shared = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    want = ops.moe_mlp(x, weights, index, gate_up, down, "silu") + shared
+    assert torch.equal(ops.moe_mlp(x, weights, index, gate_up, down, "silu", add=shared), want)
