@@ -137,7 +137,8 @@ def test_recipe_round_trip_and_errors(tmp_path):
              "rule", "entropy_budget", "threshold", "adapter_intermediate_size"}  # fmt: skip
     assert set(shipped) == every  # every knob that has a value, recorded
     assert ORLConfig(**shipped).rollouts_per_prompt == 8
-    for name in ("chain-orl", "chain-orl-no-aec", "chain-orl-refresh25"):  # the ORL demo's runs
+    demo_runs = [f"{t}-orl{v}" for t in ("chain", "sumset") for v in ("", "-no-aec", "-refresh25")]
+    for name in demo_runs:  # the ORL demo's runs
         demo = load_recipe(ROOT / "recipes" / f"{name}.toml")
         assert demo.pop("out") == f"runs/{name}" and set(demo) == every, name
         ORLConfig(**demo)

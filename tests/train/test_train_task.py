@@ -100,3 +100,36 @@ def test_arithmetic_chain_has_three_to_eight_correct_steps_and_its_own_split():
     train_questions = {p.question for p, _ in zip(chain.iter_split("train"), range(3000))}
     assert not train_questions & {p.question for p in test}
     assert task.generate(5) == task.generate(5, task.OPS)  # arithmetic itself is unchanged
+
+
+def test_sum_set_solutions_verify_and_many_answers_are_right():
+    """Each solution is a valid set; other valid sets verify too (the point of the task), and the
+    near misses do not."""
+    sums = get_task("sum_set")
+    problems = [sums.generate(s) for s in range(2000)]
+    assert {p.answer[0] for p in problems} == set(range(3, 7))
+    for p in problems[:300]:
+        k, high, target = p.answer
+        assert sums.verify(p.solution, p.answer) and len(p.solution) <= sums.MAX_RESPONSE_CHARS
+        assert len(p.numbers) == k and sum(p.numbers) == target and p.numbers[-1] <= high
+    p = next(q for q in problems if q.answer == (3, q.answer[1], q.answer[2]) and q.answer[2] > 12)
+    k, high, target = p.answer
+    other = (1, 2, target - 3)  # another valid set, whenever target - 3 fits the range
+    if 2 < target - 3 <= high:
+        assert sums.verify(f"The answer is {', '.join(map(str, other))}.", p.answer)
+    a, b, c = p.numbers
+    assert not sums.verify(f"The answer is {a}, {b}, {c + 1}.", p.answer)  # wrong sum
+    assert not sums.verify(f"The answer is {b}, {a}, {c}.", p.answer)  # not increasing
+    assert not sums.verify(f"The answer is {a}, {b}.", p.answer)  # too few
+    assert not sums.verify(f"The answer is {a}, {a}, {target - 2 * a}.", p.answer)  # repeats
+    assert not sums.verify(f"The answer is 0, {a}, {target - a}.", p.answer)  # out of range
+    assert not sums.verify("no answer", p.answer)
+
+
+def test_sum_set_splits_share_no_question_content():
+    """Held out by the (k, high, target) triple: no test triple is trained on in any framing."""
+    sums = get_task("sum_set")
+    test = sums.problems("test", 200)
+    train = {p.answer for p, _ in zip(sums.iter_split("train"), range(5000))}
+    assert not train & {p.answer for p in test}
+    assert sums.generate(7) == sums.generate(7)  # deterministic

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from dlmrt.train.tasks import arithmetic, arithmetic_chain
+from dlmrt.train.tasks import arithmetic, arithmetic_chain, sum_set
 
 TASKS: dict[str, ModuleType] = {
     arithmetic.NAME: arithmetic,
     arithmetic_chain.NAME: arithmetic_chain,
+    sum_set.NAME: sum_set,
 }
 
 
