@@ -72,8 +72,6 @@ def _attention(m: nn.Module, group: TPGroup, q, k, v, o) -> None:
 def _qwen_attention(m: layers.Attention, group: TPGroup) -> None:
     m.qkv_weight = None
     _attention(m, group, m.q_proj, m.k_proj, m.v_proj, m.o_proj)
-    d = m.head_dim
-    m.split = (m.heads * d, m.kv_heads * d, m.kv_heads * d)
 
 
 def _llada_attention(m: llada2.Attention, group: TPGroup) -> None:

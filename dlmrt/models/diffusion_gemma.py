@@ -24,7 +24,7 @@ from dlmrt.attention import AttnContext
 from dlmrt.distributed import group as tp
 from dlmrt.distributed import vocab
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
-from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext
+from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext, KeyNorm
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops import gemma
@@ -72,15 +72,7 @@ class Attention(nn.Module):
         v = k if self.v_proj is None else parts[2].view(rows, self.kv_heads, self.head_dim)
         # transformers' roundings: norm (fp32, one cast), then RoPE in the model dtype
         q = gemma.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)  # [heads, rows, d]
-        arena = view.arena_rows(layer)
-        if arena is None:
-            k = gemma.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps)
-            out = view.attend(layer, sliding, q, k, gemma.v_norm(v, self.eps))
-        else:  # normed K / V go straight to their arena rows (no write pass after)
-            ak, av, pos = arena
-            gemma.qk_norm_rope(k, self.k_norm.weight, *rope, self.eps, ak, pos)
-            gemma.v_norm(v, self.eps, av, pos)
-            out = view.attend_written(layer, sliding, q)
+        out = view.attend(layer, sliding, q, k, v, KeyNorm(self.k_norm.weight, rope, self.eps))
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
 
@@ -200,9 +192,8 @@ class DiffusionGemma(nn.Module):
         self.lm_head.weight = self.model.embed_tokens.weight
 
     def use_fp8(self, fp8: dict, emulate: bool = False) -> list[str]:
-        """Run these FP8 / NVFP4 weights ({parameter name: weight}); returns the names not
-        installed (the loader dequantizes them); `emulate`: W4A4 emulation. See
-        `models/fp8_install.py`."""
+        """Run these FP8 / NVFP4 weights; returns the names not installed (the loader dequantizes
+        them); `emulate`: W4A4 emulation. See `models/fp8_install.py`."""
         from dlmrt.models.fp8_install import install_fp8  # the FP8 machinery loads on demand
 
         return install_fp8(self, fp8, self.cfg.block_size, emulate)

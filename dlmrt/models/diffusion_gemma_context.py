@@ -29,10 +29,22 @@ last window - 1 context positions before the canvas's first row c0).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from dlmrt import ops
 from dlmrt.attention import block_attention
+from dlmrt.ops import gemma
+
+
+class KeyNorm(NamedTuple):
+    """How a layer normalises its raw K / V (transformers' roundings, `dlmrt/ops/gemma.py`): K by
+    Gemma's RMSNorm with `k_gain` then RoPE (`rope` = cos, sin), V by the weightless norm."""
+
+    k_gain: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor]
+    eps: float
 
 
 class ContextCache:
@@ -92,12 +104,11 @@ class GrowingContext:
         self.kept = min(self.cached, window - 1)
         self.sliding = sliding[:, self.cached - self.kept :]  # a column depends on its key only
 
-    def arena_rows(self, layer: int) -> None:
-        """No arena: the layer's (k, v) come to `attend`."""
-        return None
-
-    def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor):
-        """This pass's q [heads, rows, head_dim], (k, v) [kv_heads, rows, head_dim] -> attention."""
+    def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor, norm: KeyNorm):
+        """This pass's q [heads, rows, head_dim], raw (k, v) [rows, kv_heads, head_dim] ->
+        attention (K / V normed by `norm`, then cached and attended)."""
+        k = gemma.qk_norm_rope(k, norm.k_gain, *norm.rope, norm.eps)
+        v = gemma.v_norm(v, norm.eps)
         keys, values = self.keys(layer, sliding, k, v)
         mask = self.sliding if sliding else self.full
         return block_attention(q, keys, values, self.pos, self.pos, 1, 1.0, mask)
@@ -127,15 +138,13 @@ class ArenaContext:
         rows, dev = pos.shape[0], pos.device
         self.is_canvas = torch.full((rows, 1), decoder, dtype=torch.bool, device=dev)
 
-    def arena_rows(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(K arena, V arena, positions): where this pass writes the layer's normed K / V rows."""
-        return self.arena.k[layer], self.arena.v[layer], self.pos
-
-    def attend_written(self, layer: int, sliding: bool, q):
-        """Attend over the arena after this pass wrote its rows at `arena_rows`:
-        `ops.canvas_attention` (the visibility of the module docstring; an FP8 arena is read
-        dequantized)."""
+    def attend(self, layer: int, sliding: bool, q, k: torch.Tensor, v: torch.Tensor, norm: KeyNorm):
+        """Norm this pass's raw (k, v) straight into their arena rows (device indices; no write
+        pass after), then attend over the arena: `ops.canvas_attention` (the visibility of the
+        module docstring; an FP8 arena is read dequantized)."""
         ak, av = self.arena.k[layer], self.arena.v[layer]
+        gemma.qk_norm_rope(k, norm.k_gain, *norm.rope, norm.eps, ak, self.pos)
+        gemma.v_norm(v, norm.eps, av, self.pos)
         window = self.window if sliding else 0
         return ops.canvas_attention(q, ak, av, self.pos, self.decoder, window, 1.0)
 

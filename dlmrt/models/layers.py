@@ -161,7 +161,6 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
-        self.split = (cfg.q_size, cfg.kv_size, cfg.kv_size)
         self.qkv_weight: torch.Tensor | None = None
         self.qkv_fp8: nn.Module | None = None  # an Fp8Linear of q|k|v (models/fp8_install.py)
 

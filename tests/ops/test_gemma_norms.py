@@ -130,7 +130,7 @@ def test_gemma_qk_norm_rope_and_v_norm_kernels_match_twins(dtype, rows, heads, d
 @pytest.mark.parametrize("rows,heads,d", [(1, 2, 16), (7, 2, 64), (33, 1, 128)])
 def test_gemma_k_and_v_norms_written_at_arena_rows(dtype, rows, heads, d):
     """The K / V norms written straight into arena rows equal the twins' values written there;
-    no other arena row changes (what `ArenaContext.arena_rows` relies on)."""
+    no other arena row changes (what `ArenaContext.attend` relies on)."""
     _, kernel, _ = _kernels()
     gen = torch.Generator().manual_seed(rows + d)
     x = _randn(rows, heads, d, gen=gen, dtype=dtype, scale=2)
