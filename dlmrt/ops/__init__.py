@@ -168,7 +168,7 @@ def qkv_norm_rope(
 ) -> torch.Tensor:
     """An arena pass's fused q|k|v [rows, heads + 2 kv_heads, head_dim]: returns q normed and
     rotated [heads, rows, head_dim], writes k (normed, rotated) and v at `positions` of their arena
-    layers. One launch on CUDA (kernels/qk_norm_rope.py; the `qk_norm_rope` switch)."""
+    layers. One launch on CUDA (kernels/qk_norm_rope.py), resolved as its own op."""
     fn = _resolve("qkv_norm_rope", "qk_norm_rope") if qkv.is_cuda else None
     fn = fn or reference.qkv_norm_rope
     return fn(qkv, q_weight, k_weight, cos, sin, eps, k_arena, v_arena, positions)
