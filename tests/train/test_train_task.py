@@ -8,6 +8,7 @@ import pytest
 
 from dlmrt.train.tasks import arithmetic as task
 from dlmrt.train.tasks import get_task
+from dlmrt.train.tasks.sum_set import MAX_RESPONSE_CHARS
 
 
 def _eval_chain(solution: str) -> int:
@@ -110,7 +111,7 @@ def test_sum_set_solutions_verify_and_many_answers_are_right():
     assert {p.answer[0] for p in problems} == set(range(3, 7))
     for p in problems[:300]:
         k, high, target = p.answer
-        assert sums.verify(p.solution, p.answer) and len(p.solution) <= sums.MAX_RESPONSE_CHARS
+        assert sums.verify(p.solution, p.answer) and len(p.solution) <= MAX_RESPONSE_CHARS
         assert len(p.numbers) == k and sum(p.numbers) == target and p.numbers[-1] <= high
     p = next(q for q in problems if q.answer == (3, q.answer[1], q.answer[2]) and q.answer[2] > 12)
     k, high, target = p.answer
@@ -133,3 +134,16 @@ def test_sum_set_splits_share_no_question_content():
     train = {p.answer for p, _ in zip(sums.iter_split("train"), range(5000))}
     assert not train & {p.answer for p in test}
     assert sums.generate(7) == sums.generate(7)  # deterministic
+
+
+def test_sum_set_small_narrows_the_ranges_and_keeps_the_split():
+    """The narrow variant draws k in 3-4 and tops in 12-40, verifies as sum_set does, and holds
+    out the same way (by the triple)."""
+    small = get_task("sum_set_small")
+    problems = [small.generate(s) for s in range(1000)]
+    assert {p.answer[0] for p in problems} == {3, 4}
+    assert {p.answer[1] for p in problems} == set(range(12, 41))
+    assert all(small.verify(p.solution, p.answer) for p in problems)
+    test = small.problems("test", 100)
+    train = {p.answer for p, _ in zip(small.iter_split("train"), range(3000))}
+    assert not train & {p.answer for p in test}

@@ -1,23 +1,26 @@
 """Procedural, verifiable training tasks, registered by name.
 
-A task module provides `generate(seed) -> Problem` (fields `question`, `solution`, `answer`),
-`iter_split(split, start_seed)`, `problems(split, count)` and `verify(text, answer) -> bool`.
+A task (a module, or an object such as `sum_set.SumSet`) provides `generate(seed) -> Problem`
+(fields `question`, `solution`, `answer`), `iter_split(split, start_seed)`,
+`problems(split, count)` and `verify(text, answer) -> bool`.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from typing import Any
 
-from dlmrt.train.tasks import arithmetic, arithmetic_chain, sum_set
+from dlmrt.train.tasks import arithmetic, arithmetic_chain
+from dlmrt.train.tasks.sum_set import SUM_SET, SUM_SET_SMALL
 
-TASKS: dict[str, ModuleType] = {
+TASKS: dict[str, Any] = {
     arithmetic.NAME: arithmetic,
     arithmetic_chain.NAME: arithmetic_chain,
-    sum_set.NAME: sum_set,
+    SUM_SET.name: SUM_SET,
+    SUM_SET_SMALL.name: SUM_SET_SMALL,
 }
 
 
-def get_task(name: str) -> ModuleType:
+def get_task(name: str) -> Any:
     if name not in TASKS:
         raise ValueError(f"task: unknown task {name!r} (choose from {', '.join(TASKS)})")
     return TASKS[name]

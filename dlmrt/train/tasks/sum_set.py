@@ -11,7 +11,8 @@ from different modes breaks the sum. A policy trained on its own verified rollou
 one mode per question (the on-policy part) and contract its entropy faster (AEC): more tokens per
 forward at the same validity. Nothing in an answer depends on a result computed in the block.
 
-A question is a count k (3-6), a range 1..high (high 12-99) and a target sum; the SFT solution
+A question is a count k (3-6), a range 1..high (high 12-99) and a target sum (the narrow
+variant `sum_set_small`: k 3-4, high 12-40); the SFT solution
 is a uniformly random valid set (a random k-subset of 1..high, whose sum sets the target), as the
 equation and the answer sentence:
 
@@ -31,11 +32,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-NAME = "sum_set"
 TEST_SEED_OFFSET = 10**9
 TEST_BUCKETS = 32
-COUNTS = (3, 6)  # numbers per answer, inclusive
-HIGHS = (12, 99)  # the range's top, inclusive
 ANSWER_PREFIX = "The answer is"
 MAX_RESPONSE_CHARS = 80  # 6 two-digit numbers twice, the separators and the sentence
 FRAMINGS = (
@@ -58,41 +56,55 @@ class Problem:
     numbers: tuple[int, ...]  # the SFT solution's set (one of many valid ones)
 
 
-def generate(seed: int) -> Problem:
-    """The problem of `seed` (deterministic)."""
-    rng = random.Random(seed)
-    k = rng.randint(*COUNTS)
-    high = rng.randint(max(HIGHS[0], 2 * k), HIGHS[1])
-    numbers = tuple(sorted(rng.sample(range(1, high + 1), k)))
-    target = sum(numbers)
-    framing = rng.choice(FRAMINGS)
-    question = framing.format(k=k, high=high, t=target, name=rng.choice(NAMES))
-    listed = ", ".join(map(str, numbers))
-    solution = f"{' + '.join(map(str, numbers))} = {target}. {ANSWER_PREFIX} {listed}."
-    return Problem(seed, question, solution, (k, high, target), numbers)
+@dataclass(frozen=True, slots=True)
+class SumSet:
+    """The task over counts k in `counts` and range tops in `highs` (both inclusive).
+
+    A task object: `generate`, `iter_split`, `problems` and `verify`, as the task modules have.
+    """
+
+    name: str
+    counts: tuple[int, int]
+    highs: tuple[int, int]
+
+    def generate(self, seed: int) -> Problem:
+        """The problem of `seed` (deterministic)."""
+        rng = random.Random(seed)
+        k = rng.randint(*self.counts)
+        high = rng.randint(max(self.highs[0], 2 * k), self.highs[1])
+        numbers = tuple(sorted(rng.sample(range(1, high + 1), k)))
+        target = sum(numbers)
+        framing = rng.choice(FRAMINGS)
+        question = framing.format(k=k, high=high, t=target, name=rng.choice(NAMES))
+        listed = ", ".join(map(str, numbers))
+        solution = f"{' + '.join(map(str, numbers))} = {target}. {ANSWER_PREFIX} {listed}."
+        return Problem(seed, question, solution, (k, high, target), numbers)
+
+    def iter_split(self, split: str, start_seed: int = 0) -> Iterator[Problem]:
+        """Problems of `split` ("train" or "test") in seed order, from its `start_seed`-th seed."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
+        seed = (TEST_SEED_OFFSET if split == "test" else 0) + start_seed
+        while True:
+            problem = self.generate(seed)
+            if _is_test_answer(problem.answer) == (split == "test"):
+                yield problem
+            seed += 1
+
+    def problems(self, split: str, count: int) -> list[Problem]:
+        """The first `count` problems of `split` (the test set of an evaluation)."""
+        it = self.iter_split(split, 0)
+        return [next(it) for _ in range(count)]
+
+    @staticmethod
+    def verify(text: str, answer: tuple[int, int, int]) -> bool:
+        """True iff the final answer is k strictly increasing numbers in 1..high summing to target."""
+        return verify(text, answer)
 
 
 def _is_test_answer(answer: tuple[int, int, int]) -> bool:
     digest = hashlib.sha256("|".join(map(str, answer)).encode()).digest()
     return int.from_bytes(digest[:4], "little") % TEST_BUCKETS == 0
-
-
-def iter_split(split: str, start_seed: int = 0) -> Iterator[Problem]:
-    """Problems of `split` ("train" or "test") in seed order, from the split's `start_seed`-th seed."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
-    seed = (TEST_SEED_OFFSET if split == "test" else 0) + start_seed
-    while True:
-        problem = generate(seed)
-        if _is_test_answer(problem.answer) == (split == "test"):
-            yield problem
-        seed += 1
-
-
-def problems(split: str, count: int) -> list[Problem]:
-    """The first `count` problems of `split` (the test set of an evaluation)."""
-    it = iter_split(split, 0)
-    return [next(it) for _ in range(count)]
 
 
 _LIST_RE = re.compile(r"\s*(\d+(?:\s*,\s*\d+)*)")
@@ -113,3 +125,9 @@ def verify(text: str, answer: tuple[int, int, int]) -> bool:
         return False
     increasing = all(a < b for a, b in zip(numbers, numbers[1:]))
     return increasing and 1 <= numbers[0] and numbers[-1] <= high
+
+
+SUM_SET = SumSet("sum_set", counts=(3, 6), highs=(12, 99))
+# The narrow variant (k 3-4, tops 12-40): sums a 6-layer model can keep consistent, still with
+# many valid answers per question (docs/orl-demo.md: the sum_set Base runs).
+SUM_SET_SMALL = SumSet("sum_set_small", counts=(3, 4), highs=(12, 40))
