@@ -1,5 +1,6 @@
 """Plots of the ORL demo (issue 17): the accuracy-vs-TPF frontier of every model in a sweep file
 (`benchmarks/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`).
+`--compare BASE` also prints each model's TPF at equal accuracy against BASE's (a markdown table).
 
     python benchmarks/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
         --runs benchmarks/results/orl_demo_runs_h200_2026-12-01.json \
@@ -43,6 +44,45 @@ def frontier(sweep: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
+
+
+def frontier_points(points: list[dict]) -> list[tuple[float, float]]:
+    """The (accuracy, TPF) points no other point beats on both axes, by accuracy descending."""
+    pts = sorted({(p["accuracy"], p["tokens_per_forward"]) for p in points}, reverse=True)
+    out: list[tuple[float, float]] = []
+    for acc, tpf in pts:  # accuracy descending: keep a point only if it adds TPF
+        if not out or tpf > out[-1][1]:
+            out.append((acc, tpf))
+    return out
+
+
+def tpf_at_accuracy(points: list[dict], accuracy: float) -> float | None:
+    """The TPF a model reaches at `accuracy` along its frontier, linear between the knob's points
+    (the knobs are continuous); None above its best accuracy."""
+    front = frontier_points(points)
+    if accuracy > front[0][0]:
+        return None
+    for (a_hi, t_hi), (a_lo, t_lo) in zip(front, front[1:]):
+        if a_lo <= accuracy <= a_hi:
+            return t_hi + (t_lo - t_hi) * (a_hi - accuracy) / (a_hi - a_lo)
+    return front[-1][1]  # below every frontier point: the fastest point is accurate enough
+
+
+def compare(sweep: dict, base: str, levels: list[float]) -> str:
+    """A markdown table: each model's TPF at each accuracy level, and its ratio to `base`'s."""
+    models = sweep["models"]
+    if base not in models:
+        raise SystemExit(f"--compare: no model {base!r} in the sweep ({', '.join(models)})")
+    rows = ["| accuracy | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+    for level in levels:
+        ref = tpf_at_accuracy(models[base]["points"], level)
+        cells = []
+        for model in models.values():
+            tpf = tpf_at_accuracy(model["points"], level)
+            ratio = f" ({tpf / ref:.2f}x)" if tpf is not None and ref else ""
+            cells.append("-" if tpf is None else f"{tpf:.2f}{ratio}")
+        rows.append(f"| {100 * level:.0f}% | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def _smooth(values: list[float], k: int = 10) -> list[float]:
@@ -89,7 +129,13 @@ def main() -> None:
     ap.add_argument("--runs", default=None, help="a benchmarks/results/orl_demo_runs_*.json file")
     ap.add_argument("--out", required=True, help="the frontier plot (PNG)")
     ap.add_argument("--curves", default=None, help="the training curves plot (PNG)")
+    ap.add_argument("--compare", default=None, metavar="BASE",
+                    help="print TPF at equal accuracy against model BASE of the sweep")  # fmt: skip
+    ap.add_argument("--levels", type=float, nargs="*", default=[0.85, 0.8, 0.75, 0.7, 0.6, 0.5],
+                    help="the accuracy levels of --compare")  # fmt: skip
     args = ap.parse_args()
+    if args.compare:
+        print(compare(json.loads(Path(args.sweep).read_text()), args.compare, args.levels))
     frontier(json.loads(Path(args.sweep).read_text()), Path(args.out))
     runs = read_runs(Path(args.runs)) if args.runs else {}
     for spec in args.log:

@@ -64,3 +64,21 @@ def test_plots_are_written(tmp_path: Path):
     plot.frontier(sweep, tmp_path / "f.png")
     plot.curves(runs, tmp_path / "c.png")
     assert (tmp_path / "f.png").stat().st_size > 0 and (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_tpf_at_equal_accuracy_follows_the_frontier():
+    """Dominated points are dropped, TPF is interpolated between frontier points, None above the
+    best accuracy, and the comparison table divides by the base model's TPF."""
+    plot = _load("orl_demo_plot")
+    pts = [{"accuracy": a, "tokens_per_forward": t}
+           for a, t in [(0.9, 3.0), (0.8, 5.0), (0.85, 2.0), (0.6, 7.0), (0.6, 6.0)]]  # fmt: skip
+    assert plot.frontier_points(pts) == [(0.9, 3.0), (0.8, 5.0), (0.6, 7.0)]
+    assert plot.tpf_at_accuracy(pts, 0.85) == pytest.approx(4.0)
+    assert plot.tpf_at_accuracy(pts, 0.7) == pytest.approx(6.0)
+    assert plot.tpf_at_accuracy(pts, 0.5) == 7.0 and plot.tpf_at_accuracy(pts, 0.95) is None
+    faster = [{**p, "tokens_per_forward": 2 * p["tokens_per_forward"]} for p in pts]
+    sweep = {"models": {"base": {"points": pts}, "orl": {"points": faster}}}
+    table = plot.compare(sweep, "base", [0.85, 0.95])
+    assert "| 85% | 4.00 (1.00x) | 8.00 (2.00x) |" in table and "| 95% | - | - |" in table
+    with pytest.raises(SystemExit, match="no model 'x'"):
+        plot.compare(sweep, "x", [0.8])
