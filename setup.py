@@ -46,6 +46,8 @@ setup(
         "bench": ["matplotlib>=3.7", "math-verify>=0.7"],
         # tests/quant/test_nvfp4_modelopt.py: our NVFP4 export vs ModelOpt's (layout agreement)
         "quant": ["nvidia-modelopt>=0.33"],
+        # optional arena attention for a round's rows on SM90+ (dlmrt/ops/flash_attn4.py)
+        "fa4": ["flash-attn-4>=4.0.0b36"],
     },
     entry_points={"console_scripts": ["dlmrt = dlmrt.cli:main"]},
 )

@@ -58,3 +58,13 @@ def pdl() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"DLMRT_PDL={value!r}: expected '0' or '1'")
     return value == "1"
+
+
+def fa4() -> str:
+    """DLMRT_FA4: FlashAttention-4 (`flash-attn-4`, optional) for a round's arena attention:
+    "auto" (default: where installed and measured faster than our kernel, per shape), "on" (where
+    installed and the shape fits, unmeasured) or "off". See `ops/flash_attn4.py`."""
+    value = os.environ.get("DLMRT_FA4", "auto").lower()
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"DLMRT_FA4={value!r}: expected 'auto', 'on' or 'off'")
+    return value

@@ -34,6 +34,8 @@ class AttnContext:
     mask: bool [rows, rows] visibility replacing the block-causal rule when kv is None (training
         layouts such as [prompt | clean response | noisy response], packed documents), or a
         flex_attention `BlockMask` over the same rows (CUDA training; see attention/flex.py).
+    one_block: the caller guarantees every row lies in one block (a denoising round's canvas), so
+        all rows see the same arena prefix: FlashAttention-4 may serve them (ops/flash_attn4.py).
     """
 
     positions: torch.Tensor
@@ -41,3 +43,4 @@ class AttnContext:
     kv: KVArena | None = None
     kv_len: int | None = None
     mask: torch.Tensor | None = None
+    one_block: bool = False

@@ -107,7 +107,9 @@ def attend_arena(
     CUDA (kv_len None): visibility from the device-side positions, no host-side length. CPU: the
     first kv_len arena rows under the block-causal rule."""
     if ctx.kv_len is None:
-        return ops.arena_attention(q, layer_k, layer_v, ctx.positions, ctx.block_size, scale)
+        return ops.arena_attention(
+            q, layer_k, layer_v, ctx.positions, ctx.block_size, scale, ctx.one_block
+        )
     n = ctx.kv_len
     keys = torch.arange(n, device=q.device)
     k, v = layer_k[:, :n].to(q.dtype), layer_v[:, :n].to(q.dtype)  # an FP8 arena: dequantized

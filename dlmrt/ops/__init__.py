@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from dlmrt import envs
-from dlmrt.ops import canvas, reference, vocab
+from dlmrt.ops import canvas, flash_attn4, reference, vocab
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 log = logging.getLogger("dlmrt")
@@ -68,10 +68,17 @@ def arena_attention(
     positions: torch.Tensor,
     block_size: int,
     scale: float,
+    one_block: bool = False,
 ) -> torch.Tensor:
-    """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py."""
-    fn = _resolve("arena_attention") if q.is_cuda else reference.arena_attention
-    return fn(q, k, v, positions, block_size, scale)
+    """Block-causal attention of rows at `positions` over one arena layer. See kernels/arena_attention.py.
+
+    one_block: every row is in one block (a round); then FlashAttention-4 runs instead of our
+    kernel where it is installed and measured faster (ops/flash_attn4.py)."""
+    if q.is_cuda and implementation("arena_attention") == "triton":
+        if one_block and flash_attn4.chosen(q, k, v, block_size, scale):
+            return flash_attn4.arena_attention(q, k, v, positions, block_size, scale)
+        return _resolve("arena_attention")(q, k, v, positions, block_size, scale)
+    return reference.arena_attention(q, k, v, positions, block_size, scale)
 
 
 def canvas_attention(

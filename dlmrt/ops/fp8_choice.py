@@ -15,32 +15,10 @@ import torch.nn.functional as F
 
 from dlmrt import envs
 from dlmrt.ops import fp8 as fp8_ops
+from dlmrt.ops.timing import graph_time_us
 from dlmrt.quant.fp8 import quantize_per_channel
 
 _MEASURED: dict[tuple[int, int, int, bool], tuple[float, float]] = {}
-
-
-def graph_time_us(fn, reps: int = 20) -> float:
-    """GPU µs per call of `fn`, replayed from a CUDA graph of `reps` calls (as the rounds run it:
-    no Python or launch overhead in the comparison)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * reps)
 
 
 def measure(

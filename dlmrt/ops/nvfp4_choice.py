@@ -5,7 +5,7 @@ input, so its cost grows with the rows while a bf16 GEMM's is flat at few rows. 
 (`benchmarks/results/round_latency_qwen_dlm_nvfp4_h200_2026-12-02.json`) QwenDLM-4B's 256-row round
 took 10.99 ms with its MLPs on the kernel against 5.66 ms in bf16; DiffusionGemma's step 19.57 vs
 18.59 ms with its dense GeGLUs on it. So on CUDA each MLP's gate|up and down GEMMs are timed both
-ways at the model's block rows (`fp8_choice.graph_time_us`: a replayed CUDA graph, GPU time only)
+ways at the model's block rows (`timing.graph_time_us`: a replayed CUDA graph, GPU time only)
 and the faster kept; dequantized, the weights take 3.5x the memory. DLMRT_NVFP4_DENSE=kernel keeps
 the kernel (memory first), =dequantize never uses it. The W4A4 emulation always installs it (its
 numerics are the point), and so does the CPU (which only installs under the emulation).
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from dlmrt import envs
 from dlmrt.ops import nvfp4 as nvfp4_ops
-from dlmrt.ops.fp8_choice import graph_time_us
+from dlmrt.ops.timing import graph_time_us
 from dlmrt.quant.nvfp4 import quantize_nvfp4
 
 _MEASURED: dict[tuple[int, int, int], tuple[float, float]] = {}

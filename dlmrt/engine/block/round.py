@@ -132,8 +132,9 @@ class BlockBuffers:
 
 def _context(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> AttnContext:
     # kv_len (host int, CPU): read that many arena rows. None (CUDA, every mode): visible lengths
-    # come from the device-side positions, so a captured graph serves every block.
-    return AttnContext(buf.positions, spec.block_length, kv, kv_len)
+    # come from the device-side positions, so a captured graph serves every block. A round's rows
+    # are its block's canvas: one block.
+    return AttnContext(buf.positions, spec.block_length, kv, kv_len, one_block=True)
 
 
 def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> Decision:
