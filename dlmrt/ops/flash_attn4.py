@@ -65,6 +65,11 @@ def visible_keys(positions: torch.Tensor, block_size: int) -> torch.Tensor:
     return ((positions[:1] // block_size + 1) * block_size).to(torch.int32)
 
 
+def _bshd(t: torch.Tensor) -> torch.Tensor:
+    """[heads, len, d] -> the [1, len, heads, d] view FlashAttention-4 takes (no copy)."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim], the rows of one block
     k: torch.Tensor,  # [kv_heads, arena, head_dim]
@@ -78,8 +83,7 @@ def arena_attention(
     `flash_attn_varlen_func`, default the installed one). Same result as
     `reference.arena_attention` when the rows are one block."""
     fn = fn or varlen_fn()
-    as_bshd = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731 (a view: no copy)
-    res = fn(as_bshd(q), as_bshd(k), as_bshd(v), seqused_k=visible_keys(positions, block_size),
+    res = fn(_bshd(q), _bshd(k), _bshd(v), seqused_k=visible_keys(positions, block_size),
              softmax_scale=scale, causal=False)  # fmt: skip
     out = res[0] if isinstance(res, tuple) else res  # (out, lse) in 4.0 betas
     return out[0].transpose(0, 1)
@@ -103,7 +107,7 @@ def chosen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, scale: float
 ) -> bool:
     """Whether this block-row arena attention runs FlashAttention-4 (decided once per shape)."""
-    if not fits(q, k) or (fn := varlen_fn()) is None:
+    if (fn := varlen_fn()) is None or not fits(q, k):  # the cached None first: cheap when absent
         return False
     key = (tuple(q.shape), tuple(k.shape), q.dtype, block_size, q.device)
     if key not in _CHOICE:
