@@ -52,7 +52,7 @@ class Router(nn.Module):
         return self._fp32[1]
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x.float(), self.weight_fp32())  # the router runs in fp32
+        logits = router_logits(x, self.weight, self.weight_fp32)  # fp32 logits
         # Ties and the top_k == 1 case: see `ops.reference.moe_route_grouped`.
         return ops.moe_route_grouped(
             logits,
@@ -63,6 +63,38 @@ class Router(nn.Module):
             self.norm,
             self.scaling,
         )
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor, weight_fp32) -> torch.Tensor:
+    """x @ weight.T in fp32 (`weight_fp32`: the weight's fp32 copy, on demand).
+
+    The router runs in fp32: x and the weight upcast, then an fp32 GEMM (the reference's
+    numerics, the CPU's and training's path). On CUDA with a bf16 / fp16 x and weight the same
+    products come from one tensor-core GEMM with fp32 accumulation and fp32 output
+    (`torch.mm(..., out_dtype=float32)`): a half-precision product is exact in fp32, so only the
+    summation order differs, where the upcast + SIMT sgemm cost two launches and ~7 us a layer
+    at LLaDA's 32 rows. Used only where that torch op exists (checked once)."""
+    half = x.dtype in (torch.float16, torch.bfloat16) and weight.dtype == x.dtype
+    if half and x.is_cuda and not (weight.requires_grad and torch.is_grad_enabled()):
+        if _mm_fp32_out(x.device):
+            flat = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+            return flat.reshape(*x.shape[:-1], weight.shape[0])
+    return F.linear(x.float(), weight_fp32())
+
+
+_MM_FP32_OUT: dict[str, bool] = {}
+
+
+def _mm_fp32_out(device: torch.device) -> bool:
+    """Whether torch.mm takes out_dtype=float32 for half inputs on this device type (once)."""
+    if device.type not in _MM_FP32_OUT:
+        try:
+            a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+            ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError, NotImplementedError):
+            ok = False
+        _MM_FP32_OUT[device.type] = ok
+    return _MM_FP32_OUT[device.type]
 
 
 class Experts(nn.Module):

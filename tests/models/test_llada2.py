@@ -259,3 +259,14 @@ def test_router_fp32_weight_is_kept_and_follows_in_place_edits(tiny):
     router.weight.requires_grad_(True)
     with torch.enable_grad():  # training: a fresh conversion autograd can see
         assert router.weight_fp32().grad_fn is not None
+
+
+def test_router_logits_on_the_cpu_are_the_fp32_path():
+    """Off CUDA (and in training) the router upcasts and runs an fp32 GEMM, bit for bit."""
+    from dlmrt.models.moe import router_logits
+
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    got = router_logits(x, w, lambda: w.float())
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.nn.functional.linear(x.float(), w.float()))

@@ -110,3 +110,21 @@ def test_auto_mode_picks_block_graph_for_llada2(tmp_path):
     assert llm.mode == "block_graph"
     out = llm.generate([5, 6, 7], max_new_tokens=40, ignore_eos=True)
     assert out.mode == "block_graph" and len(out.token_ids) == 40
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_router_logits_one_half_gemm_match_the_fp32_path(dtype):
+    """The router's CUDA path (one tensor-core GEMM, fp32 accumulation and output) gives the
+    fp32 path's logits up to summation order, and the same routing (LLaDA-2.1-mini's shapes)."""
+    from dlmrt.models.moe import router_logits
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 2048, device="cuda", dtype=dtype)
+    w = torch.randn(256, 2048, device="cuda", dtype=dtype) / 2048**0.5
+    fast = router_logits(x, w, lambda: w.float())
+    slow = torch.nn.functional.linear(x.float(), w.float())
+    assert fast.dtype == torch.float32 and fast.shape == (32, 256)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.topk(8).indices.sort().values, slow.topk(8).indices.sort().values)
+    x3 = x.reshape(4, 8, 2048)  # any leading shape, as F.linear
+    assert router_logits(x3, w, lambda: w.float()).shape == (4, 8, 256)
