@@ -20,27 +20,28 @@ MARKERS = {"entropy_budget": "o", "threshold": "s"}
 
 
 def frontier(sweep: dict, out: Path) -> None:
+    """Accuracy vs TPF: each model's knob settings as markers (circle: entropy_budget, square:
+    threshold) and its frontier (the settings no other of its settings beats on both axes) as a
+    line, so "more TPF at equal accuracy" reads as a line further right."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, model in sweep["models"].items():
-        pts = model["points"]
-        color = None  # the first rule's line picks the model's color, the second reuses it
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, (name, model) in enumerate(sweep["models"].items()):
+        pts, color = model["points"], f"C{i}"
+        front = frontier_points(pts)
+        ax.plot([t for _, t in front], [100 * a for a, _ in front], color=color, lw=2, label=name)
         for rule, marker in MARKERS.items():
             sel = [p for p in pts if p["rule"] == rule]
-            if not sel:
-                continue
-            xs = [p["tokens_per_forward"] for p in sel]
-            ys = [100 * p["accuracy"] for p in sel]
-            h = ax.plot(xs, ys, marker=marker, linestyle="-", color=color,
-                        label=f"{name} ({rule})")[0]  # fmt: skip
-            color = h.get_color()
+            ax.scatter([p["tokens_per_forward"] for p in sel], [100 * p["accuracy"] for p in sel],
+                       marker=marker, color=color, s=28, zorder=3)  # fmt: skip
+    for rule, marker in MARKERS.items():  # the marker legend, colourless
+        ax.scatter([], [], marker=marker, color="grey", label=rule)
     ax.set_xlabel("tokens per forward (TPF)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.set_title(f"{sweep['task']}, {sweep['problems']} held-out problems, {sweep['device']}")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="lower left", ncol=2)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
