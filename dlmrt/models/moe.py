@@ -15,6 +15,8 @@ Checkpoints store one tensor per expert (`experts.E.{gate,up,down}_proj.weight`)
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +25,7 @@ from dlmrt import ops
 from dlmrt.models.layers import SwiGLU
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 
+log = logging.getLogger("dlmrt")
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -89,10 +92,11 @@ def _mm_fp32_out(device: torch.device) -> bool:
     """Whether torch.mm takes out_dtype=float32 for half inputs on this device type (once)."""
     if device.type not in _MM_FP32_OUT:
         try:
-            a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+            a = torch.ones(16, 16, device=device, dtype=torch.bfloat16)
             ok = torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
-        except (RuntimeError, TypeError, NotImplementedError):
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
             ok = False
+            log.info("router: torch.mm(out_dtype=float32) unavailable (%s): the fp32 GEMM", exc)
         _MM_FP32_OUT[device.type] = ok
     return _MM_FP32_OUT[device.type]
 
