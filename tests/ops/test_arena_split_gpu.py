@@ -6,20 +6,13 @@ runs the fp32 cases on CPU tensors (small shapes; bf16 and capture need CUDA).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_env import CUDA, DEV, INTERPRET, kernel_test
 
 from dlmrt.ops import reference
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"),
-]
+pytestmark = [pytest.mark.gpu, kernel_test]
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 SHAPES = [(4, 2, 32)] + ([(32, 8, 128), (16, 4, 128)] if CUDA else [])
 

@@ -7,20 +7,13 @@ tl.dot and FP8 casts are wrong, so bf16 / FP8 / capture need CUDA).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_env import CUDA, DEV, INTERPRET, kernel_test
 
 from dlmrt.ops import canvas
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"),
-]
+pytestmark = [pytest.mark.gpu, kernel_test]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 TOL = {
     torch.float32: dict(atol=2e-4, rtol=2e-4),  # H200 fp32 sums over d = 512: up to 1.1e-4 apart

@@ -5,21 +5,12 @@ small vocabularies span many)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_env import CUDA, DEV, INTERPRET, kernel_test
 
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.ops import vocab
-
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-kernel_case = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
-)
-
 
 CAP = 30.0
 
@@ -71,7 +62,7 @@ def _probs_close(got: torch.Tensor, want: torch.Tensor, z: torch.Tensor) -> None
 
 
 @pytest.mark.gpu
-@kernel_case
+@kernel_test
 @pytest.mark.parametrize("rows,v", [(1, 37), (7, 300), (32, 4096), (256, 262144)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # the model's (raw and sc)
 @pytest.mark.parametrize("cap", [CAP, None])

@@ -10,23 +10,15 @@ are not the GPU's).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_env import CUDA, DEV, DTYPES, kernel_test
 
 from dlmrt.models.layers import proportional_rope_cos_sin
 from dlmrt.ops import gemma
 from dlmrt.ops.reference import gemma_rms_norm, rotate
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
-kernel_test = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
-)
 EPS = 1e-6
 
 

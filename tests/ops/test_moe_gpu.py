@@ -7,21 +7,14 @@ cases and the capture tests need CUDA).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_env import CUDA, DEV, kernel_test
 
 from dlmrt import ops
 from dlmrt.ops import reference
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"),
-]
+pytestmark = [pytest.mark.gpu, kernel_test]
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 ROWS = [1, 7, 32, 256]
 

@@ -8,21 +8,13 @@ under TRITON_INTERPRET=1 (fp32 only: the interpreter's bf16 casts are not the GP
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_env import CUDA, DEV, DTYPES, kernel_test
 
 from dlmrt.models.layers import rope_cos_sin
 from dlmrt.ops import reference
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
-kernel_test = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
-)
 EPS = 1e-6
 # bf16: the kernel's tree sum of squares differs from torch's in the last fp32 bits, which can move
 # a rounding by one bf16 step

@@ -8,21 +8,14 @@ tl.dot is broken).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from kernel_env import CUDA, DEV, kernel_test
 
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up
 from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
 
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-kernel_test = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
-)
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 
 

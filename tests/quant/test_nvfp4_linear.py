@@ -7,21 +7,13 @@ machine runs them all, bf16 with real e4m3 scales and a captured graph (`pytest 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_env import CUDA, DEV, kernel_test
 
 from dlmrt.ops.nvfp4 import fake_quant_act, linear_nvfp4
 from dlmrt.quant.nvfp4 import Nvfp4Weight, cat_rows, quantize_nvfp4
-
-CUDA = torch.cuda.is_available()
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEV = "cuda" if CUDA else "cpu"
-kernel_test = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
-)
 
 
 def _weight(n: int, k: int, seed: int, fp32_scales: bool) -> Nvfp4Weight:

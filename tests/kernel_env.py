@@ -1,0 +1,18 @@
+"""Where the Triton kernel tests run: a CUDA device, or the CPU under TRITON_INTERPRET=1 (fp32
+only there: the interpreter's bf16 casts are not the GPU's). Shared by the kernel test files.
+(tests/ is on sys.path through its conftest.py.)"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cuda" if CUDA else "cpu"
+DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
+kernel_test = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
+)
