@@ -107,11 +107,13 @@ def chosen(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, scale: float
 ) -> bool:
     """Whether this block-row arena attention runs FlashAttention-4 (decided once per shape)."""
-    if (fn := varlen_fn()) is None or not fits(q, k):  # the cached None first: cheap when absent
+    if (fn := varlen_fn()) is None:  # cached: cheap when absent
         return False
-    key = (tuple(q.shape), tuple(k.shape), q.dtype, block_size, q.device)
-    if key not in _CHOICE:
-        if envs.fa4() == "on":
+    key = (tuple(q.shape), tuple(k.shape), q.dtype, k.dtype, block_size, q.device)
+    if key not in _CHOICE:  # decided once per key, so the per-call cost is one lookup
+        if not fits(q, k):
+            _CHOICE[key] = False
+        elif envs.fa4() == "on":
             _CHOICE[key] = True
             log.info("arena attention %s over %s: flash-attn-4 (DLMRT_FA4=on)", key[0], key[1])
         elif torch.cuda.is_current_stream_capturing():
