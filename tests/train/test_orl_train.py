@@ -138,7 +138,7 @@ def test_recipe_round_trip_and_errors(tmp_path):
     assert set(shipped) == every  # every knob that has a value, recorded
     assert ORLConfig(**shipped).rollouts_per_prompt == 8
     demo_runs = [f"{t}-orl{v}" for t in ("chain", "sumset") for v in ("", "-no-aec", "-refresh25")]
-    demo_runs.append("sumset-orl-lr1e5")
+    demo_runs += ["sumset-orl-lr1e5", "sumset-orl-no-aec-lr1e5", "sumset-orl-refresh25-lr1e5"]
     for name in demo_runs:  # the ORL demo's runs
         demo = load_recipe(ROOT / "recipes" / f"{name}.toml")
         assert demo.pop("out") == f"runs/{name}" and set(demo) == every, name
