@@ -18,6 +18,7 @@ import torch
 from dlmrt import models
 from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import DTYPES, EngineConfig
+from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.distributed import requests as tp_requests
@@ -165,16 +166,19 @@ class LLM:
         self.canvas_settings = (
             None  # the encoder-decoder style's (same attributes for every family)
         )
+        self.decoder = DecoderDefaults.of_checkpoint(path, self.default_rule, self.config.role)
+        self.default_rule = self.decoder.rule
         mode, fold = self.mode, self.config.fold_commits
         kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8
         self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold, kv)
-        log.info("default rule %s, block %d", self.default_rule, self.model_config.block_size)
+        log.info("default decoder %s, block %d", self.decoder, self.model_config.block_size)
 
     def _setup_canvases(self, path: Path) -> None:
         """DiffusionGemma: the checkpoint's (or role's) canvas settings. Counter noise (the
         default in a graph mode) runs the static path in the engine's mode; torch's draws (the
         default in eager mode: transformers' own noise) run the reference loop."""
         self.mask_id = None
+        self.decoder = None  # the block style's (same attributes for every family)
         kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8
         self.engine = EncoderDecoderEngine(self.model, self.device, self.mode, kv)
         self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
@@ -252,14 +256,11 @@ class LLM:
     def _generate_blocks(self, ids, params: DecodeParams, recorder, on_block, should_stop):
         block = params.block_length or self.model_config.block_size
         check_block_length(len(ids), params, block, self.model_config.max_position_embeddings)
+        name, tau, gamma = self.decoder.resolve(params)  # the request's knobs, else the defaults
         rule = make_rule(
-            params.rule or ("llada_editing" if params.editing else self.default_rule),
-            threshold=params.threshold,
-            entropy_budget=params.entropy_budget,
-            denoising_steps=params.denoising_steps or block,
-            editing=params.editing or "quality",
-            max_post_steps=params.max_post_steps,
-        )
+            name, threshold=tau, entropy_budget=gamma, denoising_steps=params.denoising_steps or block,
+            editing=params.editing or "quality", max_post_steps=params.max_post_steps,
+        )  # fmt: skip
         return self.engine.generate(
             ids, rule=rule, block_length=block, max_new_tokens=params.max_new_tokens,
             mask_id=self.mask_id, stop_ids=self.stop_ids, temperature=params.temperature,

@@ -7,6 +7,10 @@ from typing import Any
 
 from dlmrt.rules import RULE_NAMES
 
+# The block rules' knobs when neither the request nor the checkpoint sets them
+# (dlmrt/decoder_defaults.py says who decides what).
+THRESHOLD = 0.9
+ENTROPY_BUDGET = 0.8
 EDITING_PRESETS = ("quality", "speed")  # thresholds: dlmrt.decoding.llada_editing.PRESETS
 # DecodeParams fields that override a DiffusionGemma checkpoint's canvas-decoder settings.
 CANVAS_FIELDS = (
@@ -31,11 +35,19 @@ class DecodeParams:
         default=None,
         metadata={"help": "acceptance rule; None: the checkpoint's default (ORL: entropy_budget)"},
     )
-    threshold: float = field(
-        default=0.9, metadata={"help": "`threshold` rule: accept rows with confidence > tau"}
+    threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "`threshold` rule: accept rows with confidence > tau; None: the checkpoint's "
+            f"default (generation_config.json 'dlmrt_decoder'), else {THRESHOLD}"
+        },
     )
-    entropy_budget: float = field(
-        default=0.8, metadata={"help": "`entropy_budget` rule: gamma, in nats"}
+    entropy_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "`entropy_budget` rule: gamma, in nats; None: the checkpoint's default, "
+            f"else {ENTROPY_BUDGET}"
+        },
     )
     denoising_steps: int | None = field(
         default=None,
@@ -108,8 +120,10 @@ class DecodeParams:
                     f"editing: applies to rule 'llada_editing' only, not {self.rule!r}"
                 )
         _check_int("max_post_steps", self.max_post_steps, 0)
-        _check_float("threshold", self.threshold, 0.0, 1.0)
-        _check_float("entropy_budget", self.entropy_budget, 0.0, float("inf"))
+        if self.threshold is not None:
+            _check_float("threshold", self.threshold, 0.0, 1.0)
+        if self.entropy_budget is not None:
+            _check_float("entropy_budget", self.entropy_budget, 0.0, float("inf"))
         _check_float("temperature", self.temperature, 0.0, 1e4)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, 2**63 - 1)

@@ -63,7 +63,7 @@ def _run(args: Any, llm: Any, problems: list, points: list) -> int:
     prompts = [_render(p, llm, chat, template[0]) for p in problems]
     runs = []
     for label, value, params in points:
-        label = label or _rule_label(params, llm.default_rule)
+        label = label or _rule_label(params, llm)
         records = run_point(llm, problems, prompts, params, args.timeout, label, args.no_progress)
         runs.append(
             {
@@ -130,12 +130,14 @@ def _value_parser(annotation: str, knob: str):
     return parse
 
 
-def _rule_label(params: DecodeParams, default_rule: str) -> str:
-    rule = params.rule or default_rule
+def _rule_label(params: DecodeParams, llm: Any) -> str:
+    if llm.decoder is None:  # the canvas style: its own settings
+        return params.rule or llm.default_rule
+    rule, threshold, entropy_budget = llm.decoder.resolve(params)
     if rule == "threshold":
-        return f"threshold={params.threshold}"
+        return f"threshold={threshold}"
     if rule == "entropy_budget":
-        return f"entropy_budget={params.entropy_budget}"
+        return f"entropy_budget={entropy_budget}"
     return f"{rule} steps={params.denoising_steps or 'B'}"
 
 

@@ -8,17 +8,17 @@ from dlmrt.decoding.fixed_steps import FixedStepsRule
 from dlmrt.decoding.llada_editing import LLaDAEditingRule
 from dlmrt.decoding.proposal import propose
 from dlmrt.decoding.threshold import ThresholdRule
-from dlmrt.params import DecodeParams
+from dlmrt.params import ENTROPY_BUDGET, THRESHOLD, DecodeParams
 from dlmrt.rules import BLOCK, RULES
 
-_DEFAULTS = DecodeParams()  # the knobs' defaults live on DecodeParams only
+_DEFAULTS = DecodeParams()  # the knobs' defaults live in dlmrt/params.py only
 
 
 def make_rule(
     name: str,
     *,
-    threshold: float = _DEFAULTS.threshold,
-    entropy_budget: float = _DEFAULTS.entropy_budget,
+    threshold: float = THRESHOLD,
+    entropy_budget: float = ENTROPY_BUDGET,
     denoising_steps: int | None = None,
     editing: str = "quality",
     max_post_steps: int = _DEFAULTS.max_post_steps,

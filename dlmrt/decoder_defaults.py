@@ -1,0 +1,79 @@
+"""DecoderDefaults: the block decoder a request gets for the knobs it leaves unset.
+
+Per knob (`rule`, `threshold`, `entropy_budget`), the first that is set wins:
+
+1. the request's own value (`LLM.generate(threshold=...)`, `--threshold`, the HTTP field);
+2. the checkpoint's default, `generation_config.json`:
+   `"dlmrt_decoder": {"rule": "entropy_budget", "entropy_budget": 0.4}`;
+3. dlmrt's: the family's rule for the checkpoint's role (`dlmrt/models/__init__.py`) and the
+   knob defaults `THRESHOLD` / `ENTROPY_BUDGET` of `dlmrt/params.py`.
+
+Why a checkpoint may carry one: a model trained for a decoder setting (an ORL model measured best
+at one entropy budget, say) should decode that way by default, as vLLM applies the sampling
+defaults a model ships in its `generation_config.json`. An explicit `role` (`LLM(role="base")`)
+asks for the family's decoder of that role, so the checkpoint's entry is then not used. Block-style
+families only; DiffusionGemma's canvas decoder reads its own settings (`CanvasSettings`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlmrt.errors import CheckpointError
+from dlmrt.json_file import read_json
+from dlmrt.params import ENTROPY_BUDGET, THRESHOLD, DecodeParams
+from dlmrt.rules import BLOCK, RULES
+
+KEY = "dlmrt_decoder"  # the generation_config.json entry
+KNOBS = ("rule", "threshold", "entropy_budget")
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderDefaults:
+    """The decoder of a request that names none (`resolve` fills a request's unset knobs)."""
+
+    rule: str
+    threshold: float = THRESHOLD
+    entropy_budget: float = ENTROPY_BUDGET
+
+    @classmethod
+    def read(cls, family_rule: str, generation_config: dict[str, Any], path: Path,
+             role: str | None) -> DecoderDefaults:  # fmt: skip
+        """The checkpoint's defaults over the family's rule; CheckpointError naming the file and
+        the key for a malformed entry. `role` set: the family's rule and dlmrt's knobs."""
+        entry = generation_config.get(KEY)
+        if entry is None or role is not None:
+            return cls(family_rule)
+        where = f"{path}: {KEY!r}"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{where}: expected an object, got {entry!r}")
+        unknown = sorted(set(entry) - set(KNOBS))
+        if unknown:
+            raise CheckpointError(
+                f"{where}: unknown key(s) {unknown} (allowed: {', '.join(KNOBS)})"
+            )
+        try:
+            DecodeParams(**entry)  # the same checks (and messages) as a request's knobs
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: {e}") from None
+        rule = entry.get("rule") or family_rule
+        if RULES[rule].style != BLOCK:
+            raise CheckpointError(f"{where}: rule {rule!r} is not a block-style rule")
+        knobs = {k: v for k, v in entry.items() if k != "rule"}
+        return cls(rule, **knobs)
+
+    @classmethod
+    def of_checkpoint(cls, root: Path, family_rule: str, role: str | None) -> DecoderDefaults:
+        """`read` on the generation_config.json of checkpoint directory `root` (if any)."""
+        path = root / "generation_config.json"
+        generation_config = read_json(path, required=False) if root.is_dir() else None
+        return cls.read(family_rule, generation_config or {}, path, role)
+
+    def resolve(self, params: DecodeParams) -> tuple[str, float, float]:
+        """(rule, threshold, entropy_budget) of a request: its values where set, else these."""
+        rule = params.rule or ("llada_editing" if params.editing else self.rule)
+        threshold = self.threshold if params.threshold is None else params.threshold
+        budget = self.entropy_budget if params.entropy_budget is None else params.entropy_budget
+        return rule, threshold, budget
