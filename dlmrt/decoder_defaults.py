@@ -10,9 +10,11 @@ Per knob (`rule`, `threshold`, `entropy_budget`), the first that is set wins:
 
 Why a checkpoint may carry one: a model trained for a decoder setting (an ORL model measured best
 at one entropy budget, say) should decode that way by default, as vLLM applies the sampling
-defaults a model ships in its `generation_config.json`. An explicit `role` (`LLM(role="base")`)
-asks for the family's decoder of that role, so the checkpoint's entry is then not used. Block-style
-families only; DiffusionGemma's canvas decoder reads its own settings (`CanvasSettings`).
+defaults a model ships in its `generation_config.json`. A `role` whose rule differs from the one
+the checkpoint gets without a role (`LLM(role="base")` on an ORL checkpoint) asks for the
+family's decoder of that role, so the checkpoint's entry is then not used; `role="orl"` on an
+ORL checkpoint keeps it. A knob given as null counts as unset. Block-style families only;
+DiffusionGemma's canvas decoder reads its own settings (`CanvasSettings`).
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ class DecoderDefaults:
 
     @classmethod
     def read(cls, family_rule: str, generation_config: dict[str, Any], path: Path,
-             role: str | None) -> DecoderDefaults:  # fmt: skip
+             use_entry: bool = True) -> DecoderDefaults:  # fmt: skip
         """The checkpoint's defaults over the family's rule; CheckpointError naming the file and
-        the key for a malformed entry. `role` set: the family's rule and dlmrt's knobs."""
+        the key for a malformed entry. use_entry False (a role that changes the rule): the
+        family's rule and dlmrt's knobs."""
         entry = generation_config.get(KEY)
-        if entry is None or role is not None:
+        if entry is None or not use_entry:
             return cls(family_rule)
         where = f"{path}: {KEY!r}"
         if not isinstance(entry, dict):
@@ -54,22 +57,23 @@ class DecoderDefaults:
             raise CheckpointError(
                 f"{where}: unknown key(s) {unknown} (allowed: {', '.join(KNOBS)})"
             )
+        entry = {k: v for k, v in entry.items() if v is not None}  # null: unset
         try:
             DecodeParams(**entry)  # the same checks (and messages) as a request's knobs
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: {e}") from None
-        rule = entry.get("rule") or family_rule
+        rule = entry.pop("rule", family_rule)
         if RULES[rule].style != BLOCK:
             raise CheckpointError(f"{where}: rule {rule!r} is not a block-style rule")
-        knobs = {k: v for k, v in entry.items() if k != "rule"}
-        return cls(rule, **knobs)
+        return cls(rule, **entry)
 
     @classmethod
-    def of_checkpoint(cls, root: Path, family_rule: str, role: str | None) -> DecoderDefaults:
-        """`read` on the generation_config.json of checkpoint directory `root` (if any)."""
+    def of_checkpoint(cls, root: Path, family_rule: str, auto_rule: str) -> DecoderDefaults:
+        """`read` on the generation_config.json of checkpoint directory `root` (if any);
+        auto_rule: the family's rule for this checkpoint without a role."""
         path = root / "generation_config.json"
         generation_config = read_json(path, required=False) if root.is_dir() else None
-        return cls.read(family_rule, generation_config or {}, path, role)
+        return cls.read(family_rule, generation_config or {}, path, family_rule == auto_rule)
 
     def resolve(self, params: DecodeParams) -> tuple[str, float, float]:
         """(rule, threshold, entropy_budget) of a request: its values where set, else these."""

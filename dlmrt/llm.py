@@ -143,6 +143,7 @@ class LLM:
         has_adapter = getattr(model, "adapter", None) is not None
         try:
             self.default_rule = self.family.default_rule(config.role, has_adapter)
+            auto_rule = self.family.default_rule(None, has_adapter)  # the rule without a role
         except ValueError as e:
             raise CheckpointError(f"{path / 'config.json'}: {e}") from None
         self.mode, self.mode_reason = tp_setup.agree_mode(
@@ -150,11 +151,11 @@ class LLM:
         )
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         if self.family.style == BLOCK:
-            self._setup_blocks(path)
+            self._setup_blocks(path, auto_rule)
         else:
             self._setup_canvases(path)
 
-    def _setup_blocks(self, path: Path) -> None:
+    def _setup_blocks(self, path: Path, auto_rule: str) -> None:
         # The tokenizer resolves it from config.json first (validated by the loader), then from
         # the tokenizer files.
         self.mask_id = self.tokenizer.mask_token_id
@@ -166,7 +167,7 @@ class LLM:
         self.canvas_settings = (
             None  # the encoder-decoder style's (same attributes for every family)
         )
-        self.decoder = DecoderDefaults.of_checkpoint(path, self.default_rule, self.config.role)
+        self.decoder = DecoderDefaults.of_checkpoint(path, self.default_rule, auto_rule)
         self.default_rule = self.decoder.rule
         mode, fold = self.mode, self.config.fold_commits
         kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8

@@ -228,6 +228,7 @@ def _report(
         "quantization": llm.config.quantization,  # None: as the checkpoint is stored
         "kv_cache_dtype": llm.config.kv_cache_dtype,
         "default_rule": llm.default_rule,
+        "decoder": dataclasses.asdict(llm.decoder) if llm.decoder else None,  # knobs left unset
         "dataset": args.dataset,
         "kind": kind,
         "n_problems": len(problems),

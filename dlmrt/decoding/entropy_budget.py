@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from dlmrt.decoding.base import DecodeRule, Proposal
+from dlmrt.params import ENTROPY_BUDGET
 
 
 @dataclass(frozen=True, slots=True)
 class EntropyBudgetRule(DecodeRule):
-    budget: float = 0.8
+    budget: float = ENTROPY_BUDGET
     name: str = "entropy_budget"
 
     def accept(

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from dlmrt.decoding.base import DecodeRule, Proposal
+from dlmrt.params import THRESHOLD
 
 
 @dataclass(frozen=True, slots=True)
 class ThresholdRule(DecodeRule):
-    threshold: float = 0.9
+    threshold: float = THRESHOLD
     name: str = "threshold"
 
     def accept(

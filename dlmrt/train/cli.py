@@ -62,6 +62,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("src", help="run directory or checkpoint")
     ex.add_argument("dest", help="new model directory")
     ex.add_argument("--dtype", default="bfloat16", help="weights dtype (default: bfloat16)")
+    ex.add_argument("--rule", help="the model's default decoder rule (generation_config.json "
+                    "'dlmrt_decoder', docs/decoding.md); none of the three: the source's entry, if any, is kept")  # fmt: skip
+    ex.add_argument("--threshold", type=float, help="its default `threshold` tau")
+    ex.add_argument("--entropy-budget", type=float, help="its default `entropy_budget` gamma")
     ex.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 
 
@@ -113,13 +117,13 @@ def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
         "--threshold",
         type=float,
         default=None,
-        help="`threshold` rule: accept rows with confidence > tau (default: 0.9)",
+        help="`threshold` rule: accept rows with confidence > tau (default: the checkpoint's, else 0.9)",
     )
     ev.add_argument(
         "--entropy-budget",
         type=float,
         default=None,
-        help="`entropy_budget` rule: gamma, in nats (default: 0.8)",
+        help="`entropy_budget` rule: gamma, in nats (default: the checkpoint's, else 0.8)",
     )
     ev.add_argument("--max-new-tokens", type=int, default=128, help="per problem (default: 128)")
     ev.add_argument(
@@ -148,7 +152,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _eval(args)
     from dlmrt.train.export import export
 
-    print(export(args.src, args.dest, args.dtype))
+    knobs = {"rule": args.rule, "threshold": args.threshold, "entropy_budget": args.entropy_budget}
+    decoder = {k: v for k, v in knobs.items() if v is not None}
+    print(export(args.src, args.dest, args.dtype, decoder))
     return 0
 
 

@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dlmrt.config import DTYPES
+from dlmrt.decoder_defaults import KEY, DecoderDefaults
+from dlmrt.errors import CheckpointError
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 WEIGHTS = "model.safetensors"
@@ -70,14 +72,23 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def export(src: str | Path, dest: str | Path, dtype: str = "bfloat16") -> Path:
+def export(
+    src: str | Path, dest: str | Path, dtype: str = "bfloat16", decoder: dict | None = None
+) -> Path:
     """Copy a model directory (a run, or one of its checkpoints) to `dest`, weights in `dtype`.
 
     Only the HF files are copied (no optimizer state, logs or checkpoints); `dest` must not exist.
+    decoder: the model's own default decoder, e.g. {"rule": "entropy_budget", "entropy_budget":
+    0.4}, written to generation_config.json as "dlmrt_decoder" (`dlmrt/decoder_defaults.py`).
     """
     src, dest = Path(src), Path(dest)
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if decoder:
+        try:  # the loader's own checks, before anything is written
+            DecoderDefaults.read("threshold", {KEY: decoder}, Path("decoder"))
+        except CheckpointError as e:
+            raise ValueError(str(e)) from None
     if not (src / WEIGHTS).is_file():
         raise ValueError(f"{src}: no {WEIGHTS} (not a model directory, or no checkpoint yet)")
     if dest.exists():
@@ -94,5 +105,8 @@ def export(src: str | Path, dest: str | Path, dtype: str = "bfloat16") -> Path:
     cfg = json.loads((tmp / "config.json").read_text())
     cfg["torch_dtype"] = dtype
     write_json(tmp / "config.json", cfg)
+    if decoder:
+        gen = json.loads((tmp / "generation_config.json").read_text())
+        write_json(tmp / "generation_config.json", {**gen, KEY: decoder})
     os.replace(tmp, dest)
     return dest

@@ -24,7 +24,7 @@ from dlmrt.params import DecodeParams
 MAX_NEW = 24
 QUESTIONS = [(1, 2), (12, 30), (7, 8), (100, 23), (5, 5), (9, 9)]
 TOP_FIELDS = {
-    "schema", "created", "dlmrt_version", "model", "device", "dtype", "mode", "default_rule",
+    "schema", "created", "dlmrt_version", "model", "device", "dtype", "mode", "default_rule", "decoder",
     "quantization", "kv_cache_dtype",
     "dataset", "kind", "n_problems", "limit", "shuffle", "chat", "prompt_template", "scorer",
     "timeout_s", "sweep", "runs",

@@ -84,3 +84,23 @@ def test_a_step_without_verified_rollouts_makes_no_optimizer_step(tmp_path, monk
     res = train_orl(cfg, tmp_path / "o", progress=False)
     (entry,) = res.entries
     assert entry["optimizer_step"] is False and entry["verified"] == 0 and "grad_norm" not in entry
+
+
+def test_an_orl_run_does_not_inherit_its_start_models_decoder(tmp_path):
+    """The start model's generation_config.json 'dlmrt_decoder' (its own best decoder) is not the
+    ORL run's: the run directory gets the file without it, the other entries kept."""
+    import shutil
+
+    from dlmrt.demo import demo_model_path
+    from dlmrt.train.orl.run_dir import open_orl_run
+
+    src = tmp_path / "start"
+    shutil.copytree(demo_model_path(), src)
+    gen = json.loads((src / "generation_config.json").read_text())
+    gen["dlmrt_decoder"] = {"rule": "threshold", "threshold": 0.7}
+    (src / "generation_config.json").write_text(json.dumps(gen))
+    cfg = ORLConfig(model=str(src), device="cpu")
+    open_orl_run(cfg, tmp_path / "run", False, torch.device("cpu"))
+    written = json.loads((tmp_path / "run" / "generation_config.json").read_text())
+    del gen["dlmrt_decoder"]
+    assert written == gen

@@ -79,3 +79,30 @@ def test_eval_help_shows_every_default(capsys) -> None:
     for action in takes_value:
         assert action.help and "(default" in action.help, f"{action.option_strings[0]}: no default"
         assert " ".join(action.help.split()) in text
+
+
+def test_export_records_the_models_default_decoder(tmp_path, capsys) -> None:
+    """`train export --rule/--threshold/--entropy-budget` write generation_config.json's
+    'dlmrt_decoder', which the loaded model then decodes with; a bad value writes nothing."""
+    import json
+
+    from dlmrt import LLM
+    from dlmrt.decoder_defaults import DecoderDefaults
+
+    train_sft(tiny(steps=1), tmp_path / "run", progress=False)
+    argv = ["train", "export", str(tmp_path / "run"), str(tmp_path / "shipped")]
+    assert main(argv + ["--rule", "entropy_budget", "--entropy-budget", "0.4"]) == 0
+    gen = json.loads((tmp_path / "shipped" / "generation_config.json").read_text())
+    assert gen["dlmrt_decoder"] == {"rule": "entropy_budget", "entropy_budget": 0.4}
+    assert gen["eos_token_id"]  # the run's entries kept
+    llm = LLM(tmp_path / "shipped", device="cpu")
+    assert llm.decoder == DecoderDefaults("entropy_budget", 0.9, 0.4)
+
+    assert main(argv[:3] + [str(tmp_path / "bad"), "--threshold", "1.5"]) == 2
+    assert "'dlmrt_decoder': threshold: must be in [0.0, 1.0], got 1.5" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert main(argv[:3] + [str(tmp_path / "plain")]) == 0  # no knobs: nothing recorded
+    assert "dlmrt_decoder" not in (tmp_path / "plain" / "generation_config.json").read_text()
+    assert main(argv[:2] + [str(tmp_path / "shipped"), str(tmp_path / "copy")]) == 0
+    copied = json.loads((tmp_path / "copy" / "generation_config.json").read_text())
+    assert copied["dlmrt_decoder"] == gen["dlmrt_decoder"]  # no knobs: the source's entry kept

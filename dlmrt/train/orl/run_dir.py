@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from dlmrt.decoder_defaults import KEY as DECODER_KEY
 from dlmrt.train.export import HF_FILES, WEIGHTS, copy_atomic, latest_checkpoint, write_json
 from dlmrt.train.orl import dist
 from dlmrt.train.orl.config import RESUMABLE, ORLConfig
@@ -57,6 +58,10 @@ def _write_start(model, raw: dict, src: Path, out: Path) -> None:
     for name in HF_FILES[1:]:
         shutil.copyfile(src / name, out / name)
     write_json(out / "config.json", raw)
+    gen = json.loads((out / "generation_config.json").read_text())
+    if gen.pop(DECODER_KEY, None) is not None:  # the start model's decoder is not the run's
+        log.info("ORL run: the start model's %r entry is not copied", DECODER_KEY)
+        write_json(out / "generation_config.json", gen)
 
 
 def _check(cfg: ORLConfig, out: Path, resume: bool) -> Path | None:
