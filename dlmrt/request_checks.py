@@ -22,6 +22,12 @@ def check_rule_style(params: DecodeParams, style: str, architecture: str) -> Non
         return
     if params.editing is not None:
         raise ValueError("editing: applies to rule 'llada_editing' only, not to canvas decoding")
+    block_knobs = [k for k in ("threshold", "entropy_budget") if getattr(params, k) is not None]
+    if block_knobs:
+        raise ValueError(
+            f"{', '.join(block_knobs)}: block-rule settings do not apply to {architecture} "
+            "(its decoder is entropy_bound_canvas: entropy_bound, confidence_threshold, ...)"
+        )
     if rule is not None and rule.style != style:
         raise ValueError(
             f"rule: {params.rule!r} does not apply to {architecture} "

@@ -210,6 +210,7 @@ def _orl(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from dlmrt.llm import LLM
+    from dlmrt.params import DecodeParams
     from dlmrt.train.evaluate import evaluate
     from dlmrt.train.tasks import get_task
 
@@ -231,6 +232,8 @@ def _eval(args: argparse.Namespace) -> int:
         **{k: v for k, v in params.items() if v is not None},
     )
     res = {"model": str(args.model), "rule": args.rule or llm.default_rule, **res}
+    if llm.decoder is not None:  # the knobs the flags left unset: the checkpoint's, else dlmrt's
+        _, res["threshold"], res["entropy_budget"] = llm.decoder.resolve(DecodeParams(**params))
     text = json.dumps(res)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -165,6 +165,8 @@ def test_bad_requests_name_the_problem(llm, base_ckpt):
         llm.generate([7, 8], rule="threshold")
     with pytest.raises(ValueError, match="temperature, block_length"):
         llm.generate([7, 8], temperature=0.5)
+    with pytest.raises(ValueError, match="threshold, entropy_budget: block-rule settings do not"):
+        llm.generate([7, 8], threshold=0.5, entropy_budget=0.4)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         llm.generate([7] * 250, max_new_tokens=16)
     assert set(llm.model_config.image_token_ids) == {255999, 258880, 258882}  # from config.json
