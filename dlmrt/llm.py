@@ -115,14 +115,15 @@ class LLM:
         model: torch.nn.Module,
         tokenizer: Tokenizer,
         *,
-        path: str | Path = ".",
+        path: str | Path,
         role: str | None = None,
         mode: str = "eager",
         fold_commits: bool = True,
     ) -> LLM:
         """An `LLM` around a live model (its current weights, device and dtype), e.g. the
-        trainer's. mode: "eager" by default; graph modes capture the weights' storage, so a
-        graph mode stays correct only while the weights are updated in place."""
+        trainer's; path: its directory (whose generation_config.json applies). mode: "eager" by
+        default; graph modes capture the weights' storage, so a graph mode stays correct only
+        while the weights are updated in place."""
         param = next(model.parameters())
         dtype = next((k for k, v in DTYPES.items() if v == param.dtype), None)
         config = EngineConfig(
