@@ -1,4 +1,10 @@
-"""StopFlag: SIGINT/SIGTERM ask a training loop to save a checkpoint and return."""
+"""StopFlag: SIGINT/SIGTERM ask a training loop to save a checkpoint and return.
+
+Ctrl-C, and `timeout` / a job scheduler's SIGTERM, reach the whole process group: the trainer's
+helper processes (data-loader workers, the verifier pool) call `ignore_stop_signals` so they
+keep serving the step in flight while the trainer finishes it, saves and stops; they exit when
+the trainer shuts them down (or, if it dies, when their pipe to it closes).
+"""
 
 from __future__ import annotations
 
@@ -32,3 +38,9 @@ class StopFlag:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+
+def ignore_stop_signals(*_: Any) -> None:
+    """In a helper process: leave SIGINT/SIGTERM to the trainer (a pool initializer's signature)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)

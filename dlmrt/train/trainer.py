@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from dlmrt.train.model import build_model, count_parameters
 from dlmrt.train.progress import progress_bar
 from dlmrt.train.run_dir import open_run, restore, truncate_log
 from dlmrt.train.sft_loss import normalizer, sft_loss
-from dlmrt.train.stop_flag import StopFlag
+from dlmrt.train.stop_flag import StopFlag, ignore_stop_signals
 from dlmrt.train.tasks import get_task
 
 log = logging.getLogger("dlmrt")
@@ -120,14 +119,9 @@ def _loader(packs: SFTPacks, start: int, stop: int, workers: int, pin: bool):
         pin_memory=pin,
         prefetch_factor=4,
         multiprocessing_context="spawn",
-        worker_init_fn=_ignore_sigint,
+        worker_init_fn=ignore_stop_signals,
     )
     return iter(loader)
-
-
-def _ignore_sigint(worker_id: int) -> None:
-    # Ctrl-C reaches the whole process group: the workers keep going, the trainer saves and stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def train_sft(

@@ -77,6 +77,27 @@ def test_verifier_pool_matches_the_task_verifier():
     assert [r.verified for r in rs] == [True, False]
 
 
+def test_the_verifier_pool_outlives_a_stop_signal_to_the_process_group():
+    """`timeout` / Ctrl-C signal the whole group: the workers must keep serving the step the
+    trainer finishes before it saves (they broke the pool, and the save, before)."""
+    import os
+    import signal
+    import time
+
+    task = get_task("arithmetic")
+    (p,) = step_prompts(task, ORLConfig(prompts_per_step=1), 0)
+    rs = [Rollout(0, [], [], f"The answer is {p.answer}.", p.answer, [], 0)]
+    with VerifierPool("arithmetic", None, 1) as pool:
+        pool.verify(rs)  # the worker is up (its initializer has run)
+        for pid in list(pool.pool._processes):
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.5)
+        rs[0].verified = None
+        pool.verify(rs)
+    assert rs[0].verified is True
+
+
 def test_a_step_without_verified_rollouts_makes_no_optimizer_step(tmp_path, monkeypatch):
     monkeypatch.setattr("dlmrt.train.orl.rollout._verify", lambda task, data, text, answer: False)
     cfg = ORLConfig(steps=1, rollouts_per_prompt=2, max_new_tokens=16, verifier_workers=0,

@@ -20,6 +20,7 @@ from dlmrt.llm import LLM
 from dlmrt.train.data import is_chat
 from dlmrt.train.orl.capture import Rollout, StateCapture
 from dlmrt.train.orl.config import ORLConfig
+from dlmrt.train.stop_flag import ignore_stop_signals
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,11 @@ class VerifierPool:
         self.pool = None
         if workers > 0:
             ctx = multiprocessing.get_context("spawn")
-            self.pool = ProcessPoolExecutor(workers, mp_context=ctx)
+            # The workers ignore the stop signals: a SIGTERM sent to the process group (`timeout`)
+            # must not break the pool under the step that the trainer finishes before it saves.
+            self.pool = ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=ignore_stop_signals
+            )
 
     def verify(self, rollouts: list[Rollout]) -> None:
         """Set each rollout's `verified` flag."""
