@@ -3,10 +3,12 @@
 A query at absolute position p sees arena rows [0, (p // B + 1) * B): the committed prefix plus
 its whole block (bidirectional). Positions live in device memory, so one captured CUDA graph serves
 every block, and the same kernel runs prefill (many blocks), denoising rounds and commit passes.
-Flash-style online softmax with fp32 accumulation; the key loop of a tile of rows stops at the
-furthest end any of its rows can see. Few rows over a long arena (LLaDA's 32-row rounds, QwenDLM's
-256 rows at long contexts) go to the split-KV kernel instead (kernels/arena_attention_split.py),
-picked by shape on the host. Torch twin: `dlmrt.ops.reference.arena_attention`.
+Flash-style online softmax with fp32 accumulation (the tile step: kernels/online_softmax.py); the
+key loop of a tile of rows stops at the furthest end any of its rows can see, and the keys every
+row of the tile sees (a round's whole range) run without the visibility mask. Few rows over a
+long arena (LLaDA's 32-row rounds) go to the split-KV kernel instead
+(kernels/arena_attention_split.py), picked by shape on the host.
+Torch twin: `dlmrt.ops.reference.arena_attention`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .arena_attention_split import arena_attention_split, pick_splits
+from .online_softmax import LOG2E, key_tile
 
 # No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
@@ -51,11 +54,11 @@ def tile_config(
 
 @triton.jit
 def _arena_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, block_size, scale,
+    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, block_size, qk_scale,
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
     rows,
     GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = False,
+    IEEE: tl.constexpr, WHILE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     if PDL:  # programmatic dependent launch: wait for the producer of q/k/v before reading them
         tl.extra.cuda.gdc_wait()
@@ -70,34 +73,35 @@ def _arena_attention_kernel(
     row_end = ((pos // block_size + 1) * block_size).to(tl.int32)
     row_end = tl.where(row_ok, row_end, 0)
     tile_end = tl.max(row_end, 0)
+    # Keys [0, full_end) are seen by every row of the tile (whole key tiles only): no mask there.
+    # A round's rows share one block, so that is all of its keys; prefill tiles mask their tail.
+    full_end = (tl.min(tl.where(row_ok, row_end, tile_end), 0) // BLOCK_N) * BLOCK_N
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
-    for start in range(0, tile_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        in_tile = offs_n < tile_end
-        k = tl.load(
-            k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_tile[:, None], other=0.0
-        ).to(q.dtype)  # fmt: skip (an FP8 arena: dequantized in registers)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        visible = offs_n[None, :] < row_end[:, None]
-        s = tl.where(visible, s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see nothing
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_tile[:, None],
-                    other=0.0).to(q.dtype)  # fmt: skip
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    k_rows = k_ptr + kv_head * stride_kh + offs_d[None, :]
+    v_rows = v_ptr + kv_head * stride_vh + offs_d[None, :]
+    if WHILE:  # the interpreter cannot range() over tensor bounds; a while loop is not pipelined
+        first = full_end * 0
+        while first < full_end:
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, tile_end, qk_scale, False, BLOCK_N,
+                                     IEEE)  # fmt: skip
+            first += BLOCK_N
+        while first < tile_end:
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N,
+                                     IEEE)  # fmt: skip
+            first += BLOCK_N
+    else:
+        for first in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, tile_end, qk_scale, False, BLOCK_N,
+                                     IEEE)  # fmt: skip
+        for first in range(full_end, tile_end, BLOCK_N):
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N,
+                                     IEEE)  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
@@ -143,10 +147,10 @@ def arena_attention(
     block_m, block_n, warps, stages = tiles or tile_config(rows, head_dim, ieee, _smem(q.device))
     grid = (triton.cdiv(rows, block_m), heads)
     _arena_attention_kernel[grid](
-        q, k, v, out, positions, block_size, scale,
+        q, k, v, out, positions, block_size, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), rows,
         GROUPS=heads // k.shape[0], BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        IEEE=ieee, num_warps=warps, num_stages=stages, **pdl.launch(),
+        IEEE=ieee, WHILE=not q.is_cuda, num_warps=warps, num_stages=stages, **pdl.launch(),
     )  # fmt: skip
     return out

@@ -5,8 +5,10 @@ The same rule and interface as kernels/arena_attention.py (row p sees arena rows
 program per (row tile, head) leaves most of the GPU idle: program (tile, head, s) reads only the
 s-th of `splits` equal slices of the tile's visible keys (the slice bounds derived on the device
 from the positions, so the grid is static and the launch capturable), and writes its unnormalised
-partial output with its running max and sum (fp32). A second pass merges the splits per row:
-out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s. Torch twin: `reference.arena_attention`.
+partial output with its running max and sum (fp32; the max in log2 units, as in
+kernels/online_softmax.py, which holds the tile step both arena kernels run). A second pass merges
+the splits per row: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+Torch twin: `reference.arena_attention`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .online_softmax import LOG2E, key_tile
 
 
 # Fixed tiles, no autotuner (a request must never stop to benchmark configs: issue 23); fp32
@@ -27,7 +31,7 @@ def _launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int]:
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, block_size, scale,
+    q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, block_size, qk_scale,
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn,
     rows, heads,
     GROUPS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -49,49 +53,26 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     kv_head = head // GROUPS
-    k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
+    k_rows = k_ptr + kv_head * stride_kh + offs_d[None, :]
+    v_rows = v_ptr + kv_head * stride_vh + offs_d[None, :]
+    # One masked loop: a split holds one to a few key tiles, and a second (unmasked) loop's
+    # prologue cost more than the masks (H200, LLaDA's 32 rows: 10.6 -> 11.0 us per layer at 1k).
     if WHILE:  # the interpreter cannot range() over tensor bounds (explicit calls: no *args)
         first = lo
         while first < hi:
-            acc, m_i, l_i = _tile(acc, m_i, l_i, first, q, k_base, v_base, stride_kn, stride_vn,
-                                  offs_d, row_end, hi, scale, BLOCK_N, IEEE)  # fmt: skip
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, hi, qk_scale, True, BLOCK_N,
+                                     IEEE)  # fmt: skip
             first += BLOCK_N
     else:
         for n0 in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, q, k_base, v_base, stride_kn, stride_vn,
-                                  offs_d, row_end, hi, scale, BLOCK_N, IEEE)  # fmt: skip
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, n0, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, hi, qk_scale, True, BLOCK_N,
+                                     IEEE)  # fmt: skip
     at = (split * heads + head) * rows + offs_m  # [SPLITS, heads, rows] row index
     tl.store(acc_ptr + at[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
     tl.store(ml_ptr + at * 2, m_i, mask=row_ok)
     tl.store(ml_ptr + at * 2 + 1, l_i, mask=row_ok)
-
-
-@triton.jit
-def _tile(acc, m_i, l_i, first, q, k_base, v_base, stride_kn, stride_vn, offs_d, row_end, hi,
-          scale, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """One key tile folded into the online softmax (an FP8 arena dequantized in registers)."""
-    offs_n = first + tl.arange(0, BLOCK_N)
-    in_tile = offs_n < hi
-    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_tile[:, None],
-                other=0.0).to(q.dtype)  # fmt: skip
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    visible = (offs_n[None, :] < row_end[:, None]) & in_tile[None, :]
-    s = tl.where(visible, s * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_tile[:, None],
-                other=0.0).to(q.dtype)  # fmt: skip
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -106,7 +87,7 @@ def _combine_kernel(acc_ptr, ml_ptr, o_ptr, stride_oh, stride_om, rows, heads,
     m = tl.load(ml_ptr + at * 2, mask=s_ok, other=float("-inf"))
     l_s = tl.load(ml_ptr + at * 2 + 1, mask=s_ok, other=0.0)
     m_all = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_all))  # empty splits weigh nothing
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_all))  # empty splits weigh nothing
     acc = tl.load(acc_ptr + at[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     total = tl.sum(w * l_s, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
@@ -129,7 +110,7 @@ def arena_attention_split(
     ieee = q.dtype == torch.float32
     block_m = 16 if rows <= 16 else (32 if rows <= 32 or ieee else 64)
     grid = (triton.cdiv(rows, block_m), heads, splits)
-    args = (q, k, v, positions, acc, ml, block_size, scale,
+    args = (q, k, v, positions, acc, ml, block_size, scale * LOG2E,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             rows, heads)  # fmt: skip
     consts = dict(GROUPS=heads // k.shape[0], SPLITS=splits, HEAD_DIM=head_dim, IEEE=ieee)

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import online_softmax
+
 # bf16 tunes the row / key tiles and the V columns per program (BLOCK_DV 256: half the programs,
 # so the scores are recomputed half as often, but twice the accumulator registers); fp32 (exact
 # "ieee" dots, the parity tests) keeps one small tile.
@@ -44,50 +46,69 @@ def _row_ranges(pos, row_ok, start, rows, window, DECODER: tl.constexpr, SLIDING
 
 
 @triton.jit
-def _scores(q_row, k_row, row_ok, key_ok,
-            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+def _scores(q_row, k_row, row_ok, key_ok, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+            IEEE: tl.constexpr):  # fmt: skip
     """q · k^T over the whole head dim, BLOCK_D columns at a time (fp32)."""
     s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for d0 in tl.static_range(0, HEAD_DIM, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         q = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
-        if IEEE:
-            s += tl.dot(q, tl.trans(k), input_precision="ieee")
+        if MASKED:
+            k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
         else:
-            s += tl.dot(q, tl.trans(k))
+            k = tl.load(k_row + offs_d[None, :]).to(q.dtype)
+        s += online_softmax.scores(q, k, IEEE)
     return s
 
 
 @triton.jit
 def _tile(acc, m_i, l_i, first, q_row, k_base, v_base, stride_kn, stride_vn, offs_v, row_ok,
-          row_lo, row_hi, tile_lo, tile_hi, scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """One key tile [first, first + BLOCK_N) folded into the online softmax."""
+          row_lo, row_hi, tile_lo, tile_hi, qk_scale, MASKED: tl.constexpr,
+          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One key tile [first, first + BLOCK_N) folded into the online softmax. Unmasked (MASKED
+    False): every row sees every key of the tile, all of them inside [tile_lo, tile_hi)."""
     offs_n = first + tl.arange(0, BLOCK_N)
     key_ok = (offs_n >= tile_lo) & (offs_n < tile_hi)  # rows outside are never loaded
     s = _scores(q_row, k_base + offs_n[:, None] * stride_kn, row_ok, key_ok,
-                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
+                HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, MASKED, IEEE) * qk_scale  # fmt: skip
     visible = (offs_n[None, :] >= row_lo[:, None]) & (offs_n[None, :] < row_hi[:, None])
-    s = tl.where(visible, s * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see nothing
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :], mask=key_ok[:, None],
-                other=0.0).to(q_row.dtype.element_ty)  # fmt: skip
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    v_at = v_base + offs_n[:, None] * stride_vn + offs_v[None, :]
+    if MASKED:
+        v = tl.load(v_at, mask=key_ok[:, None], other=0.0)
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i
+        v = tl.load(v_at)
+    v = v.to(q_row.dtype.element_ty)
+    return online_softmax.fold(acc, m_i, l_i, s, v, visible, MASKED, IEEE)
+
+
+@triton.jit
+def _keys(acc, m_i, l_i, lo, hi, q_row, for_keys, tile_hi, qk_scale, MASKED: tl.constexpr,
+          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, IEEE: tl.constexpr, WHILE: tl.constexpr):  # fmt: skip
+    """Key tiles [lo, hi) (lo aligned, or lo >= hi: none), each folded in by `_tile`."""
+    k_base, v_base, stride_kn, stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo = for_keys
+    if WHILE:  # the interpreter cannot range() over tensor bounds; a while loop is not pipelined
+        first = lo
+        while first < hi:
+            acc, m_i, l_i = _tile(acc, m_i, l_i, first, q_row, k_base, v_base, stride_kn,
+                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
+                                  qk_scale, MASKED, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                                  IEEE)  # fmt: skip
+            first += BLOCK_N
+    else:
+        for n0 in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, q_row, k_base, v_base, stride_kn,
+                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
+                                  qk_scale, MASKED, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
+                                  IEEE)  # fmt: skip
+    return acc, m_i, l_i
 
 
 @triton.jit
 def _canvas_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, scale, window,
+    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, qk_scale, window,
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
     rows,
     GROUPS: tl.constexpr, DECODER: tl.constexpr, SLIDING: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -104,35 +125,42 @@ def _canvas_attention_kernel(
     start = tl.min(tl.where(row_ok, pos - offs_m, _FAR), 0)
     row_lo, row_hi = _row_ranges(pos, row_ok, start, rows, window, DECODER, SLIDING)
     tile_lo, tile_hi = tl.min(row_lo, 0), tl.max(row_hi, 0)
+    first = (tile_lo // BLOCK_N) * BLOCK_N  # aligned tile starts
+    # Whole key tiles in [inner_lo, inner_hi) are seen by every row of the tile: no mask there (a
+    # canvas's rows share one range, so that is all but its two edge tiles). Both bounds are
+    # aligned to first's grid, or equal (an empty middle), or inner_lo == tile_hi.
+    last_lo = tl.max(tl.where(row_ok, row_lo, 0), 0)
+    first_hi = tl.min(tl.where(row_ok, row_hi, _FAR), 0)
+    inner_lo = tl.minimum(tl.maximum(tl.cdiv(last_lo, BLOCK_N) * BLOCK_N, first), tile_hi)
+    inner_hi = tl.maximum(tl.minimum((first_hi // BLOCK_N) * BLOCK_N, tile_hi), inner_lo)
     q_row = q_ptr + head * stride_qh + offs_m[:, None] * stride_qm
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
-    first = (tile_lo // BLOCK_N) * BLOCK_N  # aligned tile starts
     # (explicit calls, no *args: a tuple would carry the constexprs as values)
-    if WHILE:  # the interpreter cannot range() over tensor bounds; a while loop is not pipelined
-        while first < tile_hi:
-            acc, m_i, l_i = _tile(acc, m_i, l_i, first, q_row, k_base, v_base, stride_kn,
-                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
-                                  scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
-            first += BLOCK_N
-    else:
-        for n0 in range(first, tile_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, n0, q_row, k_base, v_base, stride_kn,
-                                  stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo, tile_hi,
-                                  scale, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE)  # fmt: skip
+    for_keys = (k_base, v_base, stride_kn, stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo)
+    acc, m_i, l_i = _keys(acc, m_i, l_i, first, inner_lo, q_row, for_keys, tile_hi, qk_scale,
+                          True, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
+    acc, m_i, l_i = _keys(acc, m_i, l_i, inner_lo, inner_hi, q_row, for_keys, tile_hi, qk_scale,
+                          False, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
+    acc, m_i, l_i = _keys(acc, m_i, l_i, inner_hi, tile_hi, q_row, for_keys, tile_hi, qk_scale,
+                          True, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
 
 
-def _launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_DV, num_warps, num_stages): fixed per shape class, no autotuner
-    (a request must never stop to benchmark configs: issue 23)."""
+def launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages): fixed per shape class, no
+    autotuner (a request must never stop to benchmark configs: issue 23)."""
     if ieee:
-        return 32, 32, min(128, head_dim), 4, 2
-    return 64, 32, min(128, head_dim), 4, 3
+        return 32, 32, min(128, head_dim), min(128, head_dim), 4, 2
+    # H200, 256 rows at a 1k context (benchmarks/attention_tiles.py): 64-key tiles took a sliding
+    # layer (head 256) from 34.1 to 27.9 us; the 512-wide full layers do not fit them in shared
+    # memory (311 KB) and keep 32
+    block_n = 64 if head_dim <= 256 else 32
+    return 64, block_n, min(128, head_dim), min(128, head_dim), 4, 3
 
 
 def canvas_attention(
@@ -143,7 +171,9 @@ def canvas_attention(
     decoder: bool,
     window: int,  # the sliding window; 0: a full layer
     scale: float,
+    tiles: tuple[int, int, int, int, int, int] | None = None,
 ) -> torch.Tensor:  # [heads, rows, head_dim], a view of a row-major [rows, heads, head_dim]
+    """`tiles` overrides `launch_tile` (benchmarks/attention_tiles.py)."""
     heads, rows, head_dim = q.shape
     if (head_dim % 128) if head_dim > 128 else (head_dim < 16 or head_dim & (head_dim - 1)):
         raise ValueError(
@@ -151,24 +181,25 @@ def canvas_attention(
             "of 128"
         )
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
-    block_d = min(head_dim, 128)
     consts = dict(GROUPS=heads // k.shape[0], DECODER=bool(decoder), SLIDING=window > 0,
-                  HEAD_DIM=head_dim, BLOCK_D=block_d)  # fmt: skip
-    args = (q, k, v, out, positions, scale, max(window, 1),
+                  HEAD_DIM=head_dim)  # fmt: skip
+    args = (q, k, v, out, positions, scale * online_softmax.LOG2E, max(window, 1),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), rows)  # fmt: skip
     ieee = q.dtype == torch.float32
     if not q.is_cuda:  # TRITON_INTERPRET=1 on the CPU: the interpreter's loop form
+        block_d = min(head_dim, 128)
         grid = (triton.cdiv(rows, 16), heads, head_dim // block_d)
         _canvas_attention_kernel[grid](
-            *args, **consts, BLOCK_M=16, BLOCK_N=16, BLOCK_DV=block_d, IEEE=ieee, WHILE=True
-        )
+            *args, **consts, BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, BLOCK_DV=block_d,
+            IEEE=ieee, WHILE=True,
+        )  # fmt: skip
         return out
 
-    block_m, block_n, block_dv, warps, stages = _launch_tile(head_dim, ieee)
+    block_m, block_n, block_d, block_dv, warps, stages = tiles or launch_tile(head_dim, ieee)
     grid = (triton.cdiv(rows, block_m), heads, head_dim // block_dv)
     _canvas_attention_kernel[grid](
-        *args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DV=block_dv, IEEE=ieee,
-        WHILE=False, num_warps=warps, num_stages=stages,
+        *args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        IEEE=ieee, WHILE=False, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -70,8 +70,9 @@ def test_partial_qk_norm_rope_kernel(dtype, rows, heads, d, rot, at_positions):
 @pytest.mark.parametrize("arena_fp8", [False, True])
 @pytest.mark.parametrize(
     "rows,heads,kv,d,rot",
-    [(1, 2, 1, 64, 64), (7, 4, 2, 64, 32), (32, 16, 4, 128, 64), (40, 8, 8, 128, 128)],
-)
+    [(1, 2, 1, 64, 64), (7, 4, 2, 64, 32), (32, 16, 4, 128, 64), (40, 8, 8, 128, 128),
+     (256, 8, 4, 64, 32), (512, 16, 8, 64, 64)],  # four / eight heads per program
+)  # fmt: skip
 def test_qkv_norm_rope_kernel(dtype, arena_fp8, rows, heads, kv, d, rot):
     """q returned head-major; k and v land at their arena rows; no other arena row is touched."""
     if arena_fp8 and not CUDA:
@@ -99,3 +100,13 @@ def test_qkv_norm_rope_kernel(dtype, arena_fp8, rows, heads, kv, d, rot):
     untouched[pos] = False
     assert (k_got[:, untouched].float() == 0.25).all()
     assert (v_got[:, untouched].float() == -0.5).all()
+
+
+def test_heads_per_program_keeps_groups_whole_and_the_launch_wide():
+    from dlmrt._kernels.qk_norm_rope import heads_per_program
+
+    assert heads_per_program(256, 48, 32, 8) == 8  # QwenDLM's round: 1,536 programs
+    assert heads_per_program(32, 24, 16, 4) == 1  # LLaDA's 32 rows: 768 programs already
+    assert heads_per_program(256, 16, 16) == 4  # DiffusionGemma's q: 1,024 programs
+    assert heads_per_program(4096, 14, 12, 1) == 1  # one KV head: programs never straddle q / k
+    assert heads_per_program(4096, 20, 16, 2) == 2
