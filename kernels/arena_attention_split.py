@@ -120,6 +120,14 @@ def arena_attention_split(
                             num_warps=warps, num_stages=stages)  # fmt: skip
     else:  # TRITON_INTERPRET=1: the interpreter's loop form
         _split_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=16, WHILE=True)
+    return combine_splits(acc, ml, out)
+
+
+def combine_splits(acc: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Merge split partials (acc [splits, heads, rows, D] fp32 unnormalised, ml [splits, heads,
+    rows, 2]: running max in log2 units and sum) into out [heads, rows, D] (any row / head strides,
+    unit stride in D). Also the canvas kernel's second pass (kernels/canvas_attention.py)."""
+    splits, heads, rows, head_dim = acc.shape
     _combine_kernel[(rows, heads)](
         acc, ml, out, out.stride(0), out.stride(1), rows, heads,
         SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim,

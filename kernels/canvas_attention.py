@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from . import online_softmax
+from .arena_attention_split import combine_splits
 
 # bf16 tunes the row / key tiles and the V columns per program (BLOCK_DV 256: half the programs,
 # so the scores are recomputed half as often, but twice the accumulator registers); fp32 (exact
@@ -107,15 +108,37 @@ def _keys(acc, m_i, l_i, lo, hi, q_row, for_keys, tile_hi, qk_scale, MASKED: tl.
 
 
 @triton.jit
+def _split_ranges(row_ok, row_lo, row_hi, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's key tiles: [lo, a) and [b, hi) masked, [a, b) unmasked (whole tiles that
+    every row of the tile sees: a canvas's rows share one range, so that is all but its two edge
+    tiles), the `split`-th of SPLITS equal slices of whole tiles. All bounds sit on the aligned
+    tile grid from the first tile, except tile_hi (only ever the end of a masked range)."""
+    tile_lo, tile_hi = tl.min(row_lo, 0), tl.max(row_hi, 0)
+    first = (tile_lo // BLOCK_N) * BLOCK_N
+    last_lo = tl.max(tl.where(row_ok, row_lo, 0), 0)
+    first_hi = tl.min(tl.where(row_ok, row_hi, _FAR), 0)
+    inner_lo = tl.minimum(tl.maximum(tl.cdiv(last_lo, BLOCK_N) * BLOCK_N, first), tile_hi)
+    inner_hi = tl.maximum(tl.minimum((first_hi // BLOCK_N) * BLOCK_N, tile_hi), inner_lo)
+    chunk = tl.cdiv(tl.cdiv(tile_hi - first, SPLITS), BLOCK_N) * BLOCK_N
+    lo = first + split * chunk
+    hi = tl.minimum(lo + chunk, tile_hi)
+    a = tl.minimum(tl.maximum(inner_lo, lo), hi)
+    b = tl.minimum(tl.maximum(inner_hi, lo), hi)
+    return tile_lo, tile_hi, lo, a, b, hi
+
+
+@triton.jit
 def _canvas_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, qk_scale, window,
+    q_ptr, k_ptr, v_ptr, o_ptr, acc_ptr, ml_ptr, pos_ptr, qk_scale, window,
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
     rows,
     GROUPS: tl.constexpr, DECODER: tl.constexpr, SLIDING: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    IEEE: tl.constexpr, WHILE: tl.constexpr,
+    SPLITS: tl.constexpr, IEEE: tl.constexpr, WHILE: tl.constexpr,
 ):  # fmt: skip
-    pid_m, head, pid_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_m, head = tl.program_id(0), tl.program_id(1)
+    slices = HEAD_DIM // BLOCK_DV  # V / output columns per program: program_id(2) = split, slice
+    pid_v, split = tl.program_id(2) % slices, tl.program_id(2) // slices
     kv_head = head // GROUPS
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_v = pid_v * BLOCK_DV + tl.arange(0, BLOCK_DV)
@@ -124,15 +147,7 @@ def _canvas_attention_kernel(
     # positions are consecutive: every row gives the pass start (a vector op, not a scalar load)
     start = tl.min(tl.where(row_ok, pos - offs_m, _FAR), 0)
     row_lo, row_hi = _row_ranges(pos, row_ok, start, rows, window, DECODER, SLIDING)
-    tile_lo, tile_hi = tl.min(row_lo, 0), tl.max(row_hi, 0)
-    first = (tile_lo // BLOCK_N) * BLOCK_N  # aligned tile starts
-    # Whole key tiles in [inner_lo, inner_hi) are seen by every row of the tile: no mask there (a
-    # canvas's rows share one range, so that is all but its two edge tiles). Both bounds are
-    # aligned to first's grid, or equal (an empty middle), or inner_lo == tile_hi.
-    last_lo = tl.max(tl.where(row_ok, row_lo, 0), 0)
-    first_hi = tl.min(tl.where(row_ok, row_hi, _FAR), 0)
-    inner_lo = tl.minimum(tl.maximum(tl.cdiv(last_lo, BLOCK_N) * BLOCK_N, first), tile_hi)
-    inner_hi = tl.maximum(tl.minimum((first_hi // BLOCK_N) * BLOCK_N, tile_hi), inner_lo)
+    tile_lo, tile_hi, lo, a, b, hi = _split_ranges(row_ok, row_lo, row_hi, split, SPLITS, BLOCK_N)
     q_row = q_ptr + head * stride_qh + offs_m[:, None] * stride_qm
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -140,27 +155,34 @@ def _canvas_attention_kernel(
     k_base, v_base = k_ptr + kv_head * stride_kh, v_ptr + kv_head * stride_vh
     # (explicit calls, no *args: a tuple would carry the constexprs as values)
     for_keys = (k_base, v_base, stride_kn, stride_vn, offs_v, row_ok, row_lo, row_hi, tile_lo)
-    acc, m_i, l_i = _keys(acc, m_i, l_i, first, inner_lo, q_row, for_keys, tile_hi, qk_scale,
+    acc, m_i, l_i = _keys(acc, m_i, l_i, lo, a, q_row, for_keys, tile_hi, qk_scale,
                           True, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
-    acc, m_i, l_i = _keys(acc, m_i, l_i, inner_lo, inner_hi, q_row, for_keys, tile_hi, qk_scale,
+    acc, m_i, l_i = _keys(acc, m_i, l_i, a, b, q_row, for_keys, tile_hi, qk_scale,
                           False, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
-    acc, m_i, l_i = _keys(acc, m_i, l_i, inner_hi, tile_hi, q_row, for_keys, tile_hi, qk_scale,
+    acc, m_i, l_i = _keys(acc, m_i, l_i, b, hi, q_row, for_keys, tile_hi, qk_scale,
                           True, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+    if SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+    else:  # partials, merged by the arena split kernel's second pass
+        at = (split * tl.num_programs(1) + head) * rows + offs_m  # [SPLITS, heads, rows]
+        tl.store(acc_ptr + at[:, None] * HEAD_DIM + offs_v[None, :], acc, mask=row_ok[:, None])
+        first_v = row_ok & (pid_v == 0)  # every V slice holds the same max and sum
+        tl.store(ml_ptr + at * 2, m_i, mask=first_v)
+        tl.store(ml_ptr + at * 2 + 1, l_i, mask=first_v)
 
 
-def launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages): fixed per shape class, no
-    autotuner (a request must never stop to benchmark configs: issue 23)."""
+def launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages, key splits): fixed per shape
+    class, no autotuner (a request must never stop to benchmark configs: issue 23)."""
     if ieee:
-        return 32, 32, min(128, head_dim), min(128, head_dim), 4, 2
+        return 32, 32, min(128, head_dim), min(128, head_dim), 4, 2, 1
     # H200, 256 rows at a 1k context (benchmarks/attention_tiles.py): 64-key tiles took a sliding
     # layer (head 256) from 34.1 to 27.9 us; the 512-wide full layers do not fit them in shared
     # memory (311 KB) and keep 32
     block_n = 64 if head_dim <= 256 else 32
-    return 64, block_n, min(128, head_dim), min(128, head_dim), 4, 3
+    return 64, block_n, min(128, head_dim), min(128, head_dim), 4, 3, 1
 
 
 def canvas_attention(
@@ -171,9 +193,11 @@ def canvas_attention(
     decoder: bool,
     window: int,  # the sliding window; 0: a full layer
     scale: float,
-    tiles: tuple[int, int, int, int, int, int] | None = None,
+    tiles: tuple[int, int, int, int, int, int, int] | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:  # [heads, rows, head_dim], a view of a row-major [rows, heads, head_dim]
-    """`tiles` overrides `launch_tile` (benchmarks/attention_tiles.py)."""
+    """`tiles` overrides `launch_tile` (benchmarks/attention_tiles.py); `splits` its key splits
+    (on the CPU too: the interpreter's tests of the split path)."""
     heads, rows, head_dim = q.shape
     if (head_dim % 128) if head_dim > 128 else (head_dim < 16 or head_dim & (head_dim - 1)):
         raise ValueError(
@@ -181,25 +205,27 @@ def canvas_attention(
             "of 128"
         )
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
-    consts = dict(GROUPS=heads // k.shape[0], DECODER=bool(decoder), SLIDING=window > 0,
-                  HEAD_DIM=head_dim)  # fmt: skip
-    args = (q, k, v, out, positions, scale * online_softmax.LOG2E, max(window, 1),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            out.stride(0), out.stride(1), rows)  # fmt: skip
     ieee = q.dtype == torch.float32
-    if not q.is_cuda:  # TRITON_INTERPRET=1 on the CPU: the interpreter's loop form
-        block_d = min(head_dim, 128)
-        grid = (triton.cdiv(rows, 16), heads, head_dim // block_d)
-        _canvas_attention_kernel[grid](
-            *args, **consts, BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, BLOCK_DV=block_d,
-            IEEE=ieee, WHILE=True,
-        )  # fmt: skip
-        return out
-
-    block_m, block_n, block_d, block_dv, warps, stages = tiles or launch_tile(head_dim, ieee)
-    grid = (triton.cdiv(rows, block_m), heads, head_dim // block_dv)
+    if q.is_cuda:
+        block_m, block_n, block_d, block_dv, warps, stages, pick = tiles or launch_tile(
+            head_dim, ieee
+        )
+        launch = dict(WHILE=False, num_warps=warps, num_stages=stages)
+    else:  # TRITON_INTERPRET=1 on the CPU: the interpreter's loop form, small tiles
+        block_m = block_n = 16
+        block_d = block_dv = min(head_dim, 128)
+        pick, launch = 1, dict(WHILE=True)
+    splits = splits or pick
+    # the split partials (fp32) and their maxima and sums; a 1-split launch never touches them
+    acc = torch.empty((splits, heads, rows, head_dim) if splits > 1 else (1,), device=q.device)
+    ml = torch.empty((splits, heads, rows, 2) if splits > 1 else (1,), device=q.device)
+    grid = (triton.cdiv(rows, block_m), heads, head_dim // block_dv * splits)
     _canvas_attention_kernel[grid](
-        *args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
-        IEEE=ieee, WHILE=False, num_warps=warps, num_stages=stages,
+        q, k, v, out, acc, ml, positions, scale * online_softmax.LOG2E, max(window, 1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), rows,
+        GROUPS=heads // k.shape[0], DECODER=bool(decoder), SLIDING=window > 0, BLOCK_M=block_m,
+        BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, SPLITS=splits,
+        IEEE=ieee, **launch,
     )  # fmt: skip
-    return out
+    return combine_splits(acc, ml, out) if splits > 1 else out
