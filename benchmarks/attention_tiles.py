@@ -1,4 +1,4 @@
-"""Arena attention tiles and key splits at the block styles' round shapes (one H200, bf16).
+"""Attention tiles and key splits at the models' round shapes (one H200, bf16).
 
 python benchmarks/attention_tiles.py [--out results/attention_tiles_h200_DATE.json]
 
@@ -9,6 +9,9 @@ is `LAYERS` back-to-back calls on distinct arena layers captured in one CUDA gra
 runs them), so a call's time includes its launch inside a graph but not a graph launch. Reports
 us per call, the shipped choice (`tile_config`, `pick_splits`), and the floors: FLOPs
 (4 rows keys heads dim at 790 TFLOP/s) and bytes (K and V of the visible keys at 4.3 TB/s).
+DiffusionGemma-26B-A4B's canvas attention (`kernels/canvas_attention.py`, 256 rows, sliding layers
+16 / 8 x 256 with a 1,024 window, full layers 16 / 2 x 512) under its candidate (BLOCK_M, BLOCK_N,
+BLOCK_D, BLOCK_DV, num_warps, num_stages, splits): the `canvas` rows.
 """
 
 from __future__ import annotations
@@ -24,9 +27,8 @@ from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
 LAYERS, ARENA, PEAK_FLOPS = 16, 8192, 790e12
 SHAPES = {"llada2_32": (32, 16, 4), "qwen_dlm_256": (256, 32, 8)}  # rows, heads, kv heads
 TILES = {
-    32: [(32, 64, 4, 3), (32, 128, 4, 3), (32, 64, 4, 4), (32, 32, 4, 3), (32, 64, 8, 3)],
-    256: [(64, 64, 4, 3), (64, 128, 4, 3), (32, 128, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 2),
-          (128, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3)],
+    32: [(32, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3)],
+    256: [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 3)],
 }  # fmt: skip
 SPLITS = {32: [2, 4, 8, 16], 256: [2, 4]}
 
@@ -90,6 +92,54 @@ def case(name: str, context: int, iters: int) -> dict:
     return row
 
 
+CANVAS = {"dg_sliding": (16, 8, 256, 1024), "dg_full": (16, 2, 512, 0)}  # heads, kv, dim, window
+CANVAS_TILES = {
+    256: [(64, 32, 128, 128, 4, 3, 1), (64, 64, 128, 128, 4, 3, 1), (64, 64, 128, 128, 4, 3, 2),
+          (64, 64, 128, 256, 8, 2, 2), (64, 64, 256, 128, 4, 2, 1)],
+    512: [(64, 32, 128, 128, 4, 3, 1), (64, 32, 128, 256, 8, 3, 1), (64, 32, 128, 512, 8, 2, 1),
+          (64, 32, 128, 512, 8, 2, 2), (64, 32, 128, 512, 8, 2, 4), (32, 32, 128, 512, 4, 2, 2)],
+}  # fmt: skip
+
+
+def canvas_case(name: str, context: int, iters: int) -> dict:
+    from dlmrt._kernels.canvas_attention import canvas_attention, launch_tile
+    from dlmrt.ops import canvas
+
+    heads, kv_heads, dim, window = CANVAS[name]
+    rows = 256
+    gen = torch.Generator("cuda").manual_seed(context + dim)
+    q = torch.randn(heads, rows, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+    kv = torch.randn(2, LAYERS, kv_heads, context + rows + 64, dim, device="cuda", generator=gen,
+                     dtype=torch.bfloat16)  # fmt: skip
+    pos = torch.arange(context, context + rows, device="cuda")
+    ref = canvas.canvas_attention(q.float(), kv[0, 0].float(), kv[1, 0].float(), pos, True,
+                                  window, 1.0)  # fmt: skip
+    keys = context + rows if window == 0 else min(context, window - 1) + rows
+    row = {
+        "case": name, "context": context, "shipped_tiles": list(launch_tile(dim, False)),
+        "floor_flops_us": round(4 * rows * keys * heads * dim / PEAK_FLOPS * 1e6, 2),
+        "floor_bytes_us": round(2 * kv_heads * keys * dim * 2 / PEAK_BYTES * 1e6, 2),
+        "tiles_us": {}, "max_abs_diff": 0.0,
+    }  # fmt: skip
+    for tiles in [None] + CANVAS_TILES[dim]:
+
+        def fn(tiles=tiles):
+            for layer in range(LAYERS):
+                canvas_attention(q, kv[0, layer], kv[1, layer], pos, True, window, 1.0, tiles)
+
+        try:
+            out = canvas_attention(q, kv[0, 0], kv[1, 0], pos, True, window, 1.0, tiles)
+            us = round(_per_call_us(fn, iters), 2)
+        except Exception as exc:  # a tile that does not fit (shared memory): recorded, skipped
+            row["tiles_us"][str(tiles)] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+            continue
+        row["tiles_us"]["shipped" if tiles is None else "x".join(map(str, tiles))] = us
+        diff = float((out.float() - ref).abs().max())
+        row["max_abs_diff"] = max(row["max_abs_diff"], diff)
+    print(row, flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,6 +150,7 @@ def main() -> None:
     ap.add_argument("--git-revision", default=None)
     args = ap.parse_args()
     rows = [case(name, c, args.iters) for name in SHAPES for c in args.contexts]
+    rows += [canvas_case(name, c, args.iters) for name in CANVAS for c in args.contexts]
     write_result(args.out, {"benchmark": "attention_tiles", "command": " ".join(sys.argv),
                             "layers_per_graph": LAYERS, "results": rows}, args.git_revision)  # fmt: skip
 

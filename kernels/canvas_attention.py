@@ -8,11 +8,14 @@ already written its own K/V at those rows. Which arena rows a query row sees:
 
 (W the sliding window; the same sets as the masks of `dlmrt.ops.canvas_attention`'s torch twin.)
 No mask tensor and no gather: a tile of rows loops only over the union of its rows' ranges, so a
-sliding layer costs O(window) whatever the context length. The head dim (512 on the full layers)
-is split across programs along V / the output (BLOCK_DV = 128 columns each, a fixed tile;
-every program reads the whole K row for the scores, in BLOCK_D chunks to bound registers). An FP8 arena is dequantized in
-registers (`.to(q.dtype)`). K and V are separate arena tensors even on DiffusionGemma's K = V full
-layers (K is normed with a gain and roped, V normed without), so both are read.
+sliding layer costs O(window) whatever the context length; the key tiles every row of the tile
+sees run unmasked (kernels/online_softmax.py holds the tile step). The output columns may be
+split across programs (BLOCK_DV; every program then recomputes the scores, reading the whole K
+row in BLOCK_D chunks to bound registers), and the keys too (SPLITS; partials merged by
+kernels/arena_attention_split.py's second pass). Tiles and splits per head dim: `launch_tile`.
+An FP8 arena is dequantized in registers (`.to(q.dtype)`). K and V are separate arena tensors even
+on DiffusionGemma's K = V full layers (K is normed with a gain and roped, V normed without), so
+both are read.
 Torch twin: `dlmrt.ops.canvas.canvas_attention`.
 """
 
@@ -178,10 +181,14 @@ def launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int, int
     class, no autotuner (a request must never stop to benchmark configs: issue 23)."""
     if ieee:
         return 32, 32, min(128, head_dim), min(128, head_dim), 4, 2, 1
-    # H200, 256 rows at a 1k context (benchmarks/attention_tiles.py): 64-key tiles took a sliding
-    # layer (head 256) from 34.1 to 27.9 us; the 512-wide full layers do not fit them in shared
-    # memory (311 KB) and keep 32
-    block_n = 64 if head_dim <= 256 else 32
+    # H200, 256 rows, one layer (benchmarks/attention_tiles.py; numbers: docs/kernels.md):
+    # DiffusionGemma's full layers (head 512) hold all 512 output columns in one program (the
+    # scores computed once, not once per 128 columns) over two key splits: 93.5 -> 76.6 us at a 1k
+    # context, 287 -> 225 at 4k; sliding layers (head 256) take 64-key tiles (34.1 -> 28.4 us)
+    # and no split (two: 41.6, the partials' round trip costs more than the programs buy).
+    if head_dim == 512:
+        return 64, 32, 128, 512, 8, 2, 2
+    block_n = 64 if head_dim <= 256 else 32  # 64-key tiles at head 512: 311 KB of shared memory
     return 64, block_n, min(128, head_dim), min(128, head_dim), 4, 3, 1
 
 

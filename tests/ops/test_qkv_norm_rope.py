@@ -90,8 +90,10 @@ def test_qkv_norm_rope_kernel(dtype, arena_fp8, rows, heads, kv, d, rot):
     assert q_got.shape == (heads, rows, d)
     torch.testing.assert_close(q_got, q_want, **TOL[dtype])
     # an FP8 arena: a bf16 step between kernel and twin can move an e4m3 rounding by one step,
-    # rarely (1/8 relative; 2^-9 near zero, the smallest subnormal: both seen on the H200)
-    tol = dict(atol=2.0**-9, rtol=0.126) if arena_fp8 else TOL[dtype]
+    # rarely (1/8 relative; 2^-9 near zero, the smallest subnormal: both seen on the H200). Near
+    # zero RoPE's sum x*cos + rot*sin cancels, and one bf16 step of a term of size ~1 (2^-8) is then
+    # two subnormal steps of the result (7 of 1M keys at 512 rows, H200): atol 2^-7 covers it
+    tol = dict(atol=2.0**-7, rtol=0.126) if arena_fp8 else TOL[dtype]
     torch.testing.assert_close(k_got.float(), k_want.float(), **tol)
     if arena_fp8:
         assert (k_got.float() == k_want.float()).float().mean() > 0.99
