@@ -122,3 +122,34 @@ def test_peer_transformers_runs_both_engines_on_one_checkpoint(tmp_path):
     assert set(results) == {"transformers", "dlmrt_eager"}
     assert all(r["tokens_per_s"] > 0 and r["ms_per_step"] > 0 for r in results.values())
     assert json.loads(out.read_text())["results"] == results
+
+
+def test_round_history_keeps_the_shipped_runs_in_time_order(tmp_path):
+    """bf16 block_graph runs of the shipped configuration, ordered by when they were written;
+    experiments named in the file, other weights, an FP8 arena and LLaDA's all-mask canvas
+    left out."""
+    import json
+
+    history = _load("round_history_plot")
+
+    def write(
+        name, model, when, ms, weights="bf16", kv="auto", canvas="random", mode="block_graph"
+    ):
+        shape = {"canvas": canvas, "dtype": {"weights": weights, "kv_cache": kv}}
+        row = {"context": 1024, "mode": mode, "ms_per_round": ms, "floor_ms": 1.0}
+        data = {"model": model, "date": when, "git_revision": "abc1234def", "shape": shape}
+        (tmp_path / f"round_latency_{name}.json").write_text(json.dumps(data | {"results": [row]}))
+
+    write("qwen_dlm_b", "qwen_dlm", "2026-12-02T10:00:00+00:00", 5.5)
+    write("qwen_dlm_a", "qwen_dlm", "2026-12-02T12:00:00+00:00", 5.4)  # later, sorts first by name
+    write("qwen_dlm_fa4on", "qwen_dlm", "2026-12-02T13:00:00+00:00", 5.3)
+    write("qwen_dlm_x", "qwen_dlm", "2026-12-02T13:00:00+00:00", 5.0, weights="fp8")
+    write("qwen_dlm_y", "qwen_dlm", "2026-12-02T13:00:00+00:00", 5.0, kv="fp8")
+    write("qwen_dlm_z", "qwen_dlm", "2026-12-02T13:00:00+00:00", 5.0, mode="eager")
+    write("llada2_a", "llada2", "2026-12-02T13:00:00+00:00", 3.9)
+    write("llada2_b", "llada2", "2026-12-02T13:00:00+00:00", 3.0, canvas="masks")
+    runs = history.shipped_runs(str(tmp_path))
+    assert [r["ms"] for r in runs[("qwen_dlm", 1024)]] == [5.5, 5.4]
+    assert runs[("qwen_dlm", 1024)][0]["revision"] == "abc1234"
+    assert [r["ms"] for r in runs[("llada2", 1024)]] == [3.9]
+    assert runs[("diffusion_gemma", 1024)] == []
