@@ -74,7 +74,8 @@ def _arena_attention_kernel(
     row_end = tl.where(row_ok, row_end, 0)
     tile_end = tl.max(row_end, 0)
     # Keys [0, full_end) are seen by every row of the tile (whole key tiles only): no mask there.
-    # A round's rows share one block, so that is all of its keys; prefill tiles mask their tail.
+    # A round's rows share one block: all its key tiles but a partial last one (a block end off
+    # the BLOCK_N grid); prefill tiles mask from their first row's end, rounded down to a tile.
     full_end = (tl.min(tl.where(row_ok, row_end, tile_end), 0) // BLOCK_N) * BLOCK_N
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)

@@ -28,9 +28,6 @@ import triton.language as tl
 from . import online_softmax
 from .arena_attention_split import combine_splits
 
-# bf16 tunes the row / key tiles and the V columns per program (BLOCK_DV 256: half the programs,
-# so the scores are recomputed half as often, but twice the accumulator registers); fp32 (exact
-# "ieee" dots, the parity tests) keeps one small tile.
 _FAR = tl.constexpr(1 << 30)  # a padded row's range start: never the tile's minimum
 
 
@@ -183,9 +180,10 @@ def launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int, int
         return 32, 32, min(128, head_dim), min(128, head_dim), 4, 2, 1
     # H200, 256 rows, one layer (benchmarks/attention_tiles.py; numbers: docs/kernels.md):
     # DiffusionGemma's full layers (head 512) hold all 512 output columns in one program (the
-    # scores computed once, not once per 128 columns) over two key splits: 93.5 -> 76.6 us at a 1k
-    # context, 287 -> 225 at 4k; sliding layers (head 256) take 64-key tiles (34.1 -> 28.4 us)
-    # and no split (two: 41.6, the partials' round trip costs more than the programs buy).
+    # scores computed once, not once per 128 columns) over two key splits: 94.4 -> 77.2 us at a 1k
+    # context, 286.7 -> 225.4 at 4k; sliding layers (head 256) take 64-key tiles (34.2 -> 28.5 us)
+    # and no split (two: 42.2, the partials' round trip costs more than the programs buy). fp32
+    # (exact "ieee" dots, the parity tests) keeps one small tile.
     if head_dim == 512:
         return 64, 32, 128, 512, 8, 2, 2
     block_n = 64 if head_dim <= 256 else 32  # 64-key tiles at head 512: 311 KB of shared memory
@@ -203,8 +201,9 @@ def canvas_attention(
     tiles: tuple[int, int, int, int, int, int, int] | None = None,
     splits: int | None = None,
 ) -> torch.Tensor:  # [heads, rows, head_dim], a view of a row-major [rows, heads, head_dim]
-    """`tiles` overrides `launch_tile` (benchmarks/attention_tiles.py); `splits` its key splits
-    (on the CPU too: the interpreter's tests of the split path)."""
+    """`tiles` overrides `launch_tile` on CUDA (benchmarks/attention_tiles.py; the interpreter
+    keeps its 16-row tiles); `splits` overrides the key splits, on the CPU too (the interpreter's
+    tests of the split path). Key splits need a power-of-two head dim (the merge pass's columns)."""
     heads, rows, head_dim = q.shape
     if (head_dim % 128) if head_dim > 128 else (head_dim < 16 or head_dim & (head_dim - 1)):
         raise ValueError(
@@ -223,9 +222,14 @@ def canvas_attention(
         block_d = block_dv = min(head_dim, 128)
         pick, launch = 1, dict(WHILE=True)
     splits = splits or pick
+    if splits > 1 and head_dim & (head_dim - 1):
+        raise ValueError(
+            f"canvas_attention: {splits} key splits need a power-of-two head_dim, not {head_dim}"
+        )
     # the split partials (fp32) and their maxima and sums; a 1-split launch never touches them
-    acc = torch.empty((splits, heads, rows, head_dim) if splits > 1 else (1,), device=q.device)
-    ml = torch.empty((splits, heads, rows, 2) if splits > 1 else (1,), device=q.device)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    acc = torch.empty((splits, heads, rows, head_dim) if splits > 1 else (1,), **f32)
+    ml = torch.empty((splits, heads, rows, 2) if splits > 1 else (1,), **f32)
     grid = (triton.cdiv(rows, block_m), heads, head_dim // block_dv * splits)
     _canvas_attention_kernel[grid](
         q, k, v, out, acc, ml, positions, scale * online_softmax.LOG2E, max(window, 1),

@@ -76,3 +76,14 @@ def test_kernel_fits_the_model_head_dims_only():
     assert [
         d for d in (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512) if canvas.kernel_fits(d)
     ] == [16, 32, 64, 128, 256, 384, 512]
+
+
+def test_key_splits_refuse_a_head_dim_the_merge_pass_cannot_take():
+    """Key splits merge in a pass over a power-of-two column range: head 384 (a multiple of 128
+    the one-pass kernel takes) with splits is refused before any launch, by name."""
+    pytest.importorskip("triton")
+    from dlmrt._kernels.canvas_attention import canvas_attention
+
+    q, k, v = (torch.zeros(shape) for shape in ((2, 5, 384), (1, 20, 384), (1, 20, 384)))
+    with pytest.raises(ValueError, match="power-of-two head_dim, not 384"):
+        canvas_attention(q, k, v, torch.arange(3, 8), True, 0, 1.0, splits=2)
