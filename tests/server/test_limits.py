@@ -126,7 +126,7 @@ def test_tokenizing_runs_off_the_event_loop(llm, monkeypatch):
     encode = llm.tokenizer.encode
 
     def slow_encode(text: str) -> list[int]:
-        time.sleep(1.0)  # a big prompt: the event loop must not wait for it
+        time.sleep(2.0)  # a big prompt: the event loop must not wait for it
         return encode(text)
 
     monkeypatch.setattr(llm.tokenizer, "encode", slow_encode)
@@ -138,7 +138,9 @@ def test_tokenizing_runs_off_the_event_loop(llm, monkeypatch):
         )
         latencies = _health_latencies(url, request)
         request.join(30)
-    assert max(latencies) < 0.1, latencies
+    # a blocked loop answers /health after the whole 2 s encode; a free one within ~50 ms, with
+    # rare load jitter on a 2-core CI machine (one 0.49 s answer seen while the request generated)
+    assert max(latencies) < 1.0, latencies
 
 
 def test_max_request_bytes_flag():
