@@ -21,7 +21,7 @@ import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .arena_attention_split import arena_attention_split, pick_splits
-from .online_softmax import LOG2E, key_tile
+from .online_softmax import LOG2E, key_range
 
 # No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
@@ -82,27 +82,12 @@ def _arena_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_rows = k_ptr + kv_head * stride_kh + offs_d[None, :]
     v_rows = v_ptr + kv_head * stride_vh + offs_d[None, :]
-    if WHILE:  # the interpreter cannot range() over tensor bounds; a while loop is not pipelined
-        first = full_end * 0
-        while first < full_end:
-            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
-                                     stride_vn, row_end, tile_end, qk_scale, False, BLOCK_N,
-                                     IEEE)  # fmt: skip
-            first += BLOCK_N
-        while first < tile_end:
-            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
-                                     stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N,
-                                     IEEE)  # fmt: skip
-            first += BLOCK_N
-    else:
-        for first in range(0, full_end, BLOCK_N):
-            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
-                                     stride_vn, row_end, tile_end, qk_scale, False, BLOCK_N,
-                                     IEEE)  # fmt: skip
-        for first in range(full_end, tile_end, BLOCK_N):
-            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
-                                     stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N,
-                                     IEEE)  # fmt: skip
+    acc, m_i, l_i = key_range(acc, m_i, l_i, 0, full_end, q, k_rows, v_rows,
+                              stride_kn, stride_vn, row_end, tile_end, qk_scale, False, BLOCK_N,
+                              IEEE, WHILE)  # fmt: skip
+    acc, m_i, l_i = key_range(acc, m_i, l_i, full_end, tile_end, q, k_rows, v_rows, stride_kn,
+                              stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N, IEEE,
+                              WHILE)  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .online_softmax import LOG2E, key_tile
+from .online_softmax import LOG2E, key_range
 
 
 # Fixed tiles, no autotuner (a request must never stop to benchmark configs: issue 23); fp32
@@ -57,18 +57,8 @@ def _split_kernel(
     v_rows = v_ptr + kv_head * stride_vh + offs_d[None, :]
     # One masked loop: a split holds one to a few key tiles, and a second (unmasked) loop's
     # prologue cost more than the masks (H200, LLaDA's 32 rows: 10.6 -> 11.0 us per layer at 1k).
-    if WHILE:  # the interpreter cannot range() over tensor bounds (explicit calls: no *args)
-        first = lo
-        while first < hi:
-            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
-                                     stride_vn, row_end, hi, qk_scale, True, BLOCK_N,
-                                     IEEE)  # fmt: skip
-            first += BLOCK_N
-    else:
-        for n0 in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = key_tile(acc, m_i, l_i, n0, q, k_rows, v_rows, stride_kn,
-                                     stride_vn, row_end, hi, qk_scale, True, BLOCK_N,
-                                     IEEE)  # fmt: skip
+    acc, m_i, l_i = key_range(acc, m_i, l_i, lo, hi, q, k_rows, v_rows, stride_kn, stride_vn,
+                              row_end, hi, qk_scale, True, BLOCK_N, IEEE, WHILE)  # fmt: skip
     at = (split * heads + head) * rows + offs_m  # [SPLITS, heads, rows] row index
     tl.store(acc_ptr + at[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
     tl.store(ml_ptr + at * 2, m_i, mask=row_ok)

@@ -68,3 +68,25 @@ def key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn, stride_vn, row_
         visible = row_end  # unused: every row sees every key of an unmasked tile
     s = scores(q, k.to(q.dtype), IEEE) * qk_scale
     return fold(acc, m_i, l_i, s, v.to(q.dtype), visible, MASKED, IEEE)
+
+
+@triton.jit
+def key_range(acc, m_i, l_i, lo, hi, q, k_rows, v_rows, stride_kn, stride_vn, row_end, end,
+              qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+              WHILE: tl.constexpr):  # fmt: skip
+    """Key tiles [lo, hi) (lo on the tile grid; lo >= hi: none), each through `key_tile` with
+    its load bound `end`. WHILE: the interpreter's loop form (it cannot range() over tensor
+    bounds; a while loop is not software-pipelined on the GPU, so CUDA keeps the for loop)."""
+    if WHILE:
+        first = lo
+        while first < hi:
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, end, qk_scale, MASKED, BLOCK_N,
+                                     IEEE)  # fmt: skip
+            first += BLOCK_N
+    else:
+        for first in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, end, qk_scale, MASKED, BLOCK_N,
+                                     IEEE)  # fmt: skip
+    return acc, m_i, l_i
