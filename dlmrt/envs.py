@@ -38,6 +38,16 @@ def fp8_gemms() -> str:
     return value
 
 
+def fp8_experts() -> str:
+    """DLMRT_FP8_EXPERTS: how FP8 routed experts run on CUDA: "measured" (default: W8A8, the
+    activations quantized too, unless weight-only W8A16 times faster at the block rows), "w8a8"
+    or "w8a16". See `ops/moe_fp8_choice.py`."""
+    value = os.environ.get("DLMRT_FP8_EXPERTS", "measured").lower()
+    if value not in ("measured", "w8a8", "w8a16"):
+        raise ValueError(f"DLMRT_FP8_EXPERTS={value!r}: expected 'measured', 'w8a8' or 'w8a16'")
+    return value
+
+
 def nvfp4_dense() -> str:
     """DLMRT_NVFP4_DENSE: how a dense NVFP4 MLP runs on CUDA: "measured" (default: the W4A16
     kernel where it times faster than bf16 at the block rows, else dequantized), "kernel" (always:

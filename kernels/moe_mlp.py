@@ -178,15 +178,17 @@ def _down_kernel(
     acc = tile_major(acc, SWAP)
     if SCALED:
         acc = acc * tl.load(down_scale_ptr + e64 * H + n, mask=n_ok, other=0.0)[None, :]
-    store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
+    store_weighted(acc, h_ptr.dtype.element_ty, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 @triton.jit
-def store_weighted(acc, h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H: tl.constexpr):
-    """The down epilogue (also kernels/moe_mlp_nvfp4.py's): y rounded to h's dtype, then times
-    the routing weight (as torch: y, then y * w), stored fp32 at each pair's (row, slot)."""
+def store_weighted(acc, dtype: tl.constexpr, w_ptr, y_ptr, pair, n, valid, n_ok,
+                   H: tl.constexpr):  # fmt: skip
+    """The down epilogue (also kernels/moe_mlp_nvfp4.py's and moe_mlp_fp8.py's): y rounded to the
+    model's `dtype`, then times the routing weight (as torch: y, then y * w), stored fp32 at each
+    pair's (row, slot)."""
     weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
+    y = acc.to(dtype).to(tl.float32) * weight[:, None]
     tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
 

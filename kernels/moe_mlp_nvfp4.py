@@ -139,7 +139,8 @@ def _down_kernel(
         a = _load_a(a_base, k0, INTER, valid, BK)
         b, s = _load_w(dw, ds, k0, INTER, n_ok, BK)
         acc = _decoded_mma(a, b, s, dg, acc, SWAP, IEEE)
-    store_weighted(tile_major(acc, SWAP), h_ptr, w_ptr, y_ptr, pair, n, valid, n_ok, H)
+    acc = tile_major(acc, SWAP)
+    store_weighted(acc, h_ptr.dtype.element_ty, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[int, int]:

@@ -100,6 +100,7 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
+        self.fp8_w8a8 = False  # FP8 activations too (ops/moe_fp8_choice.py)
         self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
         self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: quant/placement.py
 
@@ -111,7 +112,7 @@ class Experts(nn.Module):
             )
         return ops.moe_mlp(
             x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh",
-            sum_dtype=x.dtype, scales=self.fp8_scales,
+            sum_dtype=x.dtype, scales=self.fp8_scales, w8a8=self.fp8_w8a8,
         )  # fmt: skip
 
 

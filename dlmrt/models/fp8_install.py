@@ -4,8 +4,9 @@
 e4m3, `dlmrt/quant/fp8.py`) and returns the names it did not install (the loader dequantizes
 those into their bf16 parameters). What runs FP8, and why:
 - Routed experts (LLaDA2, DiffusionGemma): always. Their GEMMs read weights, not compute (a
-  32-row block touches most experts), so the expert kernel reads the codes and converts them in
-  registers (weight-only FP8: half the bytes); routing is unchanged.
+  32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations quantized
+  per group, the codes fed to an FP8 MMA) unless weight-only W8A16 (codes converted to bf16 in
+  registers) times faster at the block rows (`ops/moe_fp8_choice.py`); routing is unchanged.
 - Dense linears whose input comes from a norm or SiLU·up (q|k|v, gate|up, down, the LM head):
   FP8 GEMMs with the activation quantized inside its producer (RMSNorm `fp8_out`, silu_mul_fp8),
   kept where they measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`).
@@ -30,6 +31,7 @@ from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops.fp8_choice import use_fp8_gemm
+from dlmrt.ops.moe_fp8_choice import use_w8a8
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
 from dlmrt.quant.fp8 import Fp8Weight
 from dlmrt.quant.nvfp4 import Nvfp4Weight
@@ -73,7 +75,8 @@ class _Installer:
         w = self._take(names, fused_input)
         return None if w is None else Fp8Linear(w, self.dtype)
 
-    def experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...]) -> None:
+    def experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...], top_k: int,
+                activation: str) -> None:  # fmt: skip
         names = [f"{prefix}.{p}" for p in projs]
         if all(n in self.nvfp4 for n in names):
             self.nvfp4_experts(prefix, experts, projs)
@@ -90,7 +93,13 @@ class _Installer:
             scales = [gate.contiguous(), up.contiguous(), scales[1]]
         experts.fp8_scales = tuple(scales)
         self.done += names
-        log.info("fp8 %s: FP8 weight-only (routed experts)", prefix)
+        gate_up = (experts.gate_proj, experts.up_proj) if len(projs) == 3 else (
+            experts.gate_up_proj.chunk(2, dim=1))  # fmt: skip
+        w8a8, why = use_w8a8(self.rows, top_k, tuple(gate_up), getattr(experts, projs[-1]),
+                             experts.fp8_scales, activation)  # fmt: skip
+        experts.fp8_w8a8 = w8a8
+        kind = "W8A8" if w8a8 else "weight-only W8A16"
+        log.info("fp8 %s: FP8 %s (routed experts; %s)", prefix, kind, why)
 
     def nvfp4_experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...]) -> None:
         """NVFP4 routed experts: `experts.nvfp4` = (gate, up, down) on the device (W4A16 kernel,
@@ -158,7 +167,8 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         if down is not None:
             mlp.down_proj, mlp.down_fp8 = down, mlp.gate_up_fp8 is not None
     elif hasattr(mlp, "experts"):
-        ins.experts(f"{prefix}.mlp.experts", mlp.experts, ("gate_proj", "up_proj", "down_proj"))
+        projs = ("gate_proj", "up_proj", "down_proj")
+        ins.experts(f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
 
 
 def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -> list[str]:
@@ -172,7 +182,8 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -
         if is_block:
             _block_layer(ins, prefix, layer)
         else:
-            ins.experts(f"{prefix}.experts", layer.experts, ("gate_up_proj", "down_proj"))
+            projs, k = ("gate_up_proj", "down_proj"), layer.router.k
+            ins.experts(f"{prefix}.experts", layer.experts, projs, k, "gelu_tanh")
             if type(layer.mlp) is GeGLU:  # the dense MLP beside the experts (NVFP4 only)
                 ins.nvfp4_mlp(f"{prefix}.mlp", layer.mlp)
     head = ins.linear(["lm_head.weight"], fused_input=is_block)

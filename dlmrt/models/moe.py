@@ -110,6 +110,7 @@ class Experts(nn.Module):
         self.up_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
+        self.fp8_w8a8 = False  # FP8 activations too (ops/moe_fp8_choice.py)
         self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
         self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: quant/placement.py
 
@@ -127,8 +128,9 @@ class Experts(nn.Module):
             return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu", act_scales=act, add=add)
         gate_up = (self.gate_proj, self.up_proj)
         return ops.moe_mlp(
-            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales, add=add
-        )
+            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales, add=add,
+            w8a8=self.fp8_w8a8,
+        )  # fmt: skip
 
 
 class SparseMoE(nn.Module):

@@ -128,6 +128,7 @@ def test_modes_agree_with_fp8_weights_and_arena(checkpoints, monkeypatch, name, 
     if quant is None and kv == "auto":
         pytest.skip("the bf16 case: tests/engine/test_block_gpu.py")
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")  # tiny shapes would measure bf16 faster
+    monkeypatch.setenv("DLMRT_FP8_EXPERTS", "w8a8")  # LLaDA's experts: the FP8 MMA kernel
     kw = dict(device="cuda", quantization=quant, kv_cache_dtype=kv)
     llms = {m: LLM(checkpoints[name], mode=m, **kw) for m in MODES}
     for plen, temp in ((3, 0.0), (13, 0.8)):
@@ -139,13 +140,17 @@ def test_modes_agree_with_fp8_weights_and_arena(checkpoints, monkeypatch, name, 
         assert_modes_agree(outs, name, plen)
 
 
+@pytest.mark.parametrize("experts_path", ["w8a8", "w8a16"])
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
-def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypatch, kv):
-    """FP8 routed experts (+ FP8 context arena): block_graph == round_graph == static eager."""
+def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypatch, kv,
+                                                      experts_path):  # fmt: skip
+    """FP8 routed experts, W8A8 or weight-only (+ FP8 context arena): block_graph ==
+    round_graph == static eager."""
     import transformers.models.diffusion_gemma as dg
     from dg_helpers import F_, S, _config, _prompt, _randomise, save_checkpoint
 
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
+    monkeypatch.setenv("DLMRT_FP8_EXPERTS", experts_path)
     torch.manual_seed(1)
     cfg = _config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
                   layer_types=[S, S, F_], num_attention_heads=8, num_key_value_heads=2,
@@ -160,6 +165,7 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypa
     }
     experts = llms["eager"].model.model.layers[0].experts
     assert experts.gate_up_proj.dtype == FP8 and experts.fp8_scales is not None
+    assert experts.fp8_w8a8 == (experts_path == "w8a8")
     for seed, (plen, max_new) in enumerate([(5, 40), (40, 64)]):
         outs = {
             m: llm.generate(_prompt(plen, seed), max_new_tokens=max_new, seed=seed, rng="counter")
