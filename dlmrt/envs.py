@@ -48,6 +48,16 @@ def fp8_experts() -> str:
     return value
 
 
+def nvfp4_experts() -> str:
+    """DLMRT_NVFP4_EXPERTS: how NVFP4 routed experts run on CUDA: "measured" (default: the W4A16
+    kernel, or the weights converted at load to per-channel FP8 on the W8A8 kernel where that
+    times faster), "w4a16" or "fp8". See `ops/moe_fp8_choice.py`."""
+    value = os.environ.get("DLMRT_NVFP4_EXPERTS", "measured").lower()
+    if value not in ("measured", "w4a16", "fp8"):
+        raise ValueError(f"DLMRT_NVFP4_EXPERTS={value!r}: expected 'measured', 'w4a16' or 'fp8'")
+    return value
+
+
 def nvfp4_dense() -> str:
     """DLMRT_NVFP4_DENSE: how a dense NVFP4 MLP runs on CUDA: "measured" (default: the W4A16
     kernel where it times faster than bf16 at the block rows, else dequantized), "kernel" (always:

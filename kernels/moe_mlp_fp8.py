@@ -172,7 +172,7 @@ def default_tiles(pairs: int, experts: int) -> tuple[int, int]:
     """(BM, BN): experts with many pairs each (DiffusionGemma's canvas: 2,048 pairs over 128
     experts, ~16 each) take 32-row tiles, so one tile, one read of the expert's weights, covers
     nearly every expert; a decode-sized block (LLaDA's ~1 pair per expert) 16-row ones."""
-    return (32 if pairs >= 8 * experts else 16), 64
+    return (32 if pairs >= 8 * experts else 16), 128
 
 
 def moe_mlp_fp8(

@@ -27,13 +27,14 @@ import logging
 import torch
 from torch import nn
 
+from dlmrt import envs
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops.fp8_choice import use_fp8_gemm
-from dlmrt.ops.moe_fp8_choice import use_w8a8
+from dlmrt.ops.moe_fp8_choice import use_fp8_for_nvfp4, use_w8a8
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
-from dlmrt.quant.fp8 import Fp8Weight
+from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant.nvfp4 import Nvfp4Weight
 
 log = logging.getLogger("dlmrt")
@@ -79,7 +80,7 @@ class _Installer:
                 activation: str) -> None:  # fmt: skip
         names = [f"{prefix}.{p}" for p in projs]
         if all(n in self.nvfp4 for n in names):
-            self.nvfp4_experts(prefix, experts, projs)
+            self.nvfp4_experts(prefix, experts, projs, top_k, activation)
             return
         if not all(n in self.fp8 for n in names):
             return
@@ -101,18 +102,51 @@ class _Installer:
         kind = "W8A8" if w8a8 else "weight-only W8A16"
         log.info("fp8 %s: FP8 %s (routed experts; %s)", prefix, kind, why)
 
-    def nvfp4_experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...]) -> None:
+    def nvfp4_experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...],
+                      top_k: int, activation: str) -> None:  # fmt: skip
         """NVFP4 routed experts: `experts.nvfp4` = (gate, up, down) on the device (W4A16 kernel,
-        kernels/moe_mlp_nvfp4.py); the bf16 stacks are freed."""
+        kernels/moe_mlp_nvfp4.py), or, where it times faster, converted to per-channel FP8 codes
+        on the W8A8 kernel (`ops/moe_fp8_choice.py`; never under W4A4 emulation); the bf16
+        stacks are freed."""
         from dlmrt.ops.nvfp4 import split_gate_up
 
         ws = [self.nvfp4_to_device(self.nvfp4[f"{prefix}.{p}"]) for p in projs]
-        experts.nvfp4 = (*split_gate_up(ws[0]), ws[1]) if len(ws) == 2 else tuple(ws)
+        nvfp4 = (*split_gate_up(ws[0]), ws[1]) if len(ws) == 2 else tuple(ws)
+        if not self.emulate and self.nvfp4_as_fp8(prefix, experts, nvfp4, top_k, activation):
+            self.done += [f"{prefix}.{p}" for p in projs]
+            return
+        experts.nvfp4 = nvfp4
         for proj in projs:
             old = getattr(experts, proj)
             setattr(experts, proj, nn.Parameter(old.new_empty(0), requires_grad=False))
         self.done += [f"{prefix}.{p}" for p in projs]
         log.info("nvfp4 %s: NVFP4 weight-only W4A16 (routed experts)", prefix)
+
+    def nvfp4_as_fp8(self, prefix: str, experts: nn.Module, nvfp4: tuple, top_k: int,
+                     activation: str) -> bool:  # fmt: skip
+        """Convert NVFP4 experts (gate, up, down) to per-channel FP8 codes on the W8A8 kernel if
+        that times faster (installed into `experts`); False (nothing installed) otherwise."""
+        if envs.nvfp4_experts() == "w4a16":
+            return False
+        fp8 = [quantize_per_channel(w.dequantize(torch.float32)) for w in nvfp4]
+        scales = tuple(w.scale.float() for w in fp8)
+        codes = ((fp8[0].qweight, fp8[1].qweight), fp8[2].qweight, scales)
+        ok, why = use_fp8_for_nvfp4(self.rows, top_k, nvfp4, codes, activation)
+        log.info("nvfp4 %s: %s (routed experts; %s)", prefix,
+                 "converted to FP8 W8A8" if ok else "NVFP4 weight-only W4A16", why)  # fmt: skip
+        if not ok:
+            return False
+        if hasattr(experts, "gate_up_proj"):  # DiffusionGemma: one fused gate|up stack
+            gate_up = torch.cat([fp8[0].qweight, fp8[1].qweight], dim=1)
+            experts.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+            gate, up = gate_up.chunk(2, dim=1)
+        else:
+            gate, up = fp8[0].qweight, fp8[1].qweight
+            experts.gate_proj = nn.Parameter(gate, requires_grad=False)
+            experts.up_proj = nn.Parameter(up, requires_grad=False)
+        experts.down_proj = nn.Parameter(fp8[2].qweight, requires_grad=False)
+        experts.fp8_scales, experts.fp8_w8a8 = scales, True
+        return True
 
     def nvfp4_to_device(self, w: Nvfp4Weight) -> Nvfp4Weight:
         return w.to(self.device)

@@ -18,7 +18,10 @@ from dlmrt.ops import implementation, reference
 from dlmrt.quant.fp8 import FP8, FP8_MAX, MIN_SCALE
 
 X_GROUP = 128  # kernels/moe_mlp_fp8.py's GROUP: x's scale group along the hidden dim
-HIDDEN_GROUP = 64  # the gate|up kernel's BN: the hidden's scale group (and the down K step)
+# The gate|up kernel's BN: the hidden's scale group (and the down K step). H200, one layer
+# (benchmarks/results/moe_quant_h200_2026-12-03.json): 128 against 64, DiffusionGemma 238 vs
+# 259 us, LLaDA-2.1-mini 157 vs 170 us.
+HIDDEN_GROUP = 128
 
 
 def fake_quant_groups(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -8,6 +8,13 @@ Which wins depends on the rows and the routing, so on CUDA both are timed on the
 weights with uniformly random routing of the model's block rows (`timing.graph_time_us`: a
 replayed CUDA graph, GPU time only) and the faster kept, logged by the installer.
 DLMRT_FP8_EXPERTS=w8a8 / w8a16 forces one. CPU: W8A8 (the twin of what CUDA normally runs).
+
+NVFP4 experts on Hopper (no FP4 tensor cores) either run the W4A16 kernel (kernels/
+moe_mlp_nvfp4.py: 4.5 bits a weight read, decoded to bf16 in registers) or are converted at load
+to per-channel FP8 codes and run W8A8 (`use_fp8_for_nvfp4`, timed the same way). On the H200 the
+W8A8 kernel is faster at both MoE shapes (benchmarks/results/moe_quant_h200_2026-12-03.json),
+so NVFP4 checkpoints run as FP8 there: twice the expert memory of NVFP4, and the FP8 rounding of
+the NVFP4 values on top of theirs. DLMRT_NVFP4_EXPERTS=w4a16 / fp8 forces one.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import torch
 
 from dlmrt import envs, ops
 from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
+from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 from dlmrt.ops.timing import graph_time_us
 
 _MEASURED: dict[tuple, tuple[float, float]] = {}
@@ -27,10 +35,7 @@ def measure(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: t
     experts, hidden, inter = down.shape
     key = (rows, top_k, experts, hidden, inter, activation)
     if key not in _MEASURED:
-        g = torch.Generator(device=down.device).manual_seed(0)
-        x = torch.randn(rows, hidden, device=down.device, generator=g, dtype=torch.bfloat16)
-        logits = torch.rand(rows, experts, device=down.device, generator=g)
-        weights, index = logits.topk(top_k, dim=-1)
+        x, weights, index = _random_routing(rows, top_k, hidden, experts, down.device)
         args = (x, weights, index, gate_up, down, activation)
         w8a16 = graph_time_us(lambda: ops.moe_mlp(*args, scales=scales))
         w8a8 = graph_time_us(lambda: moe_mlp_w8a8(*args, scales))
@@ -46,3 +51,30 @@ def use_w8a8(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: 
         return policy != "w8a16", f"DLMRT_FP8_EXPERTS={policy}" if down.is_cuda else "CPU"
     w8a16, w8a8 = measure(rows, top_k, gate_up, down, scales, activation)
     return w8a8 < w8a16, f"{rows} rows: W8A16 {w8a16:.1f} us, W8A8 {w8a8:.1f} us"
+
+
+def _random_routing(rows: int, top_k: int, hidden: int, experts: int, device: torch.device):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, hidden, device=device, generator=g, dtype=torch.bfloat16)
+    weights, index = torch.rand(rows, experts, device=device, generator=g).topk(top_k, dim=-1)
+    return x, weights, index
+
+
+def use_fp8_for_nvfp4(rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activation: str
+                      ) -> tuple[bool, str]:  # fmt: skip
+    """(run these NVFP4 experts as their FP8 conversion, W8A8?, why). `nvfp4`: (gate, up, down)
+    `Nvfp4Weight`s; `fp8`: ((gate, up) codes, down codes, scales) of the conversion."""
+    policy = envs.nvfp4_experts()
+    down = fp8[1]
+    if policy != "measured" or not down.is_cuda:
+        return policy == "fp8", f"DLMRT_NVFP4_EXPERTS={policy}" if down.is_cuda else "CPU"
+    experts, hidden, inter = down.shape
+    key = ("nvfp4", rows, top_k, experts, hidden, inter, activation)
+    if key not in _MEASURED:
+        x, weights, index = _random_routing(rows, top_k, hidden, experts, down.device)
+        w4 = graph_time_us(lambda: moe_mlp_nvfp4(x, weights, index, *nvfp4, activation))
+        w8 = graph_time_us(lambda: moe_mlp_w8a8(x, weights, index, fp8[0], down, activation,
+                                                fp8[2]))  # fmt: skip
+        _MEASURED[key] = (w4, w8)
+    w4, w8 = _MEASURED[key]
+    return w8 < w4, f"{rows} rows: NVFP4 W4A16 {w4:.1f} us, as FP8 W8A8 {w8:.1f} us"

@@ -17,9 +17,11 @@ from dlmrt.ops.moe_fp8 import HIDDEN_GROUP, X_GROUP, fake_quant_groups, moe_mlp_
 from dlmrt.quant.fp8 import FP8, FP8_MAX, quantize_per_channel
 
 
-# bf16 on the GPU: the twin rounds its dequantized operands to bf16 where the kernel multiplies
-# codes exactly; fp32 in the interpreter: the same codes, the same sums up to order (seen: 2e-6)
-TOL = 0.02 if CUDA else 1e-4
+# bf16 on the GPU: the kernel rounds gate, up, act and the hidden to bf16 (as torch would) before
+# quantizing the hidden, the fp32 twin does not, so some hidden codes round the other way (one
+# e4m3 step, 1/16, each; seen up to 2.6% at one row); fp32 in the interpreter: the same codes,
+# the same sums up to order (seen: 2e-6)
+TOL = 0.04 if CUDA else 1e-4
 
 
 def _case(rows, experts, hidden, inter, top_k, dtype, seed=0, index=None):

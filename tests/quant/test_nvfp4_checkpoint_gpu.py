@@ -1,5 +1,5 @@
 """GPU: NVFP4 checkpoints (both layouts) load onto CUDA with their routed experts on the W4A16
-kernel (`experts.nvfp4`) and decode the same tokens in the three modes (LLaDA2, DiffusionGemma).
+kernel (`experts.nvfp4`) or converted to FP8 W8A8, and decode the same tokens in the three modes (LLaDA2, DiffusionGemma).
 
 Run on the device machine: pytest -m gpu tests/quant/test_nvfp4_checkpoint_gpu.py
 """
@@ -21,14 +21,26 @@ pytestmark = [
 MODES = ("eager", "round_graph", "block_graph")
 
 
+@pytest.mark.parametrize("experts_path", ["w4a16", "fp8"])
 @pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
 @pytest.mark.parametrize("family", ["llada2", "dg"])
-def test_nvfp4_checkpoint_on_cuda_modes_agree(tmp_path, family, fmt):
+def test_nvfp4_checkpoint_on_cuda_modes_agree(tmp_path, monkeypatch, family, fmt, experts_path):
+    """Both ways NVFP4 experts run on Hopper: the W4A16 kernel, or converted at load to FP8 W8A8."""
+    monkeypatch.setenv("DLMRT_NVFP4_EXPERTS", experts_path)
     src = nvfp4_sources(tmp_path / "src")[family]
     path = write_nvfp4_checkpoint(src, tmp_path / "nvfp4", fmt=fmt)
     llms = {m: LLM(path, device="cuda", mode=m) for m in MODES}
-    experts = [m for m in llms["eager"].model.modules() if getattr(m, "nvfp4", None) is not None]
-    assert experts and experts[0].nvfp4[0].packed.is_cuda  # installed for the kernel
+    experts = [m for m in llms["eager"].model.modules() if hasattr(m, "fp8_w8a8")]
+    if experts_path == "w4a16":
+        assert experts[0].nvfp4[0].packed.is_cuda  # installed for the kernel
+    else:  # per-channel FP8 codes on the W8A8 kernel, within FP8 rounding of the NVFP4 values
+        e = experts[0]
+        assert e.nvfp4 is None and e.fp8_w8a8 and e.down_proj.dtype == torch.float8_e4m3fn
+        deq = e.down_proj.float() * e.fp8_scales[2].unsqueeze(-1)
+        name = next(n for n, m in llms["eager"].model.named_modules() if m is e)
+        want = LLM(path, device="cuda", quantization="none").model.get_submodule(name).down_proj
+        err = (deq - want.float()).norm() / want.float().norm()
+        assert 0 < err < 0.05, err
     vocab = 96 if family == "dg" else 256
     prompt = [(37 * i + 11) % (vocab - 6) + 6 for i in range(9)]
     # DiffusionGemma's eager default draws from torch's generator (the oracle's noise): the
