@@ -14,11 +14,12 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import graph_ms, shapes_main  # noqa: E402
+from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_fp8 import scaled_grouped  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
+from dlmrt.ops.moe_fp8 import moe_mlp_w8a8  # noqa: E402
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up  # noqa: E402
 from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
 from dlmrt.quant.nvfp4 import quantize_nvfp4  # noqa: E402
@@ -33,11 +34,11 @@ def _entry(ms: float, floor_ms_: float, weight_bytes: float) -> dict:
 
 def _w8a8_configs(many: bool) -> list[dict]:
     """(bm, bn = the hidden's group, bn_down, warps, stages, swap) to sweep."""
-    base = dict(bm=32 if many else 16, bn=64, bn_down=64, warps=4, stages=None, swap=True)
+    base = dict(bm=32 if many else 16, bn=128, bn_down=64, warps=4, stages=None, swap=True)
     out = [base]
-    for change in ({"stages": 3}, {"stages": 4}, {"stages": 5}, {"bn_down": 128},
-                   {"bn": 128}, {"bn": 128, "bn_down": 128}, {"swap": False}, {"warps": 8},
-                   {"bm": 64 if many else 32}, {"bn_down": 32}):  # fmt: skip
+    for change in ({"stages": 3}, {"stages": 4}, {"bn": 64}, {"bn_down": 128},
+                   {"bn_down": 128, "warps": 8}, {"bn": 256}, {"warps": 8}, {"bm": 16},
+                   {"bn_down": 32}):  # fmt: skip
         out.append(base | change)
     return out
 
@@ -70,12 +71,24 @@ def bench(shape, iters: int) -> dict:
         key = "fp8_w8a8_" + "_".join(f"{k}{v}" for k, v in cfg.items())
         run(key, lambda c=cfg: w8a8_kernel.moe_mlp_fp8(
             x, w, idx, (gate8, up8), d8.qweight, act, scales, **c), 1)  # fmt: skip
-    run("fp8_w8a8_op", lambda: ops.moe_mlp(x, w, idx, gu8.qweight, d8.qweight, act,
-                                           scales=scales, w8a8=True), 1)  # fmt: skip
+    run("fp8_w8a8_op", lambda: moe_mlp_w8a8(x, w, idx, gu8.qweight, d8.qweight, act, scales), 1)
     nv_gu, nv_d = quantize_nvfp4(gate_up), quantize_nvfp4(down)
     nv_g, nv_u = split_gate_up(nv_gu)
     run("nvfp4_w4a16", lambda: moe_mlp_nvfp4(x, w, idx, nv_g, nv_u, nv_d, act), NVFP4_BYTES)
-    run("scaled_grouped_mm_w8a8", lambda: scaled_grouped(x, w, idx, gu8, d8, act), 1)
+    sg = lambda: scaled_grouped(x, w, idx, gu8, d8, act)  # noqa: E731
+    try:  # its host-side offsets do not capture: timed eagerly (launch gaps included)
+        ms = cuda_time(sg, iters) * 1e3
+        out["scaled_grouped_mm_w8a8_eager"] = _entry(ms, floor_ms(shape, idx, 1)[0], params)
+    except Exception as e:  # noqa: BLE001
+        out["scaled_grouped_mm_w8a8_eager"] = str(e).splitlines()[0][:160]
+    # the W8A8 op's parts: x's quantizer and the routing plan (the rest: the two GEMMs, the sum)
+    out["part_quant_groups_us"] = round(
+        1e3 * graph_ms(lambda: w8a8_kernel.quant_groups(x), iters), 1
+    )
+    bm = 32 if idx.numel() >= 8 * shape.experts else 16
+    out["part_plan_us"] = round(
+        1e3 * graph_ms(lambda: w8a8_kernel.plan(idx, shape.experts, bm), iters), 1
+    )
     return out
 
 

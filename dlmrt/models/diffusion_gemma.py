@@ -28,6 +28,7 @@ from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, Gro
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops import gemma
+from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 
 
@@ -107,13 +108,12 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         # sum_dtype=x.dtype: transformers accumulates the experts in the model dtype (twin only)
         if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
-            return moe_mlp_nvfp4(
-                x, weights, index, *self.nvfp4, "gelu_tanh", x.dtype, act_scales=self.nvfp4_act
-            )
-        return ops.moe_mlp(
-            x, weights, index, self.gate_up_proj, self.down_proj, "gelu_tanh",
-            sum_dtype=x.dtype, scales=self.fp8_scales, w8a8=self.fp8_w8a8,
-        )  # fmt: skip
+            w4 = (*self.nvfp4, "gelu_tanh", x.dtype)
+            return moe_mlp_nvfp4(x, weights, index, *w4, act_scales=self.nvfp4_act)
+        w = (self.gate_up_proj, self.down_proj, "gelu_tanh")
+        if self.fp8_w8a8:  # FP8 codes, activations quantized too: dlmrt/ops/moe_fp8.py
+            return moe_mlp_w8a8(x, weights, index, *w, self.fp8_scales, x.dtype)
+        return ops.moe_mlp(x, weights, index, *w, sum_dtype=x.dtype, scales=self.fp8_scales)
 
 
 class Layer(nn.Module):

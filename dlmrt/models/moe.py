@@ -23,6 +23,7 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.models.layers import SwiGLU
+from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 
 log = logging.getLogger("dlmrt")
@@ -127,10 +128,12 @@ class Experts(nn.Module):
             act = self.nvfp4_act
             return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu", act_scales=act, add=add)
         gate_up = (self.gate_proj, self.up_proj)
+        if self.fp8_w8a8:  # FP8 codes, activations quantized too: dlmrt/ops/moe_fp8.py
+            args = (gate_up, self.down_proj, "silu", self.fp8_scales)
+            return moe_mlp_w8a8(x, weights, index, *args, add=add)
         return ops.moe_mlp(
-            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales, add=add,
-            w8a8=self.fp8_w8a8,
-        )  # fmt: skip
+            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales, add=add
+        )
 
 
 class SparseMoE(nn.Module):

@@ -205,7 +205,6 @@ def moe_mlp(
     sum_dtype: torch.dtype | None = None,
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     add: torch.Tensor | None = None,
-    w8a8: bool = False,
 ) -> torch.Tensor:
     """Routed gated-MLP experts (stacked [E, ...] weights), weighted sum per row; see
     `reference.moe_mlp`. CUDA: a grouped GEMM with device-side grouping, no host sync, so it can be
@@ -213,12 +212,7 @@ def moe_mlp(
     `scales` (gate [E, I], up [E, I], down [E, H] fp32): the weights are FP8 codes, converted in the
     kernel's registers; the twin dequantizes them to x's dtype first. `add` [rows, H] in x's dtype
     (the shared experts' output): result + add, rounded as that add in x's dtype (on CUDA in the
-    kernel's last pass). `w8a8` (with `scales`): the activations are quantized to e4m3 too and the
-    MMA runs in FP8 (`dlmrt/ops/moe_fp8.py`)."""
-    if scales is not None and w8a8:
-        from dlmrt.ops.moe_fp8 import moe_mlp_w8a8  # it imports this package
-
-        return moe_mlp_w8a8(x, weights, index, gate_up, down, activation, scales, sum_dtype, add)
+    kernel's last pass). FP8 W8A8 experts (activations quantized too): `dlmrt/ops/moe_fp8.py`."""
     fast = x.is_cuda and x.dtype in _MOE_DTYPES
     if fast and implementation("moe_mlp") == "triton":
         fn = _resolve("moe_mlp")

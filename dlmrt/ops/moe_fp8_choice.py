@@ -7,7 +7,8 @@ converting each weight tile to bf16 in registers; it pays one extra launch (x's 
 Which wins depends on the rows and the routing, so on CUDA both are timed on the layer's own
 weights with uniformly random routing of the model's block rows (`timing.graph_time_us`: a
 replayed CUDA graph, GPU time only) and the faster kept, logged by the installer.
-DLMRT_FP8_EXPERTS=w8a8 / w8a16 forces one. CPU: W8A8 (the twin of what CUDA normally runs).
+DLMRT_FP8_EXPERTS=w8a8 / w8a16 forces one. CPU (where a model is installed there, tests only:
+the CPU dequantizes FP8 at load): W8A8, the twin of what CUDA normally runs.
 
 NVFP4 experts on Hopper (no FP4 tensor cores) either run the W4A16 kernel (kernels/
 moe_mlp_nvfp4.py: 4.5 bits a weight read, decoded to bf16 in registers) or are converted at load

@@ -16,7 +16,6 @@ from dlmrt.ops import reference
 from dlmrt.ops.moe_fp8 import HIDDEN_GROUP, X_GROUP, fake_quant_groups, moe_mlp_w8a8
 from dlmrt.quant.fp8 import FP8, FP8_MAX, quantize_per_channel
 
-
 # bf16 on the GPU: the kernel rounds gate, up, act and the hidden to bf16 (as torch would) before
 # quantizing the hidden, the fp32 twin does not, so some hidden codes round the other way (one
 # e4m3 step, 1/16, each; seen up to 2.6% at one row); fp32 in the interpreter: the same codes,
