@@ -38,6 +38,7 @@ from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant.nvfp4 import Nvfp4Weight
 
 log = logging.getLogger("dlmrt")
+HALF = (torch.bfloat16, torch.float16)  # model dtypes the W8A8 expert kernel serves
 
 
 def _cat(weights: list[Fp8Weight]) -> Fp8Weight:
@@ -96,8 +97,11 @@ class _Installer:
         self.done += names
         gate_up = (experts.gate_proj, experts.up_proj) if len(projs) == 3 else (
             experts.gate_up_proj.chunk(2, dim=1))  # fmt: skip
-        w8a8, why = use_w8a8(self.rows, top_k, tuple(gate_up), getattr(experts, projs[-1]),
-                             experts.fp8_scales, activation)  # fmt: skip
+        if self.dtype in HALF:
+            w8a8, why = use_w8a8(self.rows, top_k, tuple(gate_up), getattr(experts, projs[-1]),
+                                 experts.fp8_scales, activation)  # fmt: skip
+        else:  # the W8A8 kernel rounds like a bf16 / fp16 model; fp32 models keep the codes' exact sums
+            w8a8, why = False, f"a {self.dtype} model"
         experts.fp8_w8a8 = w8a8
         kind = "W8A8" if w8a8 else "weight-only W8A16"
         log.info("fp8 %s: FP8 %s (routed experts; %s)", prefix, kind, why)
@@ -126,7 +130,7 @@ class _Installer:
                      activation: str) -> bool:  # fmt: skip
         """Convert NVFP4 experts (gate, up, down) to per-channel FP8 codes on the W8A8 kernel if
         that times faster (installed into `experts`); False (nothing installed) otherwise."""
-        if envs.nvfp4_experts() == "w4a16":
+        if envs.nvfp4_experts() == "w4a16" or self.dtype not in HALF:  # as `experts`
             return False
         fp8 = [quantize_per_channel(w.dequantize(torch.float32)) for w in nvfp4]
         scales = tuple(w.scale.float() for w in fp8)
