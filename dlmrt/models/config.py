@@ -6,6 +6,7 @@ field and the file. Family-specific extras (the ORL adapter) are parsed by their
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,14 @@ def _field(cfg: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
         raise CheckpointError(
             f"{path}: config field '{name}' = {value!r} is not {kind.__name__}"
         ) from e
+
+
+def positive_float(value: float, name: str, path: Path) -> float:
+    """A scale that must be finite and > 0 (rms_norm_eps, rope_theta): a NaN, an infinity or a
+    non-positive value would only show up as non-finite logits at run time."""
+    if not math.isfinite(value) or value <= 0:
+        raise CheckpointError(f"{path}: config field '{name}' = {value!r} must be finite and > 0")
+    return value
 
 
 def positive(value: int, name: str, path: Path) -> int:
@@ -147,8 +156,8 @@ def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=_field(cfg, "rms_norm_eps", path, float),
-        rope_theta=_rope_theta(cfg, path),
+        rms_norm_eps=positive_float(_field(cfg, "rms_norm_eps", path, float), "rms_norm_eps", path),
+        rope_theta=positive_float(_rope_theta(cfg, path), "rope_theta", path),
         max_position_embeddings=_size(cfg, "max_position_embeddings", path),
         tie_word_embeddings=tie,
         mask_token_id=_optional_id(cfg, "mask_token_id", vocab, path),

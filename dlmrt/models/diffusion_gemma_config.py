@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.errors import CheckpointError
-from dlmrt.models.config import _field, eos_ids, positive
+from dlmrt.models.config import _field, eos_ids, positive, positive_float
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 DEFAULT_SOFTCAP = 30.0  # transformers' DiffusionGemmaTextConfig class default (not serialised)
@@ -82,7 +82,10 @@ def _rope(tc: dict[str, Any], path: Path) -> dict[str, RopeSpec]:
         if rtype not in ("default", "proportional") or (rtype == "default" and prf != 1.0):
             raise CheckpointError(f"{path}: unsupported RoPE for {kind}: {spec}")
         factor = float(spec.get("factor", 1.0)) if rtype == "proportional" else 1.0
-        out[kind] = RopeSpec(theta=float(spec["rope_theta"]), rotary_factor=prf, factor=factor)
+        theta = positive_float(
+            float(spec["rope_theta"]), f"rope_parameters.{kind}.rope_theta", path
+        )
+        out[kind] = RopeSpec(theta=theta, rotary_factor=prf, factor=factor)
     return out
 
 
@@ -170,7 +173,7 @@ def diffusion_gemma_config_from_hf(cfg: dict[str, Any], path: Path) -> Diffusion
         kv_heads=heads,
         rope=_rope(tc, path),
         sliding_window=_size(tc, "sliding_window", path),
-        rms_norm_eps=_get(tc, "rms_norm_eps", path, float),
+        rms_norm_eps=positive_float(_get(tc, "rms_norm_eps", path, float), "rms_norm_eps", path),
         num_experts=_size(tc, "num_experts", path),
         top_k_experts=_size(tc, "top_k_experts", path),
         moe_intermediate_size=_size(tc, "moe_intermediate_size", path),

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.errors import CheckpointError
-from dlmrt.models.config import ModelConfig, _field, _optional_id, _size, check_heads, eos_ids
+from dlmrt.models.config import (
+    ModelConfig,
+    _field,
+    _optional_id,
+    _size,
+    check_heads,
+    eos_ids,
+    positive_float,
+)
 from dlmrt.models.residual import ResidualConfig
 
 # LLaDA2 trains and decodes with 32-token blocks (official `generate` default `block_length=32`);
@@ -116,8 +124,8 @@ def llada2_config_from_hf(cfg: dict[str, Any], path: Path) -> LLaDA2Config:
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         rotary_dim=_rotary_dim(cfg, head_dim, path),
-        rms_norm_eps=_field(cfg, "rms_norm_eps", path, float),
-        rope_theta=_field(cfg, "rope_theta", path, float),
+        rms_norm_eps=positive_float(_field(cfg, "rms_norm_eps", path, float), "rms_norm_eps", path),
+        rope_theta=positive_float(_field(cfg, "rope_theta", path, float), "rope_theta", path),
         max_position_embeddings=_size(cfg, "max_position_embeddings", path),
         tie_word_embeddings=tie,
         mask_token_id=_optional_id(cfg, "mask_token_id", vocab, path),

@@ -10,7 +10,7 @@ copied with ONE async copy (`copy_in`) into a device row; the `start` pass loads
 from it, after stashing block b-1 for its folded commit when there is one. After the round loop
 the `report` pass packs what the host needs,
 
-    report = [canvas (B) | step, halt, done]   int64
+    report = [canvas (B) | step, halt, done, nonfinite]   int64
 
 and ONE copy (`copy_out`) + sync brings it back (a folded check's result likewise: `fold_out`). The
 copies are passes like the others (pinned rows: capturable), so in block_graph a block's copy in,
@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import FoldBuffers
 from dlmrt.engine.block.round import BlockBuffers
 from dlmrt.engine.graph.loop import Pass
@@ -35,6 +36,7 @@ class Report(NamedTuple):
     step: int
     halt: bool
     done: bool
+    nonfinite: bool  # the last round's logits had NaN / inf (`engine/nonfinite.py`)
 
 
 class FoldReport(NamedTuple):
@@ -66,7 +68,7 @@ class BlockIO:
         self.buf, self.fb, self.rows = buf, fb, buf.canvas.numel()
         self.cuda = device.type == "cuda"
         self.inputs, self.host_in = _staging(2 * self.rows + 3, device)
-        self.report, self.host_out = _staging(self.rows + 3, device)
+        self.report, self.host_out = _staging(self.rows + 4, device)
         self.in_flight = False  # a block was launched and not read back yet
         self.copy_in = Pass("copy_in", self._copy_in, ())
         self.copy_out = Pass("copy_out", self._copy_out, ())
@@ -116,7 +118,8 @@ class BlockIO:
     def pack(self) -> None:
         """Device side (capturable): what the host reads after the round loop, in one row."""
         buf = self.buf
-        _pack(self.report, buf.canvas, (buf.step, buf.halt.long(), buf.done.long()))
+        bad = nonfinite.flag(buf.entropy)
+        _pack(self.report, buf.canvas, (buf.step, buf.halt.long(), buf.done.long(), bad))
 
     def _copy_out(self) -> None:
         self.host_out.copy_(self.report, non_blocking=self.cuda)
@@ -142,6 +145,6 @@ class BlockIO:
 
     def read(self) -> Report:
         """The one read-back of a block (after the `report` and `copy_out` passes ran)."""
-        canvas, (step, halt, done) = self._values(self.host_out)
+        canvas, (step, halt, done, bad) = self._values(self.host_out)
         self.in_flight = False
-        return Report(canvas, step, bool(halt), bool(done))
+        return Report(canvas, step, bool(halt), bool(done), bool(bad))

@@ -22,6 +22,7 @@ import torch
 from dlmrt.attention import AttnContext
 from dlmrt.blocks import Layout, finish, layout
 from dlmrt.decoding import DecodeRule
+from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
@@ -158,6 +159,8 @@ class BlockEngine:
             else:  # one launch in block_graph: copy in .. copy out
                 runner.chain(head + tail_parts, req.should_stop)
             out = prog.io.read()  # the block's one read-back
+            if out.nonfinite:
+                raise nonfinite.error(spec.model, f"block {b} (round {out.step})")
             if not out.halt:
                 raise RuntimeError(
                     f"block {b} did not finish in {prog.rounds.cap} rounds ({spec.rule.name})"

@@ -24,6 +24,7 @@ from dlmrt import reference
 from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
 from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.engine import nonfinite
 from dlmrt.engine.encoder_decoder.step import (
     CanvasBuffers,
     CanvasSpec,
@@ -119,7 +120,11 @@ class EncoderDecoderEngine:
 
         def denoise(index: int) -> tuple[torch.Tensor, int]:
             prog.runner.run(prog.steps, should_stop)
-            steps = int(prog.buf.step)  # the canvas's one read-back
+            # the canvas's one read-back: its step count and whether its last step's
+            # probabilities (self-conditioning input) hold NaN / inf (`engine/nonfinite.py`)
+            steps, bad = torch.stack((prog.buf.step, nonfinite.flag(prog.buf.sc))).tolist()
+            if bad:
+                raise nonfinite.error(self.model, f"canvas {index} (step {steps})")
             if recorder is not None:
                 for record in read_trace(prog.buf, index, steps):
                     recorder(record)
