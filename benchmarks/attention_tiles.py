@@ -103,6 +103,7 @@ CANVAS_TILES = {
 
 def canvas_case(name: str, context: int, iters: int) -> dict:
     from dlmrt._kernels.canvas_attention import canvas_attention, launch_tile
+
     from dlmrt.ops import canvas
 
     heads, kv_heads, dim, window = CANVAS[name]
