@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from dlmrt.llm import LLM
 from dlmrt.train.data import is_chat
 from dlmrt.train.orl.capture import Rollout, StateCapture
 from dlmrt.train.orl.config import ORLConfig
-from dlmrt.train.stop_flag import ignore_stop_signals
+from dlmrt.train.stop_flag import helper_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +125,10 @@ class VerifierPool:
         if workers > 0:
             ctx = multiprocessing.get_context("spawn")
             # The workers ignore the stop signals: a SIGTERM sent to the process group (`timeout`)
-            # must not break the pool under the step that the trainer finishes before it saves.
+            # must not break the pool under the step that the trainer finishes before it saves;
+            # and they die with the trainer (a `kill -9` of it leaves no worker behind).
             self.pool = ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=ignore_stop_signals
+                workers, mp_context=ctx, initializer=helper_init, initargs=(os.getpid(),)
             )
 
     def verify(self, rollouts: list[Rollout]) -> None:
