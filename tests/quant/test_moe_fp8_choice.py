@@ -73,15 +73,25 @@ def test_the_cpu_runs_the_w8a8_twin_and_w8a16_on_request(tmp_path, monkeypatch):
     outs, flags = {}, {}
     for policy in ("measured", "w8a16"):
         monkeypatch.setenv("DLMRT_FP8_EXPERTS", policy)
-        llm = LLM(path, quantization="fp8", dtype=torch.float32)
+        llm = LLM(path, quantization="fp8", dtype=torch.bfloat16)  # W8A8 serves half models
         experts = [m for m in llm.model.modules() if getattr(m, "fp8_scales", None) is not None]
         flags[policy] = {e.fp8_w8a8 for e in experts}
         hidden = experts[0].down_proj.shape[1]
-        x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(0))
+        x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(0)).bfloat16()
         weights = torch.full((5, 2), 0.5)
         index = torch.tensor([[0, 1]] * 5)
-        outs[policy] = experts[0](x, weights, index)
+        outs[policy] = experts[0](x, weights, index).float()
     assert flags == {"measured": {True}, "w8a16": {False}}
     assert not torch.equal(outs["measured"], outs["w8a16"])
     rel = (outs["measured"] - outs["w8a16"]).norm() / outs["w8a16"].norm()
     assert rel < 0.1  # e4m3 activations: a few percent (seen 5.1%), not a different function
+
+
+def test_an_fp32_model_keeps_weight_only_experts(tmp_path, monkeypatch):
+    """The W8A8 kernel rounds as a half model does; an fp32 model keeps W8A16 (even forced)."""
+    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)
+    monkeypatch.setenv("DLMRT_FP8_EXPERTS", "w8a8")
+    path = write_llada2_checkpoint(tmp_path / "l", vocab_size=512)
+    llm = LLM(path, quantization="fp8", dtype=torch.float32)
+    flags = {m.fp8_w8a8 for m in llm.model.modules() if getattr(m, "fp8_scales", None) is not None}
+    assert flags == {False}
