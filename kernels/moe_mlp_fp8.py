@@ -80,16 +80,13 @@ def _scaled_mma(a, w, s, acc, SWAP: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(
-    xq_ptr, xs_ptr, stride_x, gate_ptr, up_ptr, gate_scale_ptr, up_scale_ptr, hq_ptr, hs_ptr,
+    xq_ptr, xs_ptr, gate_ptr, up_ptr, gate_scale_ptr, up_scale_ptr, hq_ptr, hs_ptr,
     order_ptr, tile_end_ptr, counts_ptr, starts_ptr,
     stride_ge, stride_gn, stride_ue, stride_un,
     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
     E_PAD: tl.constexpr, GELU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr, SWAP: tl.constexpr, DTYPE: tl.constexpr, QUANT_X: tl.constexpr,
+    BK: tl.constexpr, SWAP: tl.constexpr, DTYPE: tl.constexpr,
 ):  # fmt: skip
-    """QUANT_X: xq_ptr is x itself (stride_x), each K step's [BM, GROUP] tile quantized here as
-    `quant_groups` would (the same codes and scales, bit for bit: one launch fewer); else xq / xs
-    are `quant_groups`' codes and scales."""
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -105,14 +102,9 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         kk = k0 + tl.arange(0, BK)
         k_ok = kk < H
-        a_mask = valid[:, None] & k_ok[None, :]
-        if QUANT_X:
-            v = tl.load(xq_ptr + row[:, None] * stride_x + kk[None, :], mask=a_mask, other=0.0)
-            a, s = _quant(v.to(tl.float32), a_mask, 1)
-            a = a.to(gate_ptr.dtype.element_ty)
-        else:
-            a = tl.load(xq_ptr + row[:, None] * H + kk[None, :], mask=a_mask, other=0.0)
-            s = tl.load(xs_ptr + row * NG + k0 // BK, mask=valid, other=0.0)
+        a = tl.load(xq_ptr + row[:, None] * H + kk[None, :], mask=valid[:, None] & k_ok[None, :],
+                    other=0.0)  # fmt: skip
+        s = tl.load(xs_ptr + row * NG + k0 // BK, mask=valid, other=0.0)
         w_mask = n_ok[:, None] & k_ok[None, :]
         wg = tl.load(g_base + kk[None, :], mask=w_mask, other=0.0)
         wu = tl.load(u_base + kk[None, :], mask=w_mask, other=0.0)
@@ -198,12 +190,10 @@ def moe_mlp_fp8(
     stages: int | None = None,
     swap: bool = True,
     add: torch.Tensor | None = None,
-    quant_x: bool = False,
 ) -> torch.Tensor:
     """x [rows, H] (bf16 / fp16; fp32: the interpreter's tests), weights / index [rows, k], gate_up (gate [E, I, H], up [E, I, H])
     and down [E, H, I] e4m3 codes with unit-stride rows, `scales` (gate [E, I], up [E, I],
-    down [E, H] fp32) -> [rows, H] in x's dtype; `add` as kernels/moe_mlp.py's. `quant_x`: x is
-    quantized inside the gate|up kernel (per K step) instead of by `quant_groups` before it."""
+    down [E, H] fp32) -> [rows, H] in x's dtype; `add` as kernels/moe_mlp.py's."""
     if activation not in ("silu", "gelu_tanh"):
         raise ValueError(f"moe_mlp_fp8: unknown activation {activation!r}")
     rows, top_k = index.shape
@@ -215,7 +205,7 @@ def moe_mlp_fp8(
         if t.dtype != torch.float8_e4m3fn or t.stride(-1) != 1:
             raise ValueError("moe_mlp_fp8: weights must be e4m3 codes with unit-stride rows")
     x = x if x.stride(-1) == 1 else x.contiguous()
-    xq, xs = (x, x) if quant_x else quant_groups(x)
+    xq, xs = quant_groups(x)
     order, tile_end, counts, starts, max_tiles = plan(index, experts, bm)
     pairs = index.numel()
     hq = torch.empty((pairs, inter), dtype=torch.float8_e4m3fn, device=x.device)  # sorted order
@@ -226,10 +216,9 @@ def moe_mlp_fp8(
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
     gs, us, ds = (s.float().contiguous() for s in scales)
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
-        xq, xs, x.stride(0), gate, up, gs, us, hq, hs, order, tile_end, counts, starts,
+        xq, xs, gate, up, gs, us, hq, hs, order, tile_end, counts, starts,
         gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
-        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=bm, BN=bn, BK=GROUP, QUANT_X=quant_x,
-        **common, **launch,
+        TOP_K=top_k, GELU=activation == "gelu_tanh", BM=bm, BN=bn, BK=GROUP, **common, **launch,
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn_down))](
         hq, hs, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,

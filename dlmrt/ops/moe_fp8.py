@@ -11,7 +11,6 @@ the accumulation order, so tests compare them within rounding.
 from __future__ import annotations
 
 import importlib
-import os
 
 import torch
 
@@ -23,9 +22,6 @@ X_GROUP = 128  # kernels/moe_mlp_fp8.py's GROUP: x's scale group along the hidde
 # (benchmarks/results/moe_quant_h200_2026-12-03.json): 128 against 64, DiffusionGemma 238 vs
 # 259 us, LLaDA-2.1-mini 157 vs 170 us.
 HIDDEN_GROUP = 128
-# x's quantizer inside the gate|up kernel (each K step, the same codes as `quant_groups`, one
-# launch fewer) rather than its own launch before it; DLMRT_FP8_X_IN_KERNEL=0 for the latter.
-X_IN_KERNEL = os.environ.get("DLMRT_FP8_X_IN_KERNEL", "1") != "0"
 
 
 def fake_quant_groups(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -58,7 +54,7 @@ def moe_mlp_w8a8(
     if x.is_cuda and half and implementation("moe_mlp") == "triton":
         kernel = importlib.import_module("dlmrt._kernels.moe_mlp_fp8").moe_mlp_fp8
         return kernel(x, weights, index, (gate, up), down, activation, scales,
-                      bn=HIDDEN_GROUP, add=add, quant_x=X_IN_KERNEL)  # fmt: skip
+                      bn=HIDDEN_GROUP, add=add)  # fmt: skip
     g, u, d = ((w.float() * s.unsqueeze(-1)).to(x.dtype) for w, s in zip((gate, up, down), scales))
     xq = fake_quant_groups(x, X_GROUP)
     hook = lambda h: fake_quant_groups(h, HIDDEN_GROUP)  # noqa: E731

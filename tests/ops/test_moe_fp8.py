@@ -95,19 +95,6 @@ def test_kernel_matches_twin(rows, experts, hidden, inter, top_k, activation, sw
 
 
 @kernel_test
-@pytest.mark.parametrize(("rows", "hidden"), [(9, 200), (33, 256)] + ([(256, 1024)] if CUDA else []))
-@pytest.mark.parametrize("swap", [True, False])
-def test_x_quantized_in_the_kernel_is_bitwise_the_separate_quantizer(rows, hidden, swap):
-    """quant_x: the gate|up kernel quantizes each K step of x itself; the same codes and scales
-    as `quant_groups`, so the same output bit for bit (partial last group at hidden 200)."""
-    dtype = torch.bfloat16 if CUDA else torch.float32
-    case = _case(rows, 6, hidden, 72, 3, dtype, seed=rows)
-    apart = _kernel(*case[:5], "gelu_tanh", case[5], bn=HIDDEN_GROUP, swap=swap)
-    fused = _kernel(*case[:5], "gelu_tanh", case[5], bn=HIDDEN_GROUP, swap=swap, quant_x=True)
-    assert torch.equal(fused, apart)
-
-
-@kernel_test
 @pytest.mark.parametrize("where", ["one_expert", "zero_rows"])
 def test_kernel_routing_extremes(where):
     """All rows on one expert (many tiles of it); most experts with no rows (never read)."""
