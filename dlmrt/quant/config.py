@@ -25,10 +25,12 @@ from dlmrt.errors import CheckpointError
 from dlmrt.json_file import read_json
 
 COMPRESSED_TENSORS, MODELOPT = "compressed-tensors", "modelopt"
+# transformers' FineGrainedFP8 (DeepSeek-V3, Qwen3-FP8): e4m3 with `weight_scale_inv` blocks
+FINEGRAINED = "fp8"
 CT_FORMATS = ("float-quantized", "naive-quantized")
 CT_NVFP4 = "nvfp4-pack-quantized"
 MODELOPT_ALGOS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "NVFP4": "group"}
-STRATEGIES = ("channel", "tensor")
+STRATEGIES = ("channel", "tensor", "block")
 
 log = logging.getLogger("dlmrt")
 
@@ -36,9 +38,10 @@ log = logging.getLogger("dlmrt")
 @dataclass(frozen=True)
 class QuantConfig:
     """method: compressed-tensors | modelopt; source: the file that declared it; ignore: module
-    patterns kept unquantized; strategy: the declared weight-scale granularity (channel | tensor;
-    the reader accepts either shape of scale); kv_cache: the declared KV-cache quantization, if any
-    (informational: dlmrt computes its own KV scales); scheme: fp8 | nvfp4 (strategy "group")."""
+    patterns kept unquantized; strategy: the declared weight-scale granularity (channel | tensor |
+    block; the reader accepts any of the shapes); kv_cache: the declared KV-cache quantization, if
+    any (informational: dlmrt computes its own KV scales); scheme: fp8 | nvfp4 (strategy "group");
+    block: the [rows, columns] of one weight scale when strategy is "block" (`block_fp8.py`)."""
 
     method: str
     source: Path
@@ -46,6 +49,7 @@ class QuantConfig:
     strategy: str = "channel"
     kv_cache: str | None = None
     scheme: str = "fp8"
+    block: tuple[int, int] | None = None
 
 
 def read_quant_config(root: Path, raw: dict[str, Any]) -> QuantConfig | None:
@@ -64,9 +68,12 @@ def read_quant_config(root: Path, raw: dict[str, Any]) -> QuantConfig | None:
             return _compressed_tensors(qc, cfg_path)
         if method == MODELOPT:
             return _modelopt(qc.get("quantization", qc), cfg_path)
+        if method == FINEGRAINED:
+            return _finegrained(qc, cfg_path)
         raise CheckpointError(
             f"{cfg_path}: unsupported quantization_config.quant_method {qc.get('quant_method')!r} "
-            f"(dlmrt reads FP8 checkpoints in the {COMPRESSED_TENSORS} and {MODELOPT} formats)"
+            f"(dlmrt reads FP8 checkpoints in the {COMPRESSED_TENSORS}, {MODELOPT} and "
+            f"'{FINEGRAINED}' (block-scaled) formats)"
         )
     hf_path = root / "hf_quant_config.json"
     hf = read_json(hf_path, required=False)
@@ -103,6 +110,29 @@ def _modelopt(q: dict[str, Any], path: Path) -> QuantConfig:
     return QuantConfig(MODELOPT, path, ignore, MODELOPT_ALGOS[algo], kv_name, scheme)
 
 
+def _block_size(value: Any, what: str, path: Path) -> tuple[int, int]:
+    """A [rows, columns] scale block: two positive integers."""
+    ok = isinstance(value, list) and len(value) == 2
+    if not ok or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        raise CheckpointError(f"{path}: '{what}' must be two positive integers, got {value!r}")
+    return value[0], value[1]
+
+
+def _finegrained(qc: dict[str, Any], path: Path) -> QuantConfig:
+    """transformers' `quant_method: "fp8"`: e4m3 weights, one `weight_scale_inv` (a multiplier,
+    despite its name) per `weight_block_size` tile, activations quantized at run time."""
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise CheckpointError(f"{path}: FP8 fmt {qc.get('fmt')!r} is not supported (expected e4m3)")
+    if qc.get("activation_scheme", "dynamic") != "dynamic":
+        raise CheckpointError(
+            f"{path}: activation_scheme {qc.get('activation_scheme')!r} is not supported "
+            "(dlmrt quantizes activations at run time: expected 'dynamic')"
+        )
+    block = _block_size(qc.get("weight_block_size"), "weight_block_size", path)
+    ignore = _string_list(qc.get("modules_to_not_convert"), "modules_to_not_convert", path)
+    return QuantConfig(FINEGRAINED, path, ignore, "block", None, "fp8", block)
+
+
 def _compressed_tensors(qc: dict[str, Any], path: Path) -> QuantConfig:
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
@@ -113,9 +143,18 @@ def _compressed_tensors(qc: dict[str, Any], path: Path) -> QuantConfig:
     kv_name = None if kv is None else f"{kv.get('type', '?')}{kv.get('num_bits', '?')}"
     if "group" in strategies and len(strategies) > 1:
         raise CheckpointError(f"{path}: config_groups mix NVFP4 and FP8 weights (not supported)")
-    strategy = next(s for s in ("group", "channel", "tensor") if s in strategies or s == "tensor")
+    order = ("group", "block", "channel", "tensor")
+    strategy = next(s for s in order if s in strategies or s == "tensor")
     scheme = "nvfp4" if strategy == "group" else "fp8"
-    return QuantConfig(COMPRESSED_TENSORS, path, ignore, strategy, kv_name, scheme)
+    block = None
+    if strategy == "block":  # every block group must name the same block
+        found = {_block_size(g["weights"].get("block_structure"), f"{name}.weights.block_structure",
+                             path) for name, g in groups.items()
+                 if g["weights"].get("strategy") == "block"}  # fmt: skip
+        if len(found) > 1:
+            raise CheckpointError(f"{path}: config_groups use different block_structure {found}")
+        block = found.pop()
+    return QuantConfig(COMPRESSED_TENSORS, path, ignore, strategy, kv_name, scheme, block)
 
 
 def _ct_group(name: str, group: Any, top_format: Any, path: Path) -> str:

@@ -2,28 +2,35 @@
 
 `split` takes the scale tensors out of the checkpoint's tensor list before the loader's strict
 name/shape check (a weight `W` has its scale in `W_scale`: `x.weight_scale`, or
-`experts.gate_up_proj_scale` for a stacked expert tensor; static input scales `x.input_scale` and KV
+`experts.gate_up_proj_scale` for a stacked expert tensor, or `W_scale_inv` for transformers'
+block-scaled "fp8"; static input scales `x.input_scale` and KV
 scales `*.k_scale` / `*.v_scale` are dropped: dlmrt quantizes activations per row at run time). Then
 `take` is called on every tensor read: an FP8 weight becomes an `Fp8Weight` (kept) and its float32
 dequantization (what the loader copies into the parameter). Each bad FP8 tensor is a CheckpointError
 naming the tensor and the file: a wrong dtype, a missing scale, a scale of the wrong shape, an FP8
-tensor in the ignore list, an FP8 tensor in a checkpoint that declares no quantization.
+tensor in the ignore list, an FP8 tensor in a checkpoint that declares no quantization. Block
+scales (a declared `block`) are re-rounded per output channel (`block_fp8.py`), logged once.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from dlmrt.errors import CheckpointError
+from dlmrt.quant.block_fp8 import block_grid, to_per_channel
 from dlmrt.quant.config import QuantConfig
 from dlmrt.quant.fp8 import FP8, Fp8Weight
 from dlmrt.quant.policy import matches
 
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
 Found = dict[str, tuple[Path, tuple[int, ...]]]
+SCALE_SUFFIXES = ("_scale_inv", "_scale")  # transformers' block "fp8"; everyone else
+
+log = logging.getLogger("dlmrt")
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -43,6 +50,7 @@ class Fp8Reader:
         self.ignore = () if qcfg is None else qcfg.ignore
         self.kept: dict[str, Fp8Weight] = {}
         self.parts: dict[str, dict[int, Fp8Weight]] = {}
+        self.rerounded = 0  # block-scaled weights re-rounded per channel
 
     @classmethod
     def split(cls, found: Found, source: dict[str, str], qcfg: QuantConfig | None,
@@ -56,8 +64,9 @@ class Fp8Reader:
             return Nvfp4Reader.split(found, source, qcfg, slices)  # type: ignore[return-value]
         rest, scale_names, dropped = {}, {}, 0
         for name, entry in found.items():
-            base = name.removesuffix("_scale")
-            if name.endswith("_scale") and base in found:
+            suffix = next((x for x in SCALE_SUFFIXES if name.endswith(x)), None)
+            base = name.removesuffix(suffix) if suffix else name
+            if suffix and base in found:
                 scale_names[base] = name
             elif _input_scale_of(name) in found or name.endswith(KV_SCALES):
                 dropped += 1
@@ -86,7 +95,8 @@ class Fp8Reader:
             )
         if not has_scale:
             raise CheckpointError(
-                f"{f}: FP8 tensor '{stored}' has no scale (expected a tensor '{stored}_scale')"
+                f"{f}: FP8 tensor '{stored}' has no scale (expected a tensor '{stored}_scale'"
+                + (f" or '{stored}_scale_inv')" if self.qcfg.block else ")")
             )
         if tensor.dtype != FP8:
             raise CheckpointError(
@@ -99,7 +109,7 @@ class Fp8Reader:
                 f"{f}: tensor '{stored}' is FP8 but its module is in the ignore list "
                 f"('{pattern}' in {self.qcfg.source.name})"
             )
-        weight = Fp8Weight(tensor, self._row_scale(name, tensor))
+        weight = self._weight(name, tensor)
         if name in self.slices:
             param, index = self.slices[name]
             self.parts.setdefault(param, {})[index] = weight
@@ -107,26 +117,45 @@ class Fp8Reader:
             self.kept[name] = weight
         return weight.dequantize(torch.float32)
 
-    def _row_scale(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The stored scale as float32 [N] / [E, N]: per tensor ([] / [1]), per expert ([E],
-        [E, 1], [E, 1, 1]) or per channel ([N] / [N, 1], [E, N] / [E, N, 1])."""
+    def _weight(self, name: str, tensor: torch.Tensor) -> Fp8Weight:
+        """The stored codes with their scale: per channel as stored, or block scales re-rounded."""
+        _, _, scale = self.scales[name]
+        block = self.qcfg.block if self.qcfg is not None else None
+        if block is not None and scale.dim() == tensor.dim() and scale.dim() >= 2:
+            if tuple(scale.shape) == block_grid(tuple(tensor.shape), block):
+                if self.rerounded == 0:
+                    log.info("block-scaled FP8 (%dx%d): weights re-rounded per output channel "
+                             "at load (dlmrt's kernels take per-channel scales)", *block)  # fmt: skip
+                self.rerounded += 1
+                return to_per_channel(tensor, self._float_scale(name), block)
+        return Fp8Weight(tensor, self._row_scale(name, tensor))
+
+    def _float_scale(self, name: str) -> torch.Tensor:
         f, stored, scale = self.scales[name]
-        rows = tuple(tensor.shape[:-1])
         if not scale.is_floating_point() or scale.element_size() == 1:
             raise CheckpointError(
                 f"{f}: scale '{stored}' has dtype {_dtype(scale)}, expected float32 (or bf16/fp16)"
             )
+        return scale.float()
+
+    def _row_scale(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The stored scale as float32 [N] / [E, N]: per tensor ([] / [1]), per expert ([E],
+        [E, 1], [E, 1, 1]) or per channel ([N] / [N, 1], [E, N] / [E, N, 1])."""
+        f, stored, _ = self.scales[name]
+        scale = self._float_scale(name)
+        rows = tuple(tensor.shape[:-1])
         shape = tuple(scale.shape)
         allowed = [(), (1,), rows, rows + (1,)]
         if len(rows) == 2:
             allowed += [rows[:1], (rows[0], 1), (rows[0], 1, 1)]
+        if self.qcfg is not None and self.qcfg.block is not None:
+            allowed.append(block_grid(tuple(tensor.shape), self.qcfg.block))
         if shape not in allowed:
             raise CheckpointError(
                 f"{f}: scale '{stored}' has shape {list(shape)}, expected one of "
                 f"{[list(s) for s in allowed]} for the FP8 weight '{self.source[name]}' of shape "
                 f"{list(tensor.shape)}"
             )
-        scale = scale.float()
         if shape in ((rows[0], 1, 1), (rows[0],)) and len(rows) == 2:
             scale = scale.reshape(rows[0], 1)  # per expert
         elif shape == rows + (1,):

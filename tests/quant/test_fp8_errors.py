@@ -122,14 +122,15 @@ FP8_W = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": Tru
 @pytest.mark.parametrize(
     "raw, message",
     [
-        (_ct({**FP8_W, "strategy": "block"}), "unsupported strategy 'block'"),
+        (_ct({**FP8_W, "strategy": "group"}), "unsupported strategy 'group'"),
+        (_ct({**FP8_W, "strategy": "block"}), "'g.weights.block_structure' must be two positive"),
         (_ct({**FP8_W, "type": "int", "num_bits": 4}), "'int' 4-bit weights are not FP8"),
         (_ct({**FP8_W, "symmetric": False}), "asymmetric FP8"),
         (_ct(FP8_W, format="pack-quantized"), "unsupported compressed-tensors format"),
         (_ct(FP8_W, ignore="lm_head"), "'ignore' must be a list of module names"),
         (
-            {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
-            "unsupported quantization_config.quant_method 'fp8'",
+            {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+            "unsupported quantization_config.quant_method 'gptq'",
         ),
         (
             {"quantization_config": {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}},
