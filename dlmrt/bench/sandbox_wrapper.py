@@ -7,8 +7,13 @@ Standard library only, no dlmrt import: it runs in a fresh interpreter inside th
 1. Reads the pass secret from stdin (a pipe the harness writes and closes), then points fd 0 at
    /dev/null: the secret is never in the program's text, a file, the environment or argv.
 2. MODE "namespaces" (inside `unshare --user --mount ...`): makes every mount read-only except
-   WORKDIR (a private bind mount); MODE "fallback": installs an audit hook refusing sockets (the
-   `socket` and raw `_socket` modules alike) and ctypes.
+   WORKDIR (a private bind mount) and /proc, then moves into a nested user + mount namespace:
+   mounts that reach a less privileged mount namespace have their read-only flag locked, so the
+   program, root with every capability in that namespace, still cannot remount them writable
+   (mount_namespaces(7)); /proc stays writable because the nested namespace's uid map is written
+   there, and /proc grants nothing a capability in a user namespace could use. MODE "fallback":
+   installs an audit hook refusing sockets (the `socket` and raw `_socket` modules alike) and
+   ctypes.
 3. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
 4. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
    REPORT_FD and `os._exit(0)`. An early `sys.exit`, `os._exit` or exception never reports.
@@ -28,6 +33,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
 MS_REC, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 21, 1 << 24
 MS_NOSYMFOLLOW = 256
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 # Per-mount flags a user namespace locks: a remount must repeat them or it is refused.
 LOCKED = {
     "nosuid": MS_NOSUID,
@@ -38,7 +44,8 @@ LOCKED = {
     "relatime": MS_RELATIME,
     "nosymfollow": MS_NOSYMFOLLOW,
 }
-PSEUDO = ("/proc", "/sys")  # kernel file systems: a refused remount there is tolerated
+PSEUDO = ("/sys",)  # kernel file systems: a refused remount there is tolerated
+WRITABLE = ("/proc",)  # left as mounted: the nested namespace's maps are written there
 BLOCKED_EVENTS = ("socket.", "ctypes.dlopen")
 NO_NETWORK = "network access is disabled in the dlmrt HumanEval sandbox"
 SETUP_FAILED = 3  # exit status: the sandbox could not be set up (the program never ran)
@@ -84,13 +91,26 @@ def read_only_view(workdir: str) -> None:
     if err := mount(workdir, workdir, MS_BIND | MS_REC):
         raise OSError(err, f"bind mount of {workdir}: {os.strerror(err)}")
     for point, flags in _mount_points():
-        if point == workdir or point.startswith(workdir + "/"):
+        inside = (workdir, *WRITABLE)
+        if any(point == d or point.startswith(d + "/") for d in inside):
             continue
         err = mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
         if err and not point.startswith(PSEUDO):
             raise OSError(err, f"read-only remount of {point}: {os.strerror(err)}")
     if os.access("/", os.W_OK) or not os.access(workdir, os.W_OK):
         raise OSError(f"read-only view not in effect (/ writable or {workdir} not)")
+    _lock(libc, ctypes)
+
+
+def _lock(libc, ctypes) -> None:
+    """Enter a nested user + mount namespace (uid / gid 0 mapped to ours): every mount arrives
+    there locked, read-only ones staying read-only whatever the program's capabilities."""
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"nested user namespace: {os.strerror(err)}")
+    for name, text in (("setgroups", "deny"), ("uid_map", "0 0 1"), ("gid_map", "0 0 1")):
+        with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
+            f.write(text)
 
 
 def _audit(event: str, args: tuple) -> None:

@@ -157,3 +157,27 @@ def test_wrapper_is_standard_library_only():
     # It runs under `python -I` inside the sandbox, where dlmrt may not be importable.
     source = Path(sandbox.WRAPPER).read_text()
     assert "import dlmrt" not in source and "from dlmrt" not in source
+
+
+def _namespaces_only() -> None:
+    if sandbox.isolation() is not sandbox.NAMESPACES:
+        pytest.skip("user/mount/network/PID namespaces are not available here")
+
+
+def test_the_read_only_view_cannot_be_remounted_writable(tmp_path):
+    """The remount a candidate would try (CAP_SYS_ADMIN in its user namespace) must fail: the
+    mounts are locked (a nested user + mount namespace), so / stays read-only."""
+    _namespaces_only()
+    target = tmp_path / "escaped"
+    program = textwrap.dedent(f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        MS_REMOUNT, MS_BIND, MS_RELATIME = 32, 4096, 1 << 21
+        for point in ("/", {str(tmp_path)!r}):
+            rc = libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RELATIME, None)
+            print(point, rc, os.strerror(ctypes.get_errno()))
+        open({str(target)!r}, "w").write("outside the temp dir")
+    """)
+    result = run_program(program)
+    assert not target.exists()
+    assert result.status == "failed" and "Read-only file system" in result.stderr_tail, result
