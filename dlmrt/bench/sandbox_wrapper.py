@@ -14,8 +14,12 @@ Standard library only, no dlmrt import: it runs in a fresh interpreter inside th
    there, and /proc grants nothing a capability in a user namespace could use. MODE "fallback":
    installs an audit hook refusing sockets (the `socket` and raw `_socket` modules alike) and
    ctypes.
-3. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
-4. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
+3. Both modes: a seccomp filter makes `socket()` fail with EACCES for every address family, in
+   this process and everything it starts (`socketpair()` stays: it reaches nothing). Unix-domain
+   sockets on the file system (`connect` to /run/..., `curl --unix-socket`) and, in the fallback,
+   the network from a child process, are therefore out of reach too.
+4. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
+5. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
    REPORT_FD and `os._exit(0)`. An early `sys.exit`, `os._exit` or exception never reports.
 
 Residual risk: the program runs in this process, so code that digs through the interpreter's own
@@ -26,7 +30,9 @@ treats a pass as "ran to the end", not as proof against an adversary. Use a cont
 from __future__ import annotations
 
 import os
+import platform
 import resource
+import struct
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -49,6 +55,12 @@ WRITABLE = ("/proc",)  # left as mounted: the nested namespace's maps are writte
 BLOCKED_EVENTS = ("socket.", "ctypes.dlopen")
 NO_NETWORK = "network access is disabled in the dlmrt HumanEval sandbox"
 SETUP_FAILED = 3  # exit status: the sandbox could not be set up (the program never ran)
+# seccomp: the native audit arch and socket()'s number (a foreign arch, e.g. a 32-bit program,
+# gets EPERM for every system call; x86-64's x32 numbers are refused the same way)
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
+EACCES, EPERM = 13, 1
 
 
 def read_secret() -> bytes:
@@ -113,18 +125,55 @@ def _lock(libc, ctypes) -> None:
             f.write(text)
 
 
+def _seccomp_program() -> bytes:
+    """Classic BPF over seccomp_data (nr at 0, arch at 4): socket() -> EACCES, all else allowed."""
+    arch, nr_socket = SECCOMP_ARCH[platform.machine()]
+    ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
+    code = [
+        (ld, 0, 0, 4),  # A = arch
+        (jeq, 1, 0, arch),  # native: skip the next
+        (ret, 0, 0, RET_ERRNO | EPERM),
+        (ld, 0, 0, 0),  # A = syscall number
+        (0x35, 3, 0, 0x40000000),  # BPF_JGE: x32 numbers -> EPERM (3 ahead)
+        (jeq, 0, 1, nr_socket),
+        (ret, 0, 0, RET_ERRNO | EACCES),
+        (ret, 0, 0, RET_ALLOW),
+        (ret, 0, 0, RET_ERRNO | EPERM),
+    ]
+    return b"".join(struct.pack("HBBI", *insn) for insn in code)
+
+
+def no_sockets() -> None:
+    """Install the seccomp filter (no_new_privs first: allowed without any capability)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    program = ctypes.create_string_buffer(_seccomp_program())
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Fprog(len(program.raw) // 8, ctypes.addressof(program))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp filter: {os.strerror(err)}")
+
+
 def _audit(event: str, args: tuple) -> None:
     if event.startswith(BLOCKED_EVENTS):
         raise OSError(NO_NETWORK + f" ({event})")
 
 
 def setup(mode: str, nproc: int, workdir: str) -> None:
+    if mode not in ("namespaces", "fallback"):
+        raise ValueError(f"mode: expected 'namespaces' or 'fallback', got {mode!r}")
     if mode == "namespaces":
         read_only_view(workdir)
-    elif mode == "fallback":
+    no_sockets()  # before the audit hook, which refuses the ctypes it needs
+    if mode == "fallback":
         sys.addaudithook(_audit)  # cannot be removed; raw `_socket` raises the same events
-    else:
-        raise ValueError(f"mode: expected 'namespaces' or 'fallback', got {mode!r}")
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 

@@ -74,7 +74,32 @@ def test_raw_socket_cannot_reach_a_loopback_listener(mode):
         )
         result = check_completion(ADD_PROMPT, completion, ADD_TEST, "add")
     assert result.status == "failed"
-    assert "network access is disabled" in result.stderr_tail or "unreachable" in result.stderr_tail
+    # socket() itself is refused: by the kernel (seccomp), or first by the fallback's audit hook
+    tail = result.stderr_tail
+    assert "Permission denied" in tail or "network access is disabled" in tail, tail
+
+
+@pytest.mark.parametrize("how", ["in_process", "child_process"])
+def test_unix_socket_on_the_file_system_is_out_of_reach(mode, tmp_path, how):
+    """A listener on a Unix-domain socket outside the sandbox (as /run/docker.sock would be):
+    neither the program nor a program it starts can connect."""
+    path = str(tmp_path / "listener.sock")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(path)
+        listener.listen()
+        connect = f"import _socket; _socket.socket(_socket.AF_UNIX).connect({path!r})"
+        line = (
+            f"    {connect}\n"
+            if how == "in_process"
+            else f"    import subprocess, sys\n"
+            f"    subprocess.run([sys.executable, '-c', {connect!r}], check=True)\n"
+        )
+        completion = line + "    return a + b  # connected: not isolated\n"
+        listener.settimeout(0.1)
+        result = check_completion(ADD_PROMPT, completion, ADD_TEST, "add")
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody reached it
+    assert result.status == "failed", result
 
 
 def test_setsid_double_fork_daemon_dies_with_the_run(mode, tmp_path):
