@@ -1,11 +1,13 @@
-"""HumanEval runner: run `prompt + completion + test + check(entry_point)` in a sandboxed subprocess.
+"""HumanEval runner: a completion's verdict, and plain programs in the sandbox.
 
-Each program runs in a fresh `python -I` in its own temporary directory and session, under the
-sandbox of sandbox.py (namespaces where `unshare` works, else an audit-hook fallback; resource
-limits always). A program passes only if it exits 0 AND the trusted wrapper that ran it reports a
-secret that is never in the program's text, files or environment, so exiting early (or printing
-a token read from its own file) cannot pass. This is best effort, not a security boundary against
-adversarial code (see sandbox_wrapper.py; use a container for untrusted code).
+`check_completion`: the candidate's module (prompt + completion) runs sandboxed and serves its
+function; the tests run in the judge (`judge.py`) on the values it returns, so nothing the
+candidate does in its own process (early exits, reading frames or memory, always-equal objects)
+can make it pass. `run_program`: any program, in a fresh `python -I` in its own temporary
+directory and session under the sandbox of sandbox.py (namespaces where `unshare` works, else an
+audit-hook fallback; resource limits and the socket filter always); it passes only if it exits 0
+AND the trusted wrapper reports a secret that is never in the program's text, files or
+environment. Best effort, not a security boundary against adversarial code (use a container).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlmrt.bench import sandbox
+from dlmrt.bench import judge, sandbox
 
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
@@ -50,15 +52,20 @@ def extract_code(completion: str, entry_point: str) -> str:
     return (defining or blocks)[0]
 
 
-def build_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
-    """A full function after the prompt redefines it (helpers in the prompt stay defined); any
-    other completion continues the prompt's function body."""
+def candidate_module(prompt: str, completion: str, entry_point: str) -> str:
+    """The prompt with the completion: a full function after the prompt redefines it (helpers in
+    the prompt stay defined); any other completion continues the prompt's function body."""
     code = extract_code(completion, entry_point)
     if re.search(rf"^def\s+{re.escape(entry_point)}\s*\(", code, re.M):
-        body = prompt + "\n\n" + code  # a docstring-only body is valid Python
-    else:
-        body = prompt + code
-    return f"{body}\n\n{test}\n\ncheck({entry_point})\n"
+        return prompt + "\n\n" + code  # a docstring-only body is valid Python
+    return prompt + code
+
+
+def build_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
+    """One program: the candidate's module, the tests, `check(entry_point)`."""
+    return (
+        f"{candidate_module(prompt, completion, entry_point)}\n\n{test}\n\ncheck({entry_point})\n"
+    )
 
 
 def run_program(
@@ -90,4 +97,8 @@ def run_program(
 def check_completion(
     prompt: str, completion: str, test: str, entry_point: str, timeout_s: float = 10.0
 ) -> ExecResult:
-    return run_program(build_program(prompt, completion, test, entry_point), timeout_s=timeout_s)
+    """ "passed" iff `test`'s check() returns in the judge, calling the sandboxed completion."""
+    limits = sandbox.Limits(int(timeout_s) + 1, 2048, 64)
+    module = candidate_module(prompt, completion, entry_point)
+    v = judge.run_check(module, prompt, test, entry_point, timeout_s, limits)
+    return ExecResult(v.status, v.returncode, v.elapsed_s, v.why)

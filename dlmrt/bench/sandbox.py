@@ -13,6 +13,7 @@ timeout. The pass secret travels over the wrapper's stdin and comes back over a 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,9 +83,27 @@ def isolation() -> Mode:
     return NAMESPACES if ok else FALLBACK
 
 
-def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
-    """Run `workdir/program.py` through the wrapper under `mode`; stdout/stderr go to files."""
-    secret = secrets.token_hex(16).encode()
+@dataclass
+class Running:
+    """A started wrapper: `proc` (stdin: a pipe to it), `report_fd` (the read end of its report
+    pipe), and the clock and children's CPU at its start."""
+
+    proc: subprocess.Popen
+    report_fd: int
+    t0: float
+    cpu0: float
+    marker: str
+
+    def usage(self) -> tuple[float, float]:
+        """(wall seconds, CPU seconds of reaped children) since the start."""
+        return time.perf_counter() - self.t0, _children_cpu() - self.cpu0
+
+
+@contextlib.contextmanager
+def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -> Iterator[Running]:
+    """Start the wrapper on `workdir/program.py` under `mode` (stdout / stderr to files there);
+    `entry`: serve that function to a judge (sandbox_wrapper.py) instead of running to the end.
+    Leaving the block kills everything the run started."""
     marker = secrets.token_hex(8)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir)}
     env.update(TMPDIR=str(workdir), LANG="C.UTF-8", OMP_NUM_THREADS="1")
@@ -92,6 +112,7 @@ def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
     argv = [*mode.prefix, sys.executable, "-I", str(WRAPPER), mode.name]
     read_end, write_end = os.pipe()
     argv += [str(write_end), str(nproc), str(workdir), str(workdir / "program.py")]
+    argv += [entry] if entry else []
     try:
         with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
             cpu0, t0 = _children_cpu(), time.perf_counter()
@@ -108,21 +129,40 @@ def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
             )
             os.close(write_end)
             write_end = -1
-            _send_secret(proc, secret)
+            running = Running(proc, read_end, t0, cpu0, marker)
             try:
-                code: int | None = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
+                yield running
             finally:
-                _kill_run(proc, marker if mode is FALLBACK else None)
-            elapsed, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
-        report = _read_report(read_end)
+                finish(running, mode)
     finally:
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
-    tail = (workdir / "stderr").read_text(encoding="utf-8", errors="replace")[-OUTPUT_TAIL:]
-    return Outcome(code, elapsed, cpu, report == secret, tail)
+
+
+def finish(running: Running, mode: Mode) -> None:
+    """Kill and reap everything the run started (again: a no-op)."""
+    _kill_run(running.proc, running.marker if mode is FALLBACK else None)
+
+
+def stderr_tail(workdir: Path) -> str:
+    return (workdir / "stderr").read_text(encoding="utf-8", errors="replace")[-OUTPUT_TAIL:]
+
+
+def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
+    """Run `workdir/program.py` through the wrapper under `mode` to its end; stdout/stderr go to
+    files. `reported`: the wrapper sent back the secret it was given (the program returned)."""
+    secret = secrets.token_hex(16).encode()
+    with start(workdir, mode, limits) as running:
+        _send_secret(running.proc, secret)
+        try:
+            code: int | None = running.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finish(running, mode)
+        elapsed, cpu = running.usage()
+        report = _read_report(running.report_fd)
+    return Outcome(code, elapsed, cpu, report == secret, stderr_tail(workdir))
 
 
 def _send_secret(proc: subprocess.Popen, secret: bytes) -> None:

@@ -2,7 +2,7 @@
 
 Standard library only, no dlmrt import: it runs in a fresh interpreter inside the sandbox.
 
-    sandbox_wrapper.py MODE REPORT_FD NPROC WORKDIR PROGRAM
+    sandbox_wrapper.py MODE REPORT_FD NPROC WORKDIR PROGRAM [ENTRY]
 
 1. Reads the pass secret from stdin (a pipe the harness writes and closes), then points fd 0 at
    /dev/null: the secret is never in the program's text, a file, the environment or argv.
@@ -21,8 +21,12 @@ Standard library only, no dlmrt import: it runs in a fresh interpreter inside th
 4. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
 5. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
    REPORT_FD and `os._exit(0)`. An early `sys.exit`, `os._exit` or exception never reports.
+   With ENTRY (a HumanEval judge, `dlmrt/bench/judge.py`): no secret; PROGRAM (the candidate's
+   module, no tests) is run, then the function ENTRY is served: each line on stdin is a call
+   (arguments as `value_codec` data), each answer one line on REPORT_FD ("ok " + the value, or
+   "error " + the exception). The tests run in the judge, on values; nothing here decides a pass.
 
-Residual risk: the program runs in this process, so code that digs through the interpreter's own
+Residual risk (without ENTRY): the program runs in this process, so code that digs through the interpreter's own
 memory (frames, gc, ctypes where allowed, /proc/self/mem) can still find the secret; the harness
 treats a pass as "ran to the end", not as proof against an adversary. Use a container for that.
 """
@@ -177,9 +181,59 @@ def setup(mode: str, nproc: int, workdir: str) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
+def _load_codec():
+    """dlmrt/bench/value_codec.py by path (`-I` puts no directory of ours on sys.path)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "value_codec.py")
+    spec = importlib.util.spec_from_file_location("dlmrt_value_codec", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lines(fd: int):
+    """Lines read from fd with os.read (the program may replace sys.stdin), until EOF."""
+    buf = b""
+    while chunk := os.read(fd, 1 << 16):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield line
+
+
+def serve(code, namespace: dict, entry: str, report_fd: int, codec) -> None:
+    """Run the candidate's module, then answer calls of `entry` until stdin closes."""
+
+    def answer(kind: str, text: str) -> None:
+        os.write(report_fd, f"{kind} {text}\n".encode())
+
+    requests = os.dup(0)  # the program reads an empty stdin, not the judge's calls
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        exec(code, namespace)
+        fn = namespace[entry]
+        if not callable(fn):
+            raise TypeError(f"{entry} is not callable")
+    except BaseException as e:  # noqa: BLE001 (SystemExit too: the module never became ready)
+        answer("error", repr(f"{type(e).__name__}: {e}"))
+        os._exit(1)
+    answer("ready", "")
+    for line in _lines(requests):
+        try:
+            args, kwargs = codec.decode(line)
+            answer("ok", codec.encode(fn(*args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001 (the judge decides what an error means)
+            answer("error", repr(f"{type(e).__name__}: {str(e)[:200]}"))
+    os._exit(0)
+
+
 def main(argv: list[str]) -> None:
-    mode, report_fd, nproc, workdir, program = argv
-    secret = read_secret()
+    mode, report_fd, nproc, workdir, program, *entry = argv
+    secret = read_secret() if not entry else b""
+    codec = _load_codec() if entry else None
     try:
         setup(mode, int(nproc), workdir)
         with open(program, encoding="utf-8") as f:
@@ -188,6 +242,8 @@ def main(argv: list[str]) -> None:
         print(f"dlmrt sandbox: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(SETUP_FAILED if not isinstance(e, SyntaxError) else 1)
     namespace = {"__name__": "__main__", "__file__": program, "__builtins__": __builtins__}
+    if entry:
+        serve(code, namespace, entry[0], int(report_fd), codec)
     exec(code, namespace)  # an exception or SystemExit leaves without reporting
     for stream in (sys.stdout, sys.stderr):
         try:

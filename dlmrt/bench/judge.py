@@ -1,0 +1,127 @@
+"""HumanEval verdicts from a process the candidate cannot reach.
+
+The candidate's code (the prompt with its completion, no tests) runs in the sandbox
+(`sandbox.start` with an entry point: `sandbox_wrapper.serve`). The tests run here, in the judge:
+the prompt (its helpers, e.g. `poly` for `find_zero`) and the test code are executed in a fresh
+namespace and `check(candidate)` is called with a proxy that sends each call's arguments to the
+sandbox and gets the return value back as data (`value_codec`: plain built-in values, types
+checked exactly). The pass is "check() returned", decided in this process:
+- nothing secret lives in the candidate's process, so reading the caller's frames or
+  /proc/self/mem finds nothing to forge;
+- an object whose `__eq__` is always true (or any non-data object) cannot be sent back, so the
+  call fails instead of comparing equal;
+- exiting early, printing, or writing to any file descriptor cannot make check() return.
+The prompt and tests are the data set's (trusted) code; they run under the wall deadline only at
+the candidate's calls. The global `random` state is restored afterwards (tests may seed it).
+What stays reachable to a candidate: files it can read (a data set on disk included).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlmrt.bench import sandbox
+from dlmrt.bench.value_codec import CodecError, decode, encode
+
+
+class CandidateError(RuntimeError):
+    """The candidate raised, returned something that is not data, or died."""
+
+
+class CandidateEnded(CandidateError):
+    """Its process ended (a syntax error, an exit, a limit): its stderr says why."""
+
+
+class Deadline(Exception):
+    """The wall deadline passed while waiting for the candidate."""
+
+
+@dataclass
+class Channel:
+    """Calls into the sandboxed candidate: requests on its stdin, answers on the report pipe."""
+
+    running: sandbox.Running
+    deadline: float
+    buffer: bytes = b""
+
+    def _line(self) -> tuple[str, str]:
+        while b"\n" not in self.buffer:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self.running.report_fd], [], [], left)[0]:
+                raise Deadline
+            chunk = os.read(self.running.report_fd, 1 << 16)
+            if not chunk:
+                raise CandidateEnded("the candidate's process ended")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        kind, _, text = line.decode("utf-8", errors="replace").partition(" ")
+        return kind, text
+
+    def ready(self) -> None:
+        kind, text = self._line()
+        if kind != "ready":
+            raise CandidateError(f"the candidate's module failed: {text[:300]}")
+
+    def call(self, *args: object, **kwargs: object) -> object:
+        stdin = self.running.proc.stdin
+        try:
+            stdin.write((encode([list(args), kwargs]) + "\n").encode())
+            stdin.flush()
+        except OSError as e:  # BrokenPipeError
+            raise CandidateEnded("the candidate's process ended") from e
+        kind, text = self._line()
+        if kind != "ok":
+            raise CandidateError(f"the candidate raised {text[:300]}")
+        try:
+            return decode(text)
+        except CodecError as e:
+            raise CandidateError(f"the candidate's value: {e}") from None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # "passed" | "failed" | "timeout"
+    returncode: int | None
+    elapsed_s: float
+    why: str  # the failure's first line, or the candidate's stderr tail
+
+
+def run_check(module: str, prompt: str, test: str, entry_point: str, timeout_s: float,
+              limits: sandbox.Limits) -> Verdict:  # fmt: skip
+    """`module` (prompt + completion) served from the sandbox; `test`'s check() run here."""
+    with tempfile.TemporaryDirectory(prefix="dlmrt-he-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "program.py").write_text(module, encoding="utf-8")
+        mode = sandbox.isolation()
+        state = random.getstate()
+        with sandbox.start(workdir, mode, limits, entry=entry_point) as running:
+            channel = Channel(running, time.monotonic() + timeout_s)
+            status, why = "failed", ""
+            try:
+                channel.ready()
+                scope: dict[str, object] = {"__name__": "__judge__"}
+                exec(compile(prompt, "<prompt>", "exec"), scope)
+                exec(compile(test, "<test>", "exec"), scope)
+                scope["check"](channel.call)  # type: ignore[operator]
+                status = "passed"
+            except Deadline:
+                status = "timeout"
+            except CandidateEnded:
+                pass  # why: its stderr
+            except Exception as e:  # noqa: BLE001 (a failed assert, the candidate's error, ...)
+                why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            finally:
+                random.setstate(state)
+            sandbox.finish(running, mode)
+            code = running.proc.returncode
+            elapsed, cpu = running.usage()
+        if status == "failed" and (code == -signal.SIGXCPU or cpu >= limits.cpu_s - 0.05):
+            status = "timeout"  # the CPU limit ended it
+        return Verdict(status, code, elapsed, why or sandbox.stderr_tail(workdir))
