@@ -35,7 +35,7 @@ setup(
         "dev": [
             "pytest>=7",
             "transformers>=5.0",
-            "ruff>=0.5",
+            "ruff==0.17.6",  # the version the code is formatted with: `ruff format` differs across versions
             # the server tests: a live uvicorn driven by the official openai client
             "fastapi>=0.110",
             "uvicorn>=0.29",

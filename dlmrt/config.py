@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a device or dtype is needed: `dlmrt --help` stays fast
+    import torch
 
-from dlmrt.engine.kv_cache import KV_CACHE_DTYPES  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
 ROLES = ("base", "orl")
 QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
 ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 MLPs (docs/quantization.md)
@@ -93,8 +94,8 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.role is not None and self.role not in ROLES:
             raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {self.role!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
@@ -116,6 +117,8 @@ class EngineConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
         if self.device is not None:
+            import torch
+
             try:
                 torch.device(self.device)
             except RuntimeError as e:
@@ -124,11 +127,22 @@ class EngineConfig:
                 raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device is not None:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype is not None:
-            return DTYPES[self.dtype]
+            return torch_dtypes()[self.dtype]
         return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+
+
+def torch_dtypes() -> dict[str, torch.dtype]:
+    """DTYPE_NAMES -> torch dtypes."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -17,7 +17,7 @@ import torch
 
 from dlmrt import models
 from dlmrt.checkpoint import load_checkpoint, resolve_model_path
-from dlmrt.config import DTYPES, EngineConfig
+from dlmrt.config import EngineConfig, torch_dtypes
 from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.decoding import make_rule
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
@@ -71,7 +71,7 @@ class LLM:
         activations: str = "none",
     ) -> None:
         if isinstance(dtype, torch.dtype):
-            dtype = next((k for k, v in DTYPES.items() if v == dtype), str(dtype))
+            dtype = next((k for k, v in torch_dtypes().items() if v == dtype), str(dtype))
         config = EngineConfig(
             model=None if model is None else str(model),
             dtype=dtype,
@@ -125,7 +125,7 @@ class LLM:
         default; graph modes capture the weights' storage, so a graph mode stays correct only
         while the weights are updated in place."""
         param = next(model.parameters())
-        dtype = next((k for k, v in DTYPES.items() if v == param.dtype), None)
+        dtype = next((k for k, v in torch_dtypes().items() if v == param.dtype), None)
         config = EngineConfig(
             model=str(path), dtype=dtype, device=str(param.device), role=role, mode=mode,
             fold_commits=fold_commits,

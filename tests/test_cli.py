@@ -178,3 +178,12 @@ def test_unavailable_device_exits_cleanly(model_dir, capsys):
     """--device cuda on a machine without CUDA is a clean 'device:' error, exit 2."""
     assert main(["generate", "--model", str(model_dir), "--device", "cuda", "x"]) == 2
     assert capsys.readouterr().err.startswith("dlmrt: error: device")
+
+
+def test_help_imports_no_torch():
+    """`dlmrt --help` (every subcommand's parser built) must not pay torch's import (seconds)."""
+    import subprocess
+    import sys
+
+    code = "import sys, dlmrt.cli; dlmrt.cli.build_parser(); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -113,7 +113,8 @@ def read_only_view(workdir: str) -> None:
         err = mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
         if err and not point.startswith(PSEUDO):
             raise OSError(err, f"read-only remount of {point}: {os.strerror(err)}")
-    if os.access("/", os.W_OK) or not os.access(workdir, os.W_OK):
+    os.chdir(workdir)  # the old cwd is the directory under the bind mount: read-only now
+    if os.access("/", os.W_OK) or not os.access(".", os.W_OK):
         raise OSError(f"read-only view not in effect (/ writable or {workdir} not)")
     _lock(libc, ctypes)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # auto: the model's compute dtype
+from dlmrt.config import KV_CACHE_DTYPES  # auto: the model's compute dtype
 
 
 def arena_dtype(kv_cache_dtype: str, compute: torch.dtype) -> torch.dtype:

@@ -9,7 +9,7 @@ from dlmrt.flags import add_dataclass_flags, values
 
 
 def add_quantize_parser(sub: argparse._SubParsersAction) -> None:
-    from dlmrt.quant.quantize import QuantizeConfig
+    from dlmrt.quant.quantize_config import QuantizeConfig
 
     q = sub.add_parser(
         "quantize",

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from dlmrt.config import DTYPES
+from dlmrt.config import DTYPE_NAMES, torch_dtypes
 from dlmrt.decoder_defaults import KEY, DecoderDefaults
 from dlmrt.errors import CheckpointError
 
@@ -82,8 +82,8 @@ def export(
     0.4}, written to generation_config.json as "dlmrt_decoder" (`dlmrt/decoder_defaults.py`).
     """
     src, dest = Path(src), Path(dest)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPE_NAMES)}, got {dtype!r}")
     if decoder:
         try:  # the loader's own checks, before anything is written
             DecoderDefaults.read("threshold", {KEY: decoder}, Path("decoder"))
@@ -99,7 +99,8 @@ def export(
     for name in HF_FILES:
         shutil.copyfile(src / name, tmp / name)
     tensors = {
-        k: v.to(DTYPES[dtype]).contiguous() for k, v in load_file(str(src / WEIGHTS)).items()
+        k: v.to(torch_dtypes()[dtype]).contiguous()
+        for k, v in load_file(str(src / WEIGHTS)).items()
     }
     save_tensors(tensors, tmp / WEIGHTS)
     cfg = json.loads((tmp / "config.json").read_text())

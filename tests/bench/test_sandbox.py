@@ -167,6 +167,8 @@ def test_file_system_is_read_only_outside_the_temp_dir(tmp_path, monkeypatch):
             pass
         with open(os.path.join(os.environ["TMPDIR"], "scratch"), "w") as f:
             f.write("the private temp dir stays writable")
+        with open("relative", "w") as f:  # the working directory is that temp dir
+            f.write("so is a relative path")
     """)
     assert run_program(program).passed
     assert (victim / "keep").read_text() == "x" and not (tmp_path / "big").exists()
