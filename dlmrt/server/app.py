@@ -143,12 +143,15 @@ async def _serve(worker: Worker, spec: RequestSpec, request: Request) -> Respons
 
     job = Job(spec, emit)
     worker.submit(job)  # APIError 503 when full
+    request_id = {"X-Request-Id": request.headers.get("x-request-id") or spec.request_id}
     if spec.stream:
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"} | request_id
         return StreamingResponse(
             _sse(spec, job, events), media_type="text/event-stream", headers=headers
         )
-    return await _wait(spec, job, events, request)
+    response = await _wait(spec, job, events, request)
+    response.headers.update(request_id)
+    return response
 
 
 async def _wait(spec: RequestSpec, job: Job, events: asyncio.Queue, request: Request) -> Response:
@@ -205,7 +208,10 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     def answer(request: Request, error: APIError) -> JSONResponse:
         if request.url.path in GENERATION_PATHS and not error.counted:
             metrics.count_status(error.status)
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        headers = dict(error.headers or {})
+        if "x-request-id" in request.headers:  # echoed on errors too
+            headers["X-Request-Id"] = request.headers["x-request-id"]
+        return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:

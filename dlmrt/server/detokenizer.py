@@ -43,6 +43,21 @@ class IncrementalText:
         delta, self.sent = text[len(self.sent) :], text
         return delta
 
+    def tokens_until_stop(self, token_ids: list[int]) -> int:
+        """The fewest leading tokens whose text holds a stop string (all of them when none
+        does): what a stopped request generated, the tokens decoded past it not counted.
+        Binary search: holding a stop string only grows with the prefix."""
+        if self._first_stop(self._decode(token_ids)) is None:
+            return len(token_ids)
+        lo, hi = 1, len(token_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._first_stop(self._decode(token_ids[:mid])) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     def _first_stop(self, text: str) -> int | None:
         hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
         return min(hits) if hits else None

@@ -163,7 +163,7 @@ def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:
         prompt = prompt[0]
     if isinstance(prompt, str):
         check_prompt_chars(len(prompt), info.max_prompt_chars)
-        ids = info.tokenizer.encode(prompt)
+        ids = info.tokenizer.encode(_unicode(prompt, "prompt"))
     else:
         ids = list(prompt)
         bad = [t for t in ids if not 0 <= t < info.vocab_size]
@@ -187,6 +187,8 @@ def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
         for i, m in enumerate(req.messages)
     ]
     check_prompt_chars(sum(len(m["content"]) for m in messages), info.max_prompt_chars)
+    for i, m in enumerate(messages):
+        _unicode(m["content"], f"messages[{i}].content")
     try:
         text = info.tokenizer.apply_chat_template(messages)
     except ValueError as e:
@@ -194,6 +196,22 @@ def chat_spec(req: ChatCompletionRequest, info: ModelInfo) -> RequestSpec:
     ids = info.tokenizer.encode(text)
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return _spec("chat", req, ids, limit, DecodeParams().max_new_tokens, info)
+
+
+def _unicode(text: str, param: str) -> str:
+    """`text` if it is valid Unicode; JSON's \\ud800 escapes can give a lone surrogate, which no
+    tokenizer can encode: a 400 naming the field, not a 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"{param}: not valid Unicode (a lone surrogate {text[e.start]!r} at "
+                       f"character {e.start})", param) from None  # fmt: skip
+    return text
+
+
+def _room(ids: list[int], block: int, info: ModelInfo) -> int:
+    """Tokens that fit after the prompt in whole blocks of the context."""
+    return info.max_positions // block * block - len(ids)
 
 
 def check_model(model: str | None, info: ModelInfo) -> None:
@@ -212,9 +230,13 @@ def _spec(
     _check_neutral(req)
     if not ids:
         raise APIError(400, "prompt: must not be empty", "prompt")
-    max_tokens = default if max_tokens is None else max_tokens
+    given = max_tokens is not None
+    max_tokens = max_tokens if max_tokens is not None else default
     if max_tokens < 1:
         raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
+    if not given:  # the default is capped to the room left (as vLLM), not refused
+        room = _room(ids, req.block_length or info.block_size, info)
+        max_tokens = max(1, min(max_tokens, room))
     params = _decode_params(req, max_tokens)
     block = params.block_length or info.block_size
     total = -(-(len(ids) + max_tokens) // block) * block
@@ -229,6 +251,8 @@ def _spec(
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings", "stop")
+    for text in stop:
+        _unicode(text, "stop")
     drafts = req.dlmrt is not None and req.dlmrt.drafts
     if drafts and not req.stream:
         raise APIError(400, "dlmrt.drafts: needs stream: true (drafts are SSE events)", "dlmrt")

@@ -192,10 +192,11 @@ class Worker:
         if delta and spec.stream:
             job.emit(("delta", delta))
         finished = time.perf_counter()
+        used = text.tokens_until_stop(tokens) if text.stopped else len(tokens)
         result = Result(
             text=text.text,
             finish_reason=reason,
-            completion_tokens=len(tokens),
+            completion_tokens=used,  # tokens decoded past a stop string are not counted
             denoising_forwards=forwards,
             request_time_s=finished - t0,
             queue_time_s=t0 - job.admitted_at,

@@ -147,3 +147,51 @@ def test_max_request_bytes_flag():
     parser = build_parser()
     assert parser.parse_args(["serve"]).max_request_bytes == 8 * 1024 * 1024
     assert parser.parse_args(["serve", "--max-request-bytes", "1000"]).max_request_bytes == 1000
+
+
+def test_lone_surrogates_are_a_400_naming_the_field(llm):
+    """JSON's "\\ud800" escape decodes to a lone surrogate no tokenizer can encode."""
+    with live(llm) as url:
+        for path, body, param in [
+            ("/v1/completions", {"prompt": "a\ud800b"}, "prompt"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},
+             "messages[0].content"),
+            ("/v1/completions", {"prompt": "1+1=", "stop": ["\udfff"]}, "stop"),
+        ]:  # fmt: skip
+            raw = json.dumps(body)  # ASCII: the surrogate travels as its \\u escape
+            headers = {"Content-Type": "application/json"}
+            res = httpx.post(url + path, content=raw, headers=headers, timeout=30)
+            assert res.status_code == 400, res.text
+            error = res.json()["error"]
+            assert error["param"] == param and "lone surrogate" in error["message"]
+
+
+def test_a_default_max_tokens_is_capped_to_the_room_left(llm):
+    """Without max_tokens a long prompt gets the room left in the context (a shorter answer), not
+    a 400; an explicit max_tokens that does not fit is still refused."""
+    positions, block = llm.model_config.max_position_embeddings, llm.model_config.block_size
+    prompt = [7] * (positions // block * block - 3)  # room for 3 tokens
+    with live(llm) as url:
+        for path, body in [
+            ("/v1/completions", {"prompt": prompt, "ignore_eos": True}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 8}]}),
+        ]:
+            res = httpx.post(url + path, json=body, timeout=120)
+            assert res.status_code == 200, res.text
+        usage = httpx.post(url + "/v1/completions", json={"prompt": prompt}, timeout=120).json()
+        assert usage["usage"]["completion_tokens"] <= 3
+        refused = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 9})
+        assert refused.status_code == 400 and "context" in refused.json()["error"]["message"]
+
+
+def test_x_request_id_is_echoed(llm):
+    with live(llm) as url:
+        body = {"prompt": "1+1=", "max_tokens": 2}
+        given = httpx.post(url + "/v1/completions", json=body, headers={"X-Request-Id": "r-42"})
+        assert given.status_code == 200 and given.headers["x-request-id"] == "r-42"
+        minted = httpx.post(url + "/v1/completions", json=body)
+        assert minted.headers["x-request-id"] == minted.json()["id"]
+        bad = httpx.post(
+            url + "/v1/completions", json={"prompt": ""}, headers={"X-Request-Id": "e"}
+        )
+        assert bad.status_code == 400 and bad.headers["x-request-id"] == "e"

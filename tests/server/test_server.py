@@ -167,6 +167,9 @@ def test_stop_string(client, ref):
     kw["extra_body"] = {"ignore_eos": True}
     res = client.completions.create(**kw)
     assert res.choices[0].text == expected and res.choices[0].finish_reason == "stop"
+    # tokens up to the one that completes the stop string (byte tokens: one a character here),
+    # not the rest of the block the engine committed
+    assert res.usage.completion_tokens == text.index(stop) + 1
     streamed = list(client.completions.create(stream=True, **kw))
     assert "".join(c.choices[0].text for c in streamed) == expected
     assert streamed[-1].choices[0].finish_reason == "stop"
