@@ -257,7 +257,8 @@ class LLM:
 
     def _generate_blocks(self, ids, params: DecodeParams, recorder, on_block, should_stop):
         block = params.block_length or self.model_config.block_size
-        check_block_length(len(ids), params, block, self.model_config.max_position_embeddings)
+        cfg = self.model_config
+        check_block_length(len(ids), params, block, cfg.max_position_embeddings, cfg.block_size)
         name, tau, gamma = self.decoder.resolve(params)  # the request's knobs, else the defaults
         rule = make_rule(
             name, threshold=tau, entropy_budget=gamma, denoising_steps=params.denoising_steps or block,

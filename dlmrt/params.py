@@ -71,7 +71,11 @@ class DecodeParams:
         default=None, metadata={"help": "seed of the sampling generator (temperature > 0); None: 0"}
     )
     block_length: int | None = field(
-        default=None, metadata={"help": "None: the checkpoint's block size"}
+        default=None,
+        metadata={
+            "help": "block size B, at most the checkpoint's (a wider block than the model "
+            "was trained with is refused); None: the checkpoint's"
+        },  # fmt: skip
     )
     ignore_eos: bool = field(
         default=False, metadata={"help": "keep generating past stop tokens (benchmarks)"}
@@ -123,7 +127,7 @@ class DecodeParams:
         if self.threshold is not None:
             _check_float("threshold", self.threshold, 0.0, 1.0)
         if self.entropy_budget is not None:
-            _check_float("entropy_budget", self.entropy_budget, 0.0, float("inf"))
+            _check_float("entropy_budget", self.entropy_budget, 0.0, 1e4)  # finite, nats
         _check_float("temperature", self.temperature, 0.0, 1e4)
         if self.seed is not None:
             _check_int("seed", self.seed, 0, 2**63 - 1)

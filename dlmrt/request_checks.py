@@ -35,7 +35,17 @@ def check_rule_style(params: DecodeParams, style: str, architecture: str) -> Non
         )
 
 
-def check_block_length(prompt_len: int, params: DecodeParams, block: int, limit: int) -> None:
+def check_block_length(prompt_len: int, params: DecodeParams, block: int, limit: int,
+                       trained: int | None = None) -> None:  # fmt: skip
+    """The request's blocks fit the context; and (`trained`: the checkpoint's block size) are no
+    larger than the model was trained with: a wider block lets rows see positions they never saw
+    in training, and the model decodes garbage. A smaller one is accepted (1 is left-to-right
+    decoding): a finer block-causal mask than training's."""
+    if trained is not None and block > trained:
+        raise ValueError(
+            f"block_length: {block} is larger than the checkpoint's block_size {trained} "
+            "(its rows were trained to see at most that block; use <= it)"
+        )
     total = layout(prompt_len, params.max_new_tokens, block).max_len
     if total > limit:
         raise ValueError(

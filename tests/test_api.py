@@ -58,13 +58,23 @@ def test_max_new_tokens_exact(base_llm, n):
     assert out.finish_reason == "length"
 
 
-@pytest.mark.parametrize("block", [1, 4, 16])
+@pytest.mark.parametrize("block", [1, 4, 8])
 def test_block_length_override(base_llm, block):
-    """block_length overrides the checkpoint's block: at most `block` rounds per block, n tokens."""
+    """block_length overrides the checkpoint's block (8) with one no larger: at most `block`
+    rounds per block, n tokens."""
     out = base_llm.generate(PROMPT, max_new_tokens=10, ignore_eos=True, block_length=block)
     assert len(out.token_ids) == 10
     assert len(out.rounds_per_block) == -(-(14 + 10) // block) - 14 // block
     assert all(1 <= r <= block for r in out.rounds_per_block)
+
+
+def test_a_block_wider_than_trained_and_an_infinite_budget_are_refused(base_llm):
+    with pytest.raises(
+        ValueError, match="block_length: 16 is larger than the checkpoint's block_size 8"
+    ):
+        base_llm.generate(PROMPT, max_new_tokens=4, block_length=16)
+    with pytest.raises(ValueError, match="entropy_budget: must be in"):
+        base_llm.generate(PROMPT, max_new_tokens=4, entropy_budget=float("inf"))
 
 
 @pytest.mark.parametrize("prompt", ["12345678", [7] * 16])
