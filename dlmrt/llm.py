@@ -295,7 +295,16 @@ class LLM:
         if isinstance(prompt, str):
             if chat:
                 prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt)
+            vocab = self.model_config.vocab_size
+            if any(not 0 <= t < vocab for t in ids):  # a tokenizer larger than the model's table
+                bad = next(t for t in ids if not 0 <= t < vocab)
+                raise ValueError(
+                    f"prompt: the tokenizer gave token id {bad} ({self.tokenizer.decode([bad])!r}) "
+                    f"but the model's vocabulary has {vocab} ids: tokenizer.json does not belong "
+                    "to this checkpoint"
+                )
+            return ids
         if chat:
             raise ValueError("chat: needs a text prompt, got token ids")
         return check_token_ids(prompt, self.model_config.vocab_size)

@@ -122,6 +122,12 @@ class Tokenizer:
             )
         except jinja2.TemplateError as e:
             raise ValueError(f"chat: the chat template failed to render ({e})") from e
+        except (ArithmeticError, TypeError, ValueError, LookupError, RecursionError) as e:
+            # the template's own code failing on these messages (e.g. `"x" * 10**20`: an
+            # OverflowError): the request's problem, named, not a traceback
+            raise ValueError(
+                f"chat: the chat template failed to render ({type(e).__name__}: {e})"
+            ) from e
 
 
 def _environment() -> ImmutableSandboxedEnvironment:

@@ -283,3 +283,10 @@ def test_incomplete_demo_install_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(dlmrt.demo, "DEMO_DIR", tmp_path)
     with pytest.raises(CheckpointError, match="embedded demo model is incomplete"):
         dlmrt.LLM(device="cpu")
+
+
+def test_a_tokenizer_id_outside_the_models_vocabulary_is_named(base_llm, monkeypatch):
+    vocab = base_llm.model_config.vocab_size
+    monkeypatch.setattr(base_llm.tokenizer, "encode", lambda text: [5, vocab + 3])
+    with pytest.raises(ValueError, match=f"token id {vocab + 3} .* vocabulary has {vocab} ids"):
+        base_llm.generate("hi", max_new_tokens=2)

@@ -123,6 +123,16 @@ def test_template_raise_exception(ckpt: Path) -> None:
 
 @pytest.mark.parametrize(
     "template, error",
+    [("{{ 'x' * 10**20 }}", "OverflowError"), ("{{ 1 // 0 }}", "ZeroDivisionError")],
+)
+def test_a_template_failing_at_render_is_a_named_error(ckpt: Path, template: str, error: str):
+    (ckpt / "chat_template.jinja").write_text(template)
+    with pytest.raises(ValueError, match=f"chat: the chat template failed to render .{error}"):
+        Tokenizer(ckpt).apply_chat_template(USER_HI)
+
+
+@pytest.mark.parametrize(
+    "template, error",
     [
         ("{% for m in messages %}{{ m['content'] }}", "line 1: Unexpected end of template"),
         ("{{ messages[0]['content'] | no_such_filter }}", "No filter named 'no_such_filter'"),
