@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # torch is imported where a device or dtype is needed: `dlmrt
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
+MODES = ("auto", "block_graph", "round_graph", "eager")  # dlmrt/engine/graph/modes.py picks
 ROLES = ("base", "orl")
 QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
 ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 MLPs (docs/quantization.md)
@@ -112,8 +113,6 @@ class EngineConfig:
                 f"kv_cache_dtype: expected one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
             )
-        from dlmrt.engine.graph.modes import MODES
-
         if self.mode not in MODES:
             raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
         if self.device is not None:

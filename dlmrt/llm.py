@@ -36,7 +36,7 @@ from dlmrt.request_checks import (
     check_canvas_request,
     check_not_empty,
     check_rule_style,
-    check_token_ids,
+    prompt_ids,
 )
 from dlmrt.rules import BLOCK
 from dlmrt.tokenizer import Tokenizer
@@ -240,7 +240,7 @@ class LLM:
     def _generate(self, prompt, chat, recorder, on_block, should_stop, kwargs) -> GenerationOutput:
         params = DecodeParams.from_kwargs(**kwargs)
         t0 = time.perf_counter()
-        ids = self._prompt_ids(prompt, chat)
+        ids = prompt_ids(self.tokenizer, prompt, chat, self.model_config.vocab_size)
         check_not_empty(ids, prompt)
         arch = self.model_config.architecture
         check_rule_style(params, self.family.style, arch)
@@ -290,21 +290,3 @@ class LLM:
                 "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
             )
         return rng or ("counter" if self.mode != "eager" or self.group is not None else "torch")
-
-    def _prompt_ids(self, prompt: str | list[int], chat: bool) -> list[int]:
-        if isinstance(prompt, str):
-            if chat:
-                prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            ids = self.tokenizer.encode(prompt)
-            vocab = self.model_config.vocab_size
-            if any(not 0 <= t < vocab for t in ids):  # a tokenizer larger than the model's table
-                bad = next(t for t in ids if not 0 <= t < vocab)
-                raise ValueError(
-                    f"prompt: the tokenizer gave token id {bad} ({self.tokenizer.decode([bad])!r}) "
-                    f"but the model's vocabulary has {vocab} ids: tokenizer.json does not belong "
-                    "to this checkpoint"
-                )
-            return ids
-        if chat:
-            raise ValueError("chat: needs a text prompt, got token ids")
-        return check_token_ids(prompt, self.model_config.vocab_size)

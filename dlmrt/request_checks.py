@@ -87,6 +87,26 @@ def check_token_ids(prompt: object, vocab: int) -> list[int]:
     return list(prompt)
 
 
+def prompt_ids(tokenizer, prompt: str | list[int], chat: bool, vocab: int) -> list[int]:
+    """A request's prompt as token ids: text encoded (through the chat template with `chat`), or
+    ids checked. A named error when the tokenizer gives an id the model's table lacks (a
+    tokenizer.json of another checkpoint): not an index error inside the embedding."""
+    if not isinstance(prompt, str):
+        if chat:
+            raise ValueError("chat: needs a text prompt, got token ids")
+        return check_token_ids(prompt, vocab)
+    if chat:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+    ids = tokenizer.encode(prompt)
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(
+            f"prompt: the tokenizer gave token id {bad} ({tokenizer.decode([bad])!r}) but the "
+            f"model's vocabulary has {vocab} ids: tokenizer.json does not belong to this checkpoint"
+        )
+    return ids
+
+
 def check_callbacks(
     chat: object, recorder: object, on_block: object, should_stop: object, on_round: object = None
 ) -> None:

@@ -6,8 +6,9 @@ import logging
 
 import torch
 
+from dlmrt.config import MODES
+
 log = logging.getLogger("dlmrt")
-MODES = ("auto", "block_graph", "round_graph", "eager")
 
 
 def _round_graph_self_test() -> None:

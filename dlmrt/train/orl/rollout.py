@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from dlmrt.llm import LLM
+from dlmrt.request_checks import prompt_ids
 from dlmrt.train.data import is_chat
 from dlmrt.train.orl.capture import Rollout, StateCapture
 from dlmrt.train.orl.config import ORLConfig
@@ -98,7 +99,7 @@ def generate_rollouts(
                     seed=rollout_seed(cfg.seed, step, p.index, g),
                     max_new_tokens=cfg.max_new_tokens, **decode_params(cfg),
                 )  # fmt: skip
-                ids = llm._prompt_ids(p.question, p.chat)
+                ids = prompt_ids(llm.tokenizer, p.question, p.chat, llm.model_config.vocab_size)
                 rollouts.append(Rollout(p.index, ids, out.token_ids, out.text, p.answer,
                                         capture.states, out.num_denoising_forwards))  # fmt: skip
                 if tap is not None:  # the first rollout only
