@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -16,6 +17,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dlmrt.train.tokenizer import CHAT_TEMPLATE, SPECIALS
+
+# Tiny models: torch's intra-op threads only contend with the other xdist workers (one a core).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
+def slow_unless(keep: bool, *values: Any) -> Any:
+    """A parametrize case, marked `slow` unless `keep`: the default run keeps a representative
+    subset of a costly grid, `pytest -m slow` (CI, after the default run) the rest."""
+    return pytest.param(*values, marks=() if keep else pytest.mark.slow)
+
 
 VOCAB = 260  # byte-level tokenizer: 256 bytes + <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258, <|MASK|> 259
 MASK_ID = 259
