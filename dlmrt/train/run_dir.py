@@ -101,9 +101,28 @@ class Checkpointer:
         self.root = out / "checkpoints"
 
     def save(self, step: int, model, optimizer, scheduler, state: dict[str, Any]) -> Path:
+        """checkpoints/step-N, complete or not at all: written under .step-N.tmp and renamed.
+        A failed write (a full disk) removes the partial directory and names the step; the
+        checkpoints already there are untouched."""
         final = self.root / f"step-{step:07d}"
         tmp = self.root / f".step-{step:07d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self._write(tmp, step, model, optimizer, scheduler, state)
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise OSError(f"saving checkpoint step {step} under {self.root} failed ({e}); "
+                          "the earlier checkpoints are unchanged") from e  # fmt: skip
+        if final.exists():  # the same step saved by an earlier, interrupted process
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        copy_atomic(final / WEIGHTS, self.out / WEIGHTS)
+        steps = sorted(p for p in self.root.glob("step-*") if p.is_dir())
+        for old in steps[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _write(self, tmp: Path, step: int, model, optimizer, scheduler, state) -> None:
         tmp.mkdir(parents=True)
         for name in HF_FILES:
             shutil.copyfile(self.out / name, tmp / name)
@@ -118,14 +137,6 @@ class Checkpointer:
         torch.save(full, tmp / STATE)
         summary = {k: v for k, v in state.items() if isinstance(v, int | float | str)}
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **summary}, indent=2))
-        if final.exists():  # the same step saved by an earlier, interrupted process
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        copy_atomic(final / WEIGHTS, self.out / WEIGHTS)
-        steps = sorted(p for p in self.root.glob("step-*") if p.is_dir())
-        for old in steps[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
 
     def clean(self) -> None:
         for tmp in self.root.glob(".step-*.tmp"):

@@ -191,3 +191,29 @@ if __name__ == "__main__":
     REGRESSION.parent.mkdir(exist_ok=True)
     REGRESSION.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {REGRESSION}: losses {result['losses']}")
+
+
+def test_a_full_disk_at_a_checkpoint_is_named_and_leaves_no_partial_step(tmp_path, monkeypatch):
+    """The save of step 2 fails as a full disk would: the CLI names it (rc 1, no traceback), no
+    .step-N.tmp stays behind, and step 1's checkpoint is intact."""
+    import errno
+
+    from dlmrt.cli import main
+    from dlmrt.train import run_dir
+
+    real = run_dir.save_weights
+
+    def save_weights(model, path):
+        if "0000002" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(model, path)
+
+    monkeypatch.setattr(run_dir, "save_weights", save_weights)
+    out = tmp_path / "run"
+    argv = ["train", "sft", "--out", str(out), "--no-progress", "--steps", "3"]
+    for key, value in TINY.items():
+        argv += ["--" + key.replace("_", "-"), str(value if key != "save_every" else 1)]
+    assert main(argv) == 1
+    root = out / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000001"]
+    assert (root / "step-0000001" / "model.safetensors").is_file()
