@@ -64,7 +64,7 @@ def test_engine_matches_oracle(llms, adapter, rule, prompt_len):
         _check(llms[adapter, seed], _prompt(prompt_len), rule, max_new_tokens=21, ignore_eos=True)
 
 
-@pytest.mark.parametrize("block_length", [1, 4, 16])
+@pytest.mark.parametrize("block_length", [1, 2, 4])  # <= the checkpoint's 8: wider is refused
 @pytest.mark.parametrize("adapter", ["base", "masked", "block"])
 def test_engine_matches_oracle_across_block_lengths(llms, block_length, adapter):
     """Block lengths other than the checkpoint's, with a prompt tail in the first block."""
