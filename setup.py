@@ -34,6 +34,7 @@ setup(
     extras_require={
         "dev": [
             "pytest>=7",
+            "pytest-xdist>=3",  # the README's test command spreads the suite over the cores
             "transformers>=5.0",
             "ruff==0.17.6",  # the version the code is formatted with: `ruff format` differs across versions
             # the server tests: a live uvicorn driven by the official openai client
