@@ -27,6 +27,7 @@ from fastapi.responses import (
     StreamingResponse,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from dlmrt import __version__
 from dlmrt.server import protocol, responses
@@ -223,7 +224,11 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return answer(request, APIError(400, message, param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if isinstance(exc.__cause__, ClientDisconnect):  # left mid-body: not a bad request
+            if request.url.path in GENERATION_PATHS:
+                metrics.count_status(CLIENT_CLOSED)
+            return Response(status_code=CLIENT_CLOSED)  # nobody reads it
         error = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
         return answer(request, error)
 

@@ -249,6 +249,24 @@ def test_disconnect_while_waiting_non_streamed(server):
     assert after["dlmrt_requests_running"] == 0
 
 
+def test_a_client_leaving_mid_body_is_499_not_400(server):
+    """Headers announce 200 body bytes, 10 arrive, the client closes: counted as a disconnect."""
+    import socket
+    from urllib.parse import urlparse
+
+    url, _app = server
+    before = metrics(url)
+    where = urlparse(url)
+    with socket.create_connection((where.hostname, where.port)) as sock:
+        head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: 200\r\n\r\n")  # fmt: skip
+        sock.sendall(head.encode() + b'{"prompt":')
+    key = 'dlmrt_requests_total{status="499"}'
+    wait_for(lambda: metrics(url).get(key, 0) == before.get(key, 0) + 1, what="the 499")
+    bad = 'dlmrt_requests_total{status="400"}'
+    assert metrics(url).get(bad, 0) == before.get(bad, 0)
+
+
 def test_queue_full_503(ckpt):
     """--max-queue 1: one running + one waiting; the next gets 503 with Retry-After."""
     with live_server(ckpt, max_queue=1) as (url, _app):
