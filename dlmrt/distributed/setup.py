@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from dlmrt import envs
 from dlmrt.config import EngineConfig
 from dlmrt.distributed.group import TPGroup, init_from_env, launched_world_size
+from dlmrt.distributed.linear import ShardError, split
 
 log = logging.getLogger("dlmrt")
 
@@ -21,8 +23,8 @@ def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
         from dlmrt.checkpoint import resolve_model_path
         from dlmrt.distributed.spawn import spawn_followers
 
-        if config.model is not None:
-            resolve_model_path(config.model)  # a bad path: the named error here, before any spawn
+        if config.model is not None:  # a bad path or an unshardable model: named here, at once
+            check_shardable(resolve_model_path(config.model), config.tensor_parallel_size)
         procs = spawn_followers(config)  # no torchrun: this process is rank 0 of its own group
     group = init_from_env(config.tensor_parallel_size, config.torch_device(), envs.tp_timeout_s())
     if group is None:
@@ -36,6 +38,25 @@ def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
     if group.is_root:
         log.info("tensor parallel: %d ranks, device %s", group.world, group.device)
     return replace(config, device=str(group.device)), group
+
+
+def check_shardable(root: Path, world: int) -> None:
+    """Before any rank starts: the sizes sharding splits (attention heads, KV heads, MLP and
+    expert widths in config.json, or its `text_config`) must split over `world` ranks; else the
+    ShardError each rank would raise after loading, raised once and at once."""
+    from dlmrt.json_file import read_json
+
+    raw = read_json(root / "config.json", required=False) or {}
+    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
+    if isinstance(heads, int) and heads > 0:
+        split(heads, world, "num_attention_heads")
+    if isinstance(kv, int) and kv > 0 and (kv >= world and kv % world or kv < world and world % kv):
+        raise ShardError(f"tensor parallel: num_key_value_heads = {kv} does not split over (or "
+                         f"divide) the world size {world}")  # fmt: skip
+    for name in ("intermediate_size", "moe_intermediate_size"):
+        if isinstance(cfg.get(name), int) and cfg[name] > 0:
+            split(cfg[name], world, name)
 
 
 def loader(group: TPGroup | None):

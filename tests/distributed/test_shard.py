@@ -150,6 +150,10 @@ def test_tensor_parallel_size_errors_start_no_process(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="does not exist"):
         LLM(str(tmp_path / "missing"), tensor_parallel_size=2)
     assert "WORLD_SIZE" not in os.environ  # nothing was spawned for a bad path
+    # 3 ranks over 4 attention heads: named at once, before any rank starts (not after loading)
+    with pytest.raises(ValueError, match="num_attention_heads = 4 is not divisible by the world"):
+        LLM(path, tensor_parallel_size=3)
+    assert "WORLD_SIZE" not in os.environ
 
 
 def test_tp_flag_is_an_alias_of_tensor_parallel_size():
