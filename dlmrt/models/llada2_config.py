@@ -56,6 +56,7 @@ def _check_supported(cfg: dict[str, Any], path: Path) -> None:
     _refuse(cfg, path, "use_bias", True, "linear biases are not supported")
     _refuse(cfg, path, "use_qk_norm", False, "only QK-norm models are supported")
     _refuse(cfg, path, "use_sliding_window", True, "sliding-window attention is not supported")
+    _refuse(cfg, path, "use_rmsnorm", False, "only RMSNorm models are supported")
     if cfg.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: config field 'hidden_act' must be 'silu'")
     if cfg.get("score_function", "sigmoid") != "sigmoid":

@@ -270,3 +270,29 @@ def test_router_logits_on_the_cpu_are_the_fp32_path():
     got = router_logits(x, w, lambda: w.float())
     assert got.dtype == torch.float32
     assert torch.equal(got, torch.nn.functional.linear(x.float(), w.float()))
+
+
+def test_a_config_as_shipped_without_eos_mask_and_qk_norm_keys(tmp_path):
+    """LLaDA-2.1-mini's config.json omits eos_token_id, mask_token_id and use_qk_norm and carries
+    rotary_dim, router_dtype and use_rmsnorm: it loads; the mask and stop ids come from the
+    tokenizer's mask and eos tokens (the released tokenizer's <|mask|> and <|endoftext|>, which is
+    also its pad id), QK-norm is on."""
+    from conftest import EOS_ID, MASK_ID
+
+    from dlmrt import LLM
+
+    path = write_llada2_checkpoint(tmp_path / "m", router_dtype="fp32", use_rmsnorm=True)
+    cfg = json.loads((path / "config.json").read_text())
+    for key in ("eos_token_id", "mask_token_id", "use_qk_norm"):
+        del cfg[key]
+    (path / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(str(path), device="cpu", dtype="float32")
+    assert llm.mask_id == MASK_ID and llm.stop_ids == {EOS_ID}
+    stored = load_file(str(path / "model.safetensors"))  # QK-norm on: its weights are loaded
+    name = "model.layers.0.attention.query_layernorm.weight"
+    assert torch.equal(llm.model.state_dict()[name], stored[name].float())
+    assert len(llm.generate([5, 6, 7], max_new_tokens=4, ignore_eos=True).token_ids) == 4
+    cfg["use_rmsnorm"] = False
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'use_rmsnorm' = False: only RMSNorm"):
+        LLM(str(path), device="cpu")
