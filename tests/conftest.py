@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,10 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
-from dlmrt.train.tokenizer import CHAT_TEMPLATE, SPECIALS
+# The repository root holds `kernels/` (installed as `dlmrt._kernels`). On sys.path (`python -m
+# pytest` puts the working directory there, and so do xdist's workers) it would shadow PyPI's
+# `kernels` package, which transformers >= 5.25 imports when installed: keep the root off it.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from dlmrt.train.tokenizer import CHAT_TEMPLATE, SPECIALS  # noqa: E402
 
 # Tiny models: torch's intra-op threads only contend with the other xdist workers (one a core).
 if os.environ.get("PYTEST_XDIST_WORKER"):
