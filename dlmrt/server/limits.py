@@ -1,13 +1,16 @@
 """Request-size limits: one big request must not stall the server or grow it without bound.
 
 `BodyLimit` (ASGI middleware) answers 413 before the body is read when Content-Length exceeds
-the limit, and stops reading a chunked body as soon as it does; `check_prompt_chars` refuses a
+the limit, and stops reading a chunked body as soon as it does; a body whose next bytes do not
+arrive within `body_timeout_s` (a slow or idle client) ends the request with 408 (`BodyTimeout`;
+the wait for a disconnect after the body is untimed); `check_prompt_chars` refuses a
 prompt that cannot fit the context before it is tokenized (tokenizing runs off the event loop,
 see app.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +18,12 @@ from typing import Any
 from dlmrt.server.errors import error_body
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # 8 MiB: far above any prompt a context holds
+BODY_TIMEOUT_S = 30.0  # longest wait for a request body's next bytes
+
+
+class BodyTimeout(Exception):
+    """The client sent part of a body, then nothing for `body_timeout_s`."""
+
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -25,15 +34,21 @@ class BodyLimit:
     """Reject HTTP request bodies over `max_bytes` with 413 (OpenAI-style error body)."""
 
     def __init__(
-        self, app: Any, max_bytes: int, on_reject: Callable[[Scope], None] | None = None
+        self,
+        app: Any,
+        max_bytes: int,
+        on_reject: Callable[[Scope], None] | None = None,
+        body_timeout_s: float = BODY_TIMEOUT_S,
     ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_request_bytes: must be >= 1, got {max_bytes}")
         self.app, self.max_bytes, self.on_reject = app, max_bytes, on_reject
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        receive = _timed(receive, self.body_timeout_s)
         declared = _content_length(scope)
         if declared is not None:
             if declared > self.max_bytes:  # never read: the server discards what follows
@@ -41,7 +56,12 @@ class BodyLimit:
             return await self.app(scope, receive, send)  # the server enforces Content-Length
         chunks, size = [], 0
         while True:  # chunked: buffer up to the limit, then hand the app the whole body
-            message = await receive()
+            try:
+                message = await receive()
+            except BodyTimeout:
+                return await _answer(
+                    send, 408, f"request body: no bytes for {self.body_timeout_s} s"
+                )
             if message["type"] != "http.request":
                 return None  # the client left before sending its body
             chunks.append(message.get("body", b""))
@@ -67,6 +87,32 @@ class BodyLimit:
         ]
         await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body.encode()})
+
+
+def _timed(receive: Receive, timeout_s: float) -> Receive:
+    """`receive`, each wait for the body's next bytes bounded by `timeout_s` (BodyTimeout); once
+    the body is complete, later calls (disconnect detection) wait as long as they need."""
+    done = False
+
+    async def timed() -> dict[str, Any]:
+        nonlocal done
+        if done:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), timeout_s)
+        except TimeoutError:
+            raise BodyTimeout(f"request body: no bytes for {timeout_s} s") from None
+        done = message["type"] != "http.request" or not message.get("more_body", False)
+        return message
+
+    return timed
+
+
+async def _answer(send: Send, status: int, message: str) -> None:
+    body = json.dumps(error_body(message, "invalid_request_error", None, None))
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body.encode()})
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -195,3 +195,34 @@ def test_x_request_id_is_echoed(llm):
             url + "/v1/completions", json={"prompt": ""}, headers={"X-Request-Id": "e"}
         )
         assert bad.status_code == 400 and bad.headers["x-request-id"] == "e"
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_stalled_body_is_a_408_and_a_long_stream_is_not_cut(llm, chunked):
+    """A client that sends part of its body and then nothing gets 408 after the body timeout
+    (Content-Length and chunked alike); a streamed answer longer than that timeout is unaffected
+    (the wait for a disconnect after the body is untimed)."""
+    from urllib.parse import urlparse
+
+    with live(llm, body_timeout_s=0.5) as url:
+        where = urlparse(url)
+        length = "Transfer-Encoding: chunked" if chunked else "Content-Length: 200"
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"{length}\r\n\r\n")  # fmt: skip
+        part = b'a\r\n{"prompt":\r\n' if chunked else b'{"prompt":'
+        with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+            sock.sendall(head.encode() + part)
+            t0 = time.monotonic()
+            answer = sock.recv(4096)
+            waited = time.monotonic() - t0
+            while chunk := sock.recv(4096):  # then the rest, until the server closes
+                answer += chunk
+            answer = answer.decode()
+        assert answer.startswith("HTTP/1.1 408"), answer
+        assert waited < 5 and "no bytes for 0.5 s" in answer
+        body = {"prompt": "1+1=", "max_tokens": 200, "stream": True, "ignore_eos": True}
+        t0 = time.monotonic()
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as res:
+            lines = [line for line in res.iter_lines() if line.startswith("data:")]
+        assert res.status_code == 200 and lines[-1] == "data: [DONE]"
+        assert time.monotonic() - t0 > 0.5  # it did outlast the body timeout
