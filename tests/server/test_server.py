@@ -370,7 +370,7 @@ def test_metrics_count_a_request(server, client):
     forwards = res.model_extra["dlmrt"]["denoising_forwards"]
     tokens = res.usage.completion_tokens
     key = 'dlmrt_requests_total{status="200"}'
-    assert after[key] == before[key] + 1
+    assert after[key] == before.get(key, 0) + 1  # the first 200 of this server, or not
     assert after["dlmrt_generated_tokens_total"] - before["dlmrt_generated_tokens_total"] == tokens
     assert after["dlmrt_denoising_forwards_total"] - before["dlmrt_denoising_forwards_total"] == (
         forwards
