@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dlmrt.bench import judge, sandbox
 
+MEMORY_MB, FILE_MB = 2048, 64  # the run's address space and largest file
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
@@ -73,8 +74,8 @@ def run_program(
     *,
     timeout_s: float = 10.0,
     cpu_s: int | None = None,
-    memory_mb: int = 2048,
-    file_mb: int = 64,
+    memory_mb: int = MEMORY_MB,
+    file_mb: int = FILE_MB,
 ) -> ExecResult:
     """Run `program`; "passed" iff it runs to its end and exits 0 within `timeout_s` (wall) and
     `cpu_s` (CPU)."""
@@ -84,10 +85,8 @@ def run_program(
         limits = sandbox.Limits(cpu, memory_mb, file_mb)
         out = sandbox.run(Path(tmp), sandbox.isolation(), timeout_s, limits)
     code = out.returncode
-    # Wall or CPU limit: killed by SIGKILL / SIGXCPU, or (under `unshare`, which does not always
-    # pass a child's fatal signal on) the CPU seconds used reached the limit.
-    killed = code in (-signal.SIGXCPU, -signal.SIGKILL)
-    timed_out = code is None or killed or (code != 0 and out.cpu_s >= cpu - 0.05)
+    # wall limit (still running, or killed), or the CPU limit
+    timed_out = code in (None, -signal.SIGKILL) or sandbox.out_of_cpu(code, out.cpu_s, cpu)
     status = "timeout" if timed_out else "failed"
     if code == 0 and out.reported:
         status = "passed"
@@ -98,7 +97,7 @@ def check_completion(
     prompt: str, completion: str, test: str, entry_point: str, timeout_s: float = 10.0
 ) -> ExecResult:
     """ "passed" iff `test`'s check() returns in the judge, calling the sandboxed completion."""
-    limits = sandbox.Limits(int(timeout_s) + 1, 2048, 64)
+    limits = sandbox.Limits(int(timeout_s) + 1, MEMORY_MB, FILE_MB)
     module = candidate_module(prompt, completion, entry_point)
     v = judge.run_check(module, prompt, test, entry_point, timeout_s, limits)
     return ExecResult(v.status, v.returncode, v.elapsed_s, v.why)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import random
 import select
-import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -122,6 +121,6 @@ def run_check(module: str, prompt: str, test: str, entry_point: str, timeout_s: 
             sandbox.finish(running, mode)
             code = running.proc.returncode
             elapsed, cpu = running.usage()
-        if status == "failed" and (code == -signal.SIGXCPU or cpu >= limits.cpu_s - 0.05):
-            status = "timeout"  # the CPU limit ended it
+        if status == "failed" and sandbox.out_of_cpu(code, cpu, limits.cpu_s):
+            status = "timeout"
         return Verdict(status, code, elapsed, why or sandbox.stderr_tail(workdir))

@@ -145,6 +145,12 @@ def finish(running: Running, mode: Mode) -> None:
     _kill_run(running.proc, running.marker if mode is FALLBACK else None)
 
 
+def out_of_cpu(code: int | None, cpu_s: float, limit_s: float) -> bool:
+    """The CPU limit ended the run: SIGXCPU, or (under `unshare`, which does not always pass a
+    child's fatal signal on) a failing run whose CPU seconds reached the limit."""
+    return code == -signal.SIGXCPU or (code != 0 and cpu_s >= limit_s - 0.05)
+
+
 def stderr_tail(workdir: Path) -> str:
     return (workdir / "stderr").read_text(encoding="utf-8", errors="replace")[-OUTPUT_TAIL:]
 

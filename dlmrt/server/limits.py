@@ -58,10 +58,8 @@ class BodyLimit:
         while True:  # chunked: buffer up to the limit, then hand the app the whole body
             try:
                 message = await receive()
-            except BodyTimeout:
-                return await _answer(
-                    send, 408, f"request body: no bytes for {self.body_timeout_s} s"
-                )
+            except BodyTimeout as e:
+                return await _answer(send, 408, str(e))
             if message["type"] != "http.request":
                 return None  # the client left before sending its body
             chunks.append(message.get("body", b""))
@@ -79,14 +77,7 @@ class BodyLimit:
             f"request body: {size} exceed the server's limit of {self.max_bytes} bytes "
             "(dlmrt serve --max-request-bytes)"
         )
-        body = json.dumps(error_body(message, "invalid_request_error", None, "request_too_large"))
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close"),  # the unread body makes the connection unusable
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body.encode()})
+        await _answer(send, 413, message, "request_too_large")
 
 
 def _timed(receive: Receive, timeout_s: float) -> Receive:
@@ -108,11 +99,17 @@ def _timed(receive: Receive, timeout_s: float) -> Receive:
     return timed
 
 
-async def _answer(send: Send, status: int, message: str) -> None:
-    body = json.dumps(error_body(message, "invalid_request_error", None, None))
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+async def _answer(send: Send, status: int, message: str, code: str | None = None) -> None:
+    """An OpenAI-style error answered by the middleware itself, closing the connection (the
+    body it did not read makes it unusable)."""
+    body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body.encode()})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -230,13 +230,10 @@ def _spec(
     _check_neutral(req)
     if not ids:
         raise APIError(400, "prompt: must not be empty", "prompt")
-    given = max_tokens is not None
-    max_tokens = max_tokens if max_tokens is not None else default
+    if max_tokens is None:  # the default is capped to the room left (as vLLM), not refused
+        max_tokens = max(1, min(default, _room(ids, req.block_length or info.block_size, info)))
     if max_tokens < 1:
         raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
-    if not given:  # the default is capped to the room left (as vLLM), not refused
-        room = _room(ids, req.block_length or info.block_size, info)
-        max_tokens = max(1, min(max_tokens, room))
     params = _decode_params(req, max_tokens)
     block = params.block_length or info.block_size
     total = -(-(len(ids) + max_tokens) // block) * block

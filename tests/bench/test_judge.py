@@ -8,8 +8,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from isolation_modes import isolation_mode  # noqa: F401 (the `mode` fixture)
 
-from dlmrt.bench import sandbox
 from dlmrt.bench.humaneval_runner import check_completion
 
 ADD_PROMPT = 'def add(a, b):\n    """Add."""\n'
@@ -60,15 +60,6 @@ ALWAYS_EQUAL = textwrap.dedent("""\
                 return False
         return Anything()
 """)
-
-
-@pytest.fixture(params=["namespaces", "fallback"])
-def mode(request, monkeypatch) -> sandbox.Mode:
-    chosen = sandbox.NAMESPACES if request.param == "namespaces" else sandbox.FALLBACK
-    if chosen is sandbox.NAMESPACES and sandbox.isolation() is not sandbox.NAMESPACES:
-        pytest.skip("user/mount/network/PID namespaces are not available here")
-    monkeypatch.setattr(sandbox, "isolation", lambda: chosen)
-    return chosen
 
 
 def _indent(code: str) -> str:

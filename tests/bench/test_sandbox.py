@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from isolation_modes import isolation_mode  # noqa: F401 (the `mode` fixture)
 
 from dlmrt.bench import sandbox
 from dlmrt.bench.humaneval_runner import check_completion, run_program
@@ -39,15 +40,6 @@ CHEAT = textwrap.dedent("""\
                 pass
     os._exit(0)
 """)
-
-
-@pytest.fixture(params=["namespaces", "fallback"])
-def mode(request, monkeypatch) -> sandbox.Mode:
-    chosen = sandbox.NAMESPACES if request.param == "namespaces" else sandbox.FALLBACK
-    if chosen is sandbox.NAMESPACES and sandbox.isolation() is not sandbox.NAMESPACES:
-        pytest.skip("user/mount/network/PID namespaces are not available here")
-    monkeypatch.setattr(sandbox, "isolation", lambda: chosen)
-    return chosen
 
 
 def test_token_from_the_program_file_does_not_pass(mode):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_checkpoint, write_llada2_checkpoint
+from fp8_helpers import fp8_sources
 
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
@@ -26,15 +26,7 @@ BLOCK = (16, 32)  # tiny models: several blocks a weight, partial ones at the ed
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
-    from conftest import residual_config
-    from dg_helpers import tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("blocksrc")
-    return {
-        "qwen": write_checkpoint(root / "qwen", residual=residual_config()),
-        "llada2": write_llada2_checkpoint(root / "llada2"),
-        "dg": tiny_checkpoint(tmp_path_factory)[0],
-    }
+    return fp8_sources(tmp_path_factory, "blocksrc")
 
 
 def test_block_quantization_scales_each_tile_by_its_own_amax():

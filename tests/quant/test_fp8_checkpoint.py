@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_checkpoint, write_llada2_checkpoint
+from fp8_helpers import fp8_sources
 
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
@@ -24,16 +24,7 @@ QUANTIZE = {"channel": quantize_per_channel, "tensor": quantize_per_tensor}
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory) -> dict[str, Path]:
-    """One tiny bf16/fp32 checkpoint per family (QwenDLM with the ORL adapter)."""
-    from conftest import residual_config
-    from dg_helpers import tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("fp8src")
-    return {
-        "qwen": write_checkpoint(root / "qwen", residual=residual_config()),
-        "llada2": write_llada2_checkpoint(root / "llada2"),
-        "dg": tiny_checkpoint(tmp_path_factory)[0],
-    }
+    return fp8_sources(tmp_path_factory, "fp8src")
 
 
 def _expected(ref: dict[str, torch.Tensor], fp8: dict[str, Fp8Weight], strategy: str):
