@@ -19,11 +19,14 @@ Torch twin: `dlmrt.ops.nvfp4.moe_mlp_nvfp4` (dequantize, then the bf16 op).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
+from .e2m1_decode import expert_halves
 from .moe_mlp import BLOCK_M, _tile, acc_zeros, mma, plan, store_hidden, store_weighted, tile_major
 from .slot_sum import slot_sum
 
@@ -80,6 +83,24 @@ def _decoded_mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _load_a_halves(a_base, k0, K: tl.constexpr, a_rows, BK: tl.constexpr):
+    """The activations of K step k0 at even and at odd k ([BM, BK/2] each; K is even)."""
+    kk = k0 + 2 * tl.arange(0, BK // 2)
+    mask = a_rows[:, None] & (kk < K)[None, :]
+    a_even = tl.load(a_base + kk[None, :], mask=mask, other=0.0)
+    return a_even, tl.load(a_base + 1 + kk[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _halves_mma(a_even, a_odd, b, s, acc, SWAP: tl.constexpr, IEEE: tl.constexpr,
+                ASM: tl.constexpr):  # fmt: skip
+    """acc + a @ (w * 2^-7 / global scale)^T over one K step, as two dots: the bytes' low nibbles
+    (even k) with a_even, the high ones with a_odd (`e2m1_decode.expert_halves`)."""
+    low, high = expert_halves(b, s, a_even.dtype, ASM)
+    return mma(a_odd, high, mma(a_even, low, acc, SWAP, IEEE), SWAP, IEEE)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, gw_ptr, gs_ptr, gg_ptr, uw_ptr, us_ptr, ug_ptr,
     h_ptr, order_ptr, tile_end_ptr, counts_ptr, starts_ptr,
@@ -88,7 +109,7 @@ def _gate_up_kernel(
     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
     E_PAD: tl.constexpr, GELU: tl.constexpr, IEEE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SWAP: tl.constexpr,
+    SWAP: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -99,19 +120,20 @@ def _gate_up_kernel(
     n_ok = n < INTER
     acc_g = acc_zeros(BM, BN, SWAP)
     acc_u = acc_zeros(BM, BN, SWAP)
-    gg = tl.load(gg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
-    ug = tl.load(ug_ptr + e64) * 16384.0
     a_base = x_ptr + row[:, None] * stride_x
     gw = gw_ptr + e64 * stride_gwe + n[:, None] * stride_gwn
     gs = gs_ptr + e64 * stride_gse + n[:, None] * stride_gsn
     uw = uw_ptr + e64 * stride_uwe + n[:, None] * stride_uwn
     us = us_ptr + e64 * stride_use + n[:, None] * stride_usn
     for k0 in range(0, H, BK):
-        a = _load_a(a_base, k0, H, valid, BK)
+        a_even, a_odd = _load_a_halves(a_base, k0, H, valid, BK)
         bg, sg = _load_w(gw, gs, k0, H, n_ok, BK)
         bu, su = _load_w(uw, us, k0, H, n_ok, BK)
-        acc_g = _decoded_mma(a, bg, sg, gg, acc_g, SWAP, IEEE)
-        acc_u = _decoded_mma(a, bu, su, ug, acc_u, SWAP, IEEE)
+        acc_g = _halves_mma(a_even, a_odd, bg, sg, acc_g, SWAP, IEEE, ASM)
+        acc_u = _halves_mma(a_even, a_odd, bu, su, acc_u, SWAP, IEEE, ASM)
+    # the global scales, times the decode's 2^7 (exact)
+    acc_g = acc_g * (tl.load(gg_ptr + e64) * 128.0)
+    acc_u = acc_u * (tl.load(ug_ptr + e64) * 128.0)
     acc_g, acc_u = tile_major(acc_g, SWAP), tile_major(acc_u, SWAP)
     store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER, GELU)
 
@@ -122,7 +144,7 @@ def _down_kernel(
     stride_dwe, stride_dwn, stride_dse, stride_dsn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SWAP: tl.constexpr,
+    SWAP: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
@@ -131,14 +153,14 @@ def _down_kernel(
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     n_ok = n < H
     acc = acc_zeros(BM, BN, SWAP)
-    dg = tl.load(dg_ptr + e64) * 16384.0  # the decode's 2^-14, undone (exact)
     a_base = h_ptr + pos.to(tl.int64)[:, None] * INTER
     dw = dw_ptr + e64 * stride_dwe + n[:, None] * stride_dwn
     ds = ds_ptr + e64 * stride_dse + n[:, None] * stride_dsn
     for k0 in range(0, INTER, BK):
-        a = _load_a(a_base, k0, INTER, valid, BK)
+        a_even, a_odd = _load_a_halves(a_base, k0, INTER, valid, BK)
         b, s = _load_w(dw, ds, k0, INTER, n_ok, BK)
-        acc = _decoded_mma(a, b, s, dg, acc, SWAP, IEEE)
+        acc = _halves_mma(a_even, a_odd, b, s, acc, SWAP, IEEE, ASM)
+    acc = acc * (tl.load(dg_ptr + e64) * 128.0)  # the global scale, times the decode's 2^7
     acc = tile_major(acc, SWAP)
     store_weighted(acc, h_ptr.dtype.element_ty, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
@@ -153,6 +175,12 @@ def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[in
     many = pairs >= 8 * experts
     bm = bm or (32 if many else BLOCK_M)
     return bm, bk or (64 if bm > BLOCK_M else 128)
+
+
+def _asm_decode(x: torch.Tensor) -> bool:
+    """The packed inline-PTX decode serves bf16 activations on a GPU (not the interpreter)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return x.dtype == torch.bfloat16 and x.is_cuda and not interpreted
 
 
 def _strides(w: NVFP4) -> tuple[int, int, int, int]:
@@ -175,6 +203,7 @@ def moe_mlp_nvfp4(
     hidden_hook=None,  # maps the hidden act(gate) * up [pairs, I] between the two GEMMs (W4A4)
     swap: bool = True,  # the decoded weights as the dot's first operand (see `_tiles`)
     add: torch.Tensor | None = None,  # [rows, H] added to the result (`slot_sum`)
+    asm: bool | None = None,  # the inline-PTX decode (default: bf16 on CUDA; e2m1_decode.py)
 ) -> torch.Tensor:
     """x [rows, H], weights / index [rows, k]; gate / up ([E, I, H/2] uint8, [E, I, H/16] e4m3 or
     fp32, [E] fp32), down ([E, H, I/2], [E, H, I/16], [E]) with unit-stride rows -> [rows, H]."""
@@ -195,6 +224,7 @@ def moe_mlp_nvfp4(
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     common["SWAP"] = swap
+    common["ASM"] = _asm_decode(x) if asm is None else asm
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),

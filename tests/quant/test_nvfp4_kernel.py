@@ -100,6 +100,22 @@ def test_kernel_matches_the_twin_bf16_with_e4m3_scales(rows, activation):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("rows", [1, 7, 32, 256, 512])
+def test_inline_ptx_decode_equals_the_plain_triton_decode_bit_for_bit(rows):
+    """kernels/e2m1_decode.py: the packed PTX placement + bf16x2 scale multiply and the plain
+    Triton operations make the same exact weights (code * block scale * 2^-7), so the layer's
+    outputs are the same bits; every code (0.5, the subnormal placement, included) occurs."""
+    case = _case(rows, 16, 272, 144, 4, torch.bfloat16, seed=rows, fp32_scales=False)
+    codes = torch.cat([case[3].packed.flatten() & 15, case[3].packed.flatten() >> 4])
+    assert codes.unique().numel() == 16
+    for activation in ("silu", "gelu_tanh"):
+        fast = _run(*case, activation, asm=True)
+        plain = _run(*case, activation, asm=False)
+        assert torch.equal(fast, plain)
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_op_dispatches_to_the_kernel_and_graph_capture_replays():
     x, weights, index, gate_up, down = _case(32, 16, 128, 64, 4, torch.bfloat16, fp32_scales=False)
     gate, up = split_gate_up(gate_up)
