@@ -84,11 +84,12 @@ def _decoded_mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
 
 @triton.jit
 def _load_a_halves(a_base, k0, K: tl.constexpr, a_rows, BK: tl.constexpr):
-    """The activations of K step k0 at even and at odd k ([BM, BK/2] each; K is even)."""
-    kk = k0 + 2 * tl.arange(0, BK // 2)
-    mask = a_rows[:, None] & (kk < K)[None, :]
-    a_even = tl.load(a_base + kk[None, :], mask=mask, other=0.0)
-    return a_even, tl.load(a_base + 1 + kk[None, :], mask=mask, other=0.0)
+    """The activations of K step k0 at even and at odd k ([BM, BK/2] each) from a row stored
+    evens first (`_evens_first`): two contiguous runs, so the loads pipeline as cp.async."""
+    j = k0 // 2 + tl.arange(0, BK // 2)
+    mask = a_rows[:, None] & (j < K // 2)[None, :]
+    a_even = tl.load(a_base + j[None, :], mask=mask, other=0.0)
+    return a_even, tl.load(a_base + K // 2 + j[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -135,7 +136,8 @@ def _gate_up_kernel(
     acc_g = acc_g * (tl.load(gg_ptr + e64) * 128.0)
     acc_u = acc_u * (tl.load(ug_ptr + e64) * 128.0)
     acc_g, acc_u = tile_major(acc_g, SWAP), tile_major(acc_u, SWAP)
-    store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER, GELU)
+    evens_first = (n % 2) * (INTER // 2) + n // 2  # h's columns as the down kernel reads them
+    store_hidden(h_ptr, acc_g, acc_u, pos, evens_first, valid, n_ok, INTER, GELU)
 
 
 @triton.jit
@@ -175,6 +177,20 @@ def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[in
     many = pairs >= 8 * experts
     bm = bm or (32 if many else BLOCK_M)
     return bm, bk or (64 if bm > BLOCK_M else 128)
+
+
+def _evens_first(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] with each row's even-k columns first, then its odd ones (one copy): the layout
+    the kernels read activations in, so the low and high nibbles of a byte tile each meet one
+    contiguous activation run."""
+    rows, k = x.shape
+    return x.reshape(rows, k // 2, 2).transpose(1, 2).reshape(rows, k)
+
+
+def _in_k_order(h: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_evens_first`."""
+    rows, k = h.shape
+    return h.reshape(rows, 2, k // 2).transpose(1, 2).reshape(rows, k)
 
 
 def _asm_decode(x: torch.Tensor) -> bool:
@@ -218,7 +234,7 @@ def moe_mlp_nvfp4(
     for t in (*gate[:2], *up[:2], *down[:2]):
         if t.stride(-1) != 1:
             raise ValueError("moe_mlp_nvfp4: weight rows and block scales need unit stride")
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x = _evens_first(x)
     order, tile_end, counts, starts, max_tiles = plan(index, experts, bm)
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
@@ -232,7 +248,7 @@ def moe_mlp_nvfp4(
         BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     if hidden_hook is not None:  # rows of h are (row, expert) pairs; the hook is per row
-        h = hidden_hook(h).contiguous()
+        h = _evens_first(hidden_hook(_in_k_order(h)))
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
         hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,
