@@ -22,20 +22,20 @@ from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
 from dlmrt.quant.nvfp4 import quantize_nvfp4  # noqa: E402
 
 CONFIGS = [
-    (64, None, 4, None, None, None),
-    (64, None, 4, None, None, False),
-    (64, 128, 4, 3, 16, None),
-    (64, 256, 4, 3, 16, None),
-    (64, 256, 8, 3, 16, None),
-    (128, 128, 4, 3, 16, None),
-    (128, 256, 8, 3, 16, None),
-    (64, 128, 4, 3, 32, None),
-    (64, 256, 4, 3, 32, None),
-    (64, 256, 8, 3, 32, None),
-    (128, 128, 8, 3, 32, None),
-    (128, 256, 8, 4, 32, None),
-    (64, 128, 4, 4, 64, None),
-]  # (bn, bk, warps, stages, bm, asm: None = the kernel's choice); fmt: skip
+    (64, None, 4, None, None, None, True),
+    (64, None, 4, None, None, False, True),
+    (64, 128, 4, 2, 16, None, True),
+    (64, 128, 4, 4, 16, None, True),
+    (32, 128, 4, 3, 16, None, True),
+    (64, 128, 4, 3, 16, None, False),
+    (128, 128, 4, 3, 16, None, False),
+    (64, 128, 4, 2, 32, None, True),
+    (64, 128, 4, 4, 32, None, True),
+    (32, 128, 4, 3, 32, None, True),
+    (64, 128, 4, 3, 32, None, False),
+    (128, 128, 4, 3, 32, None, False),
+    (64, 128, 4, 3, 64, None, False),
+]  # (bn, bk, warps, stages, bm, asm: None = the kernel's choice, swap); fmt: skip
 
 
 def _timed(out: dict, key: str, fn, iters: int) -> None:
@@ -67,13 +67,13 @@ def bench(shape, iters: int) -> dict:
     args = [
         (q.packed, q.block_scale, q.global_scale.reshape(-1).contiguous()) for q in (gate, up, d4)
     ]
-    for bn, bk, warps, stages, bm, asm in CONFIGS:  # None: the kernel's defaults
-        fn = lambda c=(bn, bk, warps, stages, bm, asm): kernel.moe_mlp_nvfp4(  # noqa: E731
+    for bn, bk, warps, stages, bm, asm, swap in CONFIGS:  # None: the kernel's defaults
+        fn = lambda c=(bn, bk, warps, stages, bm, asm, swap): kernel.moe_mlp_nvfp4(  # noqa: E731
             x, w, idx, *args, shape.activation, bn=c[0], bk=c[1], warps=c[2], stages=c[3],
-            bm=c[4], asm=c[5],
+            bm=c[4], asm=c[5], swap=c[6],
         )  # fmt: skip
-        ops_tag = "_ops" if asm is False else ""  # the plain-Triton decode
-        key = f"nvfp4_w4a16_ms_bn{bn}_bk{bk}_w{warps}_s{stages}_bm{bm}{ops_tag}"
+        tag = ("_ops" if asm is False else "") + ("" if swap else "_noswap")  # plain-Triton decode
+        key = f"nvfp4_w4a16_ms_bn{bn}_bk{bk}_w{warps}_s{stages}_bm{bm}{tag}"
         _timed(out, key, fn, iters)
     got = moe_mlp_nvfp4(x, w, idx, gate, up, d4, shape.activation)
     ops.use("torch")

@@ -170,13 +170,12 @@ def _down_kernel(
 def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[int, int]:
     """Default (BM, BK), static per shape (capture-safe). Each tile decodes its expert's weights
     once, so when experts get >= 8 pairs on average (DiffusionGemma's 256-row canvas: 16) 32-row
-    tiles decode them about half as often; measured on the H200 (benchmarks/moe_nvfp4.py):
-    DiffusionGemma 0.608 -> 0.538 ms with (32, 64), LLaDA's ~1 pair per expert best at (16, 128).
-    With `swap` (the default; benchmarks/results/moe_nvfp4_swap_h200_2026-12-02.json) the same
-    tiles are still the best: LLaDA 0.329 -> 0.286 ms a layer, DiffusionGemma 0.536 -> 0.438."""
+    tiles decode them about half as often; 128-wide K steps either way. Measured on the H200
+    (benchmarks/moe_nvfp4.py, benchmarks/results/moe_nvfp4_h200_2026-12-03.json): DiffusionGemma
+    0.337 ms a layer at (32, 128) against 0.379 at (32, 64) and 0.414 at (16, 128); LLaDA's ~1
+    pair per expert 0.200 ms at (16, 128) against 0.225 at (32, 128)."""
     many = pairs >= 8 * experts
-    bm = bm or (32 if many else BLOCK_M)
-    return bm, bk or (64 if bm > BLOCK_M else 128)
+    return bm or (32 if many else BLOCK_M), bk or 128
 
 
 def _evens_first(x: torch.Tensor) -> torch.Tensor:

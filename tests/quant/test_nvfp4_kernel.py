@@ -73,10 +73,10 @@ def test_kernel_matches_the_twin_fp32(rows, experts, hidden, inter, top_k, activ
 @pytest.mark.gpu
 @kernel_test
 def test_kernel_defaults_take_wide_tiles_when_experts_get_many_rows():
-    """80 pairs over 4 experts: the default tiles are (BM 32, BK 64); K = 96 and 48 mask."""
+    """80 pairs over 4 experts: the default tiles are (BM 32, BK 128); K = 96 and 48 mask."""
     from dlmrt._kernels.moe_mlp_nvfp4 import _tiles
 
-    assert _tiles(80, 4, None, None) == (32, 64) and _tiles(80, 16, None, None) == (16, 128)
+    assert _tiles(80, 4, None, None) == (32, 128) and _tiles(80, 16, None, None) == (16, 128)
     case = _case(40, 4, 96, 48, 2, torch.float32, seed=5)
     got, want = _run(*case, "gelu_tanh"), _twin(*case, "gelu_tanh")
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
