@@ -1,8 +1,9 @@
 """A dense linear with NVFP4 weights, weight-only W4A16: y = x @ W^T, W [N, K] read packed.
 
-The same decode as the routed experts (`kernels/moe_mlp_nvfp4.py: _dot`: [BN, BK/2] byte tiles
-of weight rows, one e4m3 block scale per 16 weights, bit-placement E2M1 -> fp16, the global scale
-times 2^14, one dot per K step) over a plain (rows, N) grid: the kernel that serves a dense NVFP4
+The older decode of the routed experts (`_dot`: [BN, BK/2] byte tiles of weight rows, one e4m3
+block scale per 16 weights, bit-placement E2M1 -> fp16 (kernels/e2m1_decode.py's `fp16_codes`
+placement), the nibbles interleaved back into K order, the global scale times 2^14, one dot per K
+step; the experts now decode into nibble halves instead, kernels/moe_mlp_nvfp4.py) over a plain (rows, N) grid: the kernel that serves a dense NVFP4
 projection (the models' dense MLPs on CUDA: `dlmrt/models/nvfp4_linear.py`). The global scale is
 one per output row (a scalar is expanded), so gate|up run as one GEMM while each half keeps its
 own scale; each row's block scales are multiplied by that row's scale, as the twin's dequantize.
@@ -16,7 +17,48 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_mlp_nvfp4 import _dot  # relative: kernels/ imports nothing from dlmrt
+# relative: kernels/ imports nothing from dlmrt
+from .moe_mlp import mma
+from .moe_mlp_nvfp4 import _load_w
+
+
+@triton.jit
+def _decode(b, s):
+    """[BN, BK] weights in fp32 from the bytes b [BN, BK/2] (int32) and fp32 multipliers s
+    [BN, BK/16] (block scale * global scale * 2^14). A code's sign and 3 magnitude bits placed at
+    fp16 bits 15 and 11..9 make the fp16 number code value * 2^-14 exactly (exponent field = the
+    code's exponent bits, mantissa = its mantissa bit, the subnormal case included), so the
+    2^14 folded into s gives the twin's fp32 product bit for bit, with no per-code selects."""
+    lo = ((b & 7) << 9) | ((b & 8) << 12)
+    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
+    w = tl.interleave(lo.to(tl.int16), hi.to(tl.int16))  # element 2j is the low nibble
+    w = w.to(tl.float16, bitcast=True).to(tl.float32)
+    BN: tl.constexpr = w.shape[0]
+    BK: tl.constexpr = w.shape[1]
+    w = tl.reshape(w, (BN, BK // 16, 16)) * s[:, :, None]
+    return tl.reshape(w, (BN, BK))
+
+
+@triton.jit
+def _dot(a_base, k0, K: tl.constexpr, a_rows, w_base, s_base, n_ok, g, acc, BK: tl.constexpr,
+         IEEE: tl.constexpr):  # fmt: skip
+    """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :]^T: one contiguous activation tile, one dot (the dense
+    linear's step, kernels/linear_nvfp4.py)."""
+    b, s = _load_w(w_base, s_base, k0, K, n_ok, BK)
+    return _decoded_mma(_load_a(a_base, k0, K, a_rows, BK), b, s, g, acc, False, IEEE)
+
+
+@triton.jit
+def _load_a(a_base, k0, K: tl.constexpr, a_rows, BK: tl.constexpr):
+    kk = k0 + tl.arange(0, BK)
+    return tl.load(a_base + kk[None, :], mask=a_rows[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _decoded_mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ decode(b, s)^T ([BM, BN]; SWAP: its transpose, see moe_mlp.py's `acc_zeros`)."""
+    w = _decode(b.to(tl.int32), s.to(tl.float32) * g).to(a.dtype)  # rounded once, as the twin
+    return mma(a, w, acc, SWAP, IEEE)
 
 
 @triton.jit

@@ -4,14 +4,15 @@ Same plan, tiles and epilogues (`store_hidden`, `store_weighted`) as kernels/moe
 grouping, capturable, slots summed in slot order). The weights are read packed: uint8 [E, N, K/2]
 (two E2M1 codes a byte, element 2j in the low nibble), one e4m3 block scale per 16 along K [E, N,
 K/16] and one fp32 global scale per expert [E], i.e. 4.5 bits a weight. Each [BN, BK/2] byte tile
-(rows of the weight, unit stride: coalesced) is decoded in registers by bit placement (`_decode`),
-its nibbles interleaved back into K order, times (block scale * global scale) in fp32 with one scale
-load per 16 weights (the twin's arithmetic, so the converted weights equal the twin's dequantized
-ones), rounded to x's dtype and met by one contiguous activation tile in one dot. `swap` (default)
-computes acc^T = W a^T: the decoded [BN, BK] tile is the dot's first operand, so Hopper runs a
-wgmma with the tile's 16 or 32 rows as its N instead of an Ampere-style mma (13-19% faster a
-layer). A register prefetch of the next step's bytes was slower: it defeats Triton's cp.async
-pipelining of the byte loads.
+(rows of the weight, unit stride: coalesced) is decoded in registers into its two nibble halves
+(kernels/e2m1_decode.py: packed PTX bit placement and one bf16x2 multiply by the block scale), each
+met by its own activation run in its own dot: the activations are read evens-first (x copied so
+once a call, h stored so by the gate|up kernel), so both runs are contiguous and nothing is
+interleaved back into K order. The weights come out as code * block scale * 2^-7, exact; the
+global scale times 2^7 multiplies the fp32 sums. `swap` computes acc^T = W a^T (the decoded tile
+as the dot's first operand: a wgmma with the tile's rows as its N), on for 32-row tiles (`_tiles`).
+Compared with the twin, only the weights' rounding differs: the twin rounds code * block scale *
+global scale to bf16, the kernel multiplies by the global scale after the sums.
 The block scales may be passed already as fp32 (the CPU interpreter's e4m3 casts round wrongly;
 tests/quant/test_nvfp4_kernel.py); on the GPU they are read as e4m3.
 Torch twin: `dlmrt.ops.nvfp4.moe_mlp_nvfp4` (dequantize, then the bf16 op).
@@ -34,38 +35,6 @@ NVFP4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (packed, block scales
 
 
 @triton.jit
-def _decode(b, s):
-    """[BN, BK] weights in fp32 from the bytes b [BN, BK/2] (int32) and fp32 multipliers s
-    [BN, BK/16] (block scale * global scale * 2^14). A code's sign and 3 magnitude bits placed at
-    fp16 bits 15 and 11..9 make the fp16 number code value * 2^-14 exactly (exponent field = the
-    code's exponent bits, mantissa = its mantissa bit, the subnormal case included), so the
-    2^14 folded into s gives the twin's fp32 product bit for bit, with no per-code selects."""
-    lo = ((b & 7) << 9) | ((b & 8) << 12)
-    hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
-    w = tl.interleave(lo.to(tl.int16), hi.to(tl.int16))  # element 2j is the low nibble
-    w = w.to(tl.float16, bitcast=True).to(tl.float32)
-    BN: tl.constexpr = w.shape[0]
-    BK: tl.constexpr = w.shape[1]
-    w = tl.reshape(w, (BN, BK // 16, 16)) * s[:, :, None]
-    return tl.reshape(w, (BN, BK))
-
-
-@triton.jit
-def _dot(a_base, k0, K: tl.constexpr, a_rows, w_base, s_base, n_ok, g, acc, BK: tl.constexpr,
-         IEEE: tl.constexpr):  # fmt: skip
-    """acc + a[:, k0:k0+BK] @ w[k0:k0+BK, :]^T: one contiguous activation tile, one dot (the dense
-    linear's step, kernels/linear_nvfp4.py)."""
-    b, s = _load_w(w_base, s_base, k0, K, n_ok, BK)
-    return _decoded_mma(_load_a(a_base, k0, K, a_rows, BK), b, s, g, acc, False, IEEE)
-
-
-@triton.jit
-def _load_a(a_base, k0, K: tl.constexpr, a_rows, BK: tl.constexpr):
-    kk = k0 + tl.arange(0, BK)
-    return tl.load(a_base + kk[None, :], mask=a_rows[:, None] & (kk < K)[None, :], other=0.0)
-
-
-@triton.jit
 def _load_w(w_base, s_base, k0, K: tl.constexpr, n_ok, BK: tl.constexpr):
     """The [BN, BK/2] code bytes and [BN, BK/16] block scales of K step k0 (none past K)."""
     jj = k0 // 2 + tl.arange(0, BK // 2)
@@ -73,13 +42,6 @@ def _load_w(w_base, s_base, k0, K: tl.constexpr, n_ok, BK: tl.constexpr):
     ss = k0 // 16 + tl.arange(0, BK // 16)
     s = tl.load(s_base + ss[None, :], mask=n_ok[:, None] & (ss < K // 16)[None, :], other=0.0)
     return b, s
-
-
-@triton.jit
-def _decoded_mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
-    """acc + a @ decode(b, s)^T ([BM, BN]; SWAP: its transpose, see moe_mlp.py's `acc_zeros`)."""
-    w = _decode(b.to(tl.int32), s.to(tl.float32) * g).to(a.dtype)  # rounded once, as the twin
-    return mma(a, w, acc, SWAP, IEEE)
 
 
 @triton.jit
@@ -173,7 +135,9 @@ def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[in
     tiles decode them about half as often; 128-wide K steps either way. Measured on the H200
     (benchmarks/moe_nvfp4.py, benchmarks/results/moe_nvfp4_h200_2026-12-03.json): DiffusionGemma
     0.337 ms a layer at (32, 128) against 0.379 at (32, 64) and 0.414 at (16, 128); LLaDA's ~1
-    pair per expert 0.200 ms at (16, 128) against 0.225 at (32, 128)."""
+    pair per expert 0.200 ms at (16, 128) against 0.225 at (32, 128). `swap` (the decoded tile as
+    the dot's first operand) pays with the 32-row tiles (0.343 against 0.359 ms), not with the
+    16-row ones (0.205 against 0.177 ms): it is on where BM is 32."""
     many = pairs >= 8 * experts
     return bm or (32 if many else BLOCK_M), bk or 128
 
@@ -216,7 +180,7 @@ def moe_mlp_nvfp4(
     stages: int | None = None,
     bm: int | None = None,  # rows of an expert tile (see `_tiles`)
     hidden_hook=None,  # maps the hidden act(gate) * up [pairs, I] between the two GEMMs (W4A4)
-    swap: bool = True,  # the decoded weights as the dot's first operand (see `_tiles`)
+    swap: bool | None = None,  # the decoded weights as the dot's first operand (see `_tiles`)
     add: torch.Tensor | None = None,  # [rows, H] added to the result (`slot_sum`)
     asm: bool | None = None,  # the inline-PTX decode (default: bf16 on CUDA; e2m1_decode.py)
 ) -> torch.Tensor:
@@ -238,7 +202,7 @@ def moe_mlp_nvfp4(
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
     y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
-    common["SWAP"] = swap
+    common["SWAP"] = bm > BLOCK_M if swap is None else swap  # see `_tiles`
     common["ASM"] = _asm_decode(x) if asm is None else asm
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
