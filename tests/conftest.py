@@ -272,13 +272,14 @@ def assert_modes_agree(outs: dict, *where: object) -> None:
 
 
 @contextmanager
-def serve_in_thread(app) -> Iterator[str]:
-    """uvicorn serving `app` in a background thread on a free loopback port; yields its URL."""
+def serve_in_thread(app, **config) -> Iterator[str]:
+    """uvicorn serving `app` in a background thread on a free loopback port; yields its URL.
+    `config`: more `uvicorn.Config` arguments."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

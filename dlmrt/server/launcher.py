@@ -53,6 +53,7 @@ def _serve(args: argparse.Namespace, llm: Any) -> int:
     import uvicorn
 
     from dlmrt.server.app import build_app
+    from dlmrt.server.header_deadline import header_deadline_protocol
 
     app = build_app(
         llm,
@@ -68,6 +69,7 @@ def _serve(args: argparse.Namespace, llm: Any) -> int:
         log_level=level,
         access_log=args.verbose,
         timeout_graceful_shutdown=GRACE_S,
+        http=header_deadline_protocol(),  # a slow or idle client's headers end in 408
     )
     name, queue = app.state.info.name, args.max_queue
     server = _server_class(uvicorn)(

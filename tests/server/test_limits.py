@@ -226,3 +226,29 @@ def test_a_stalled_body_is_a_408_and_a_long_stream_is_not_cut(llm, chunked):
             lines = [line for line in res.iter_lines() if line.startswith("data:")]
         assert res.status_code == 200 and lines[-1] == "data: [DONE]"
         assert time.monotonic() - t0 > 0.5  # it did outlast the body timeout
+
+
+def test_slow_or_idle_headers_end_in_408_and_a_prompt_client_is_served(llm):
+    """uvicorn arms no timer before a request's headers: with the deadline protocol (the one
+    `dlmrt serve` runs) a client that connects and sends nothing, or half a header, gets 408 and
+    a closed connection; a keep-alive client's second request still gets its full deadline."""
+    from urllib.parse import urlparse
+
+    from dlmrt.server.header_deadline import header_deadline_protocol
+
+    with serve_in_thread(build_app(llm), http=header_deadline_protocol(0.5)) as url:
+        where = urlparse(url)
+        for sent in (b"", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "):
+            with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+                sock.sendall(sent)
+                t0 = time.monotonic()
+                answer = b""
+                while chunk := sock.recv(4096):  # until the server closes
+                    answer += chunk
+                assert time.monotonic() - t0 < 5
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert b"none complete within 0.5 s" in answer
+        with httpx.Client() as client:  # one connection, kept alive across the wait
+            assert client.get(url + "/health").status_code == 200
+            time.sleep(0.3)
+            assert client.get(url + "/health").status_code == 200
