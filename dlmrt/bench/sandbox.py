@@ -4,8 +4,10 @@ Two modes, picked once per process by running a probe program (`isolation()`):
 - "namespaces" (`unshare --user --map-root-user --mount --net --pid ...`, root or not): no network
   at all, its own PID namespace (everything it starts dies with it, even after `setsid`) and a
   read-only view of the file system except its private temp dir.
-- "fallback" (no usable `unshare`): an audit hook refuses sockets and ctypes, and every process
-  of the run's session or carrying the run's environment marker is killed at the end.
+- "fallback" (no usable `unshare`): an audit hook refuses sockets and ctypes, the program has no
+  capability left and this process is non-dumpable (its environment is unreadable to the
+  program, even as root), setsid() is refused (seccomp), and every process of the run's session
+  or carrying the run's environment marker is killed at the end.
 Always: its own session, RLIMIT_CPU / AS / FSIZE / CORE / NPROC, a clean environment, a wall
 timeout. The pass secret travels over the wrapper's stdin and comes back over a pipe
 (sandbox_wrapper.py says what that does and does not protect).
@@ -38,6 +40,7 @@ NPROC_IN_NAMESPACE = 64  # counts only the run's own processes (a fresh user nam
 NPROC_MARGIN = 64  # fallback: processes the run may add to the user's current count
 MARKER = "DLMRT_SANDBOX_RUN"
 OUTPUT_TAIL = 2000  # characters of stderr kept
+PR_SET_DUMPABLE = 4
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -
     """Start the wrapper on `workdir/program.py` under `mode` (stdout / stderr to files there);
     `entry`: serve that function to a judge (sandbox_wrapper.py) instead of running to the end.
     Leaving the block kills everything the run started."""
+    if mode is FALLBACK:
+        _not_dumpable()
     marker = secrets.token_hex(8)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir)}
     env.update(TMPDIR=str(workdir), LANG="C.UTF-8", OMP_NUM_THREADS="1")
@@ -138,6 +143,18 @@ def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+
+
+@functools.cache
+def _not_dumpable() -> None:
+    """Fallback: this process becomes non-dumpable, so its /proc files (its environment, with
+    whatever tokens and keys it holds) belong to root and a program without CAP_SYS_PTRACE (the
+    wrapper drops every capability) cannot read them. Also off from then on: core dumps of this
+    process and ptrace by the same user (gdb, py-spy)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
 
 
 def finish(running: Running, mode: Mode) -> None:

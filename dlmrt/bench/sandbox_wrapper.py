@@ -17,7 +17,9 @@ Standard library only, no dlmrt import: it runs in a fresh interpreter inside th
 3. Both modes: a seccomp filter makes `socket()` fail with EACCES for every address family, in
    this process and everything it starts (`socketpair()` stays: it reaches nothing). Unix-domain
    sockets on the file system (`connect` to /run/..., `curl --unix-socket`) and, in the fallback,
-   the network from a child process, are therefore out of reach too.
+   the network from a child process, are therefore out of reach too. The same filter refuses
+   `setsid()` (EPERM): every process the program starts stays in the run's session. The fallback
+   also drops every capability (`drop_capabilities`).
 4. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
 5. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
    REPORT_FD and `os._exit(0)`. An early `sys.exit`, `os._exit` or exception never reports.
@@ -59,9 +61,11 @@ WRITABLE = ("/proc",)  # left as mounted: the nested namespace's maps are writte
 BLOCKED_EVENTS = ("socket.", "ctypes.dlopen")
 NO_NETWORK = "network access is disabled in the dlmrt HumanEval sandbox"
 SETUP_FAILED = 3  # exit status: the sandbox could not be set up (the program never ran)
-# seccomp: the native audit arch and socket()'s number (a foreign arch, e.g. a 32-bit program,
-# gets EPERM for every system call; x86-64's x32 numbers are refused the same way)
-SECCOMP_ARCH = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+# seccomp: the native audit arch, socket()'s and setsid()'s numbers (a foreign arch, e.g. a 32-bit
+# program, gets EPERM for every system call; x86-64's x32 numbers are refused the same way)
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 112), "aarch64": (0xC00000B7, 198, 157)}
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+CAP_VERSION_3 = 0x20080522
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 RET_ALLOW, RET_ERRNO = 0x7FFF0000, 0x00050000
 EACCES, EPERM = 13, 1
@@ -131,17 +135,20 @@ def _lock(libc, ctypes) -> None:
 
 
 def _seccomp_program() -> bytes:
-    """Classic BPF over seccomp_data (nr at 0, arch at 4): socket() -> EACCES, all else allowed."""
-    arch, nr_socket = SECCOMP_ARCH[platform.machine()]
+    """Classic BPF over seccomp_data (nr at 0, arch at 4): socket() -> EACCES, setsid() -> EPERM
+    (every process stays in the run's session, so the fallback's session sweep finds a daemon
+    whatever its environment), all else allowed."""
+    arch, nr_socket, nr_setsid = SECCOMP_ARCH[platform.machine()]
     ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
     code = [
         (ld, 0, 0, 4),  # A = arch
         (jeq, 1, 0, arch),  # native: skip the next
         (ret, 0, 0, RET_ERRNO | EPERM),
         (ld, 0, 0, 0),  # A = syscall number
-        (0x35, 3, 0, 0x40000000),  # BPF_JGE: x32 numbers -> EPERM (3 ahead)
+        (0x35, 4, 0, 0x40000000),  # BPF_JGE: x32 numbers -> EPERM (4 ahead)
         (jeq, 0, 1, nr_socket),
         (ret, 0, 0, RET_ERRNO | EACCES),
+        (jeq, 1, 0, nr_setsid),  # setsid -> EPERM (1 ahead)
         (ret, 0, 0, RET_ALLOW),
         (ret, 0, 0, RET_ERRNO | EPERM),
     ]
@@ -166,6 +173,25 @@ def no_sockets() -> None:
         raise OSError(err, f"seccomp filter: {os.strerror(err)}")
 
 
+def drop_capabilities() -> None:
+    """Fallback: no capability left (bounding set, ambient, effective / permitted / inheritable),
+    so a program run as root cannot read the harness's /proc files (the harness is non-dumpable:
+    sandbox.py) nor regain capabilities through exec. Without CAP_SETPCAP (not root) the
+    bounding-set drops fail: such a process has nothing to drop there."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
+
+
 def _audit(event: str, args: tuple) -> None:
     if event.startswith(BLOCKED_EVENTS):
         raise OSError(NO_NETWORK + f" ({event})")
@@ -176,6 +202,8 @@ def setup(mode: str, nproc: int, workdir: str) -> None:
         raise ValueError(f"mode: expected 'namespaces' or 'fallback', got {mode!r}")
     if mode == "namespaces":
         read_only_view(workdir)
+    else:
+        drop_capabilities()
     no_sockets()  # before the audit hook, which refuses the ctypes it needs
     if mode == "fallback":
         sys.addaudithook(_audit)  # cannot be removed; raw `_socket` raises the same events

@@ -111,6 +111,67 @@ def test_setsid_double_fork_daemon_dies_with_the_run(mode, tmp_path):
     assert not marker.exists()
 
 
+def test_an_empty_environment_daemon_cannot_leave_the_session(mode, tmp_path):
+    """setsid() is refused (seccomp), so a double-forked daemon that also execs with an empty
+    environment (no run marker) stays in the run's session and dies with it."""
+    marker = tmp_path / "escaped"
+    late = f"import time; time.sleep(1.5); open({str(marker)!r}, 'w').write('x')"
+    program = textwrap.dedent(f"""
+        import os, sys, time
+        if os.fork() == 0:
+            try:
+                os.setsid()
+            except OSError:
+                pass
+            if os.fork() == 0:
+                os.execve(sys.executable, [sys.executable, "-c", {late!r}], {{}})
+            os._exit(0)
+        time.sleep(0.2)
+    """)
+    assert run_program(program).passed
+    time.sleep(2.5)
+    assert not marker.exists()
+
+
+def test_setsid_is_refused(mode):
+    """In a child (the program itself leads its session, where setsid fails anyway)."""
+    program = textwrap.dedent("""
+        import os
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+            except PermissionError:
+                os._exit(0)
+            os._exit(1)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, "setsid succeeded"
+    """)
+    assert run_program(program).passed
+
+
+def test_the_fallback_cannot_read_the_harness_environment(tmp_path):
+    """A harness (a fresh process, its environment holding a secret) runs a program in the
+    fallback: the program cannot read /proc/<harness>/environ, as root or not (the harness is
+    non-dumpable, the program has no capability)."""
+    import subprocess
+    import sys
+
+    program = (
+        "import os\ntry:\n    seen = open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
+        "except OSError:\n    seen = b''\nassert b'HARNESS_SECRET' not in seen, seen[:80]\n"
+    )
+    harness = (
+        "from dlmrt.bench import sandbox\n"
+        "from dlmrt.bench.humaneval_runner import run_program\n"
+        "sandbox.isolation = lambda: sandbox.FALLBACK\n"
+        f"print(run_program({program!r}).passed)\n"
+    )
+    env = {**os.environ, "HARNESS_SECRET": "hunter2"}
+    done = subprocess.run([sys.executable, "-c", harness], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert done.stdout.strip() == "True", done.stdout + done.stderr
+
+
 def test_process_count_is_limited(mode):
     """RLIMIT_NPROC is the run's own budget (namespaces) or a margin over the user's count."""
     if mode is sandbox.NAMESPACES:
