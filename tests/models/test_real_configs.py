@@ -1,5 +1,6 @@
 """The released checkpoints' config files (`real_configs.py`: key for key, tiny widths) parse and
-load: DiffusionGemma as shipped and as transformers >= 5.15 re-saves it, with its sampler class."""
+load: DiffusionGemma as shipped and as transformers >= 5.15 re-saves it, with its sampler class;
+LLaDA-2.1-mini without eos / mask / QK-norm keys (the official defaults) and with them."""
 
 from __future__ import annotations
 
@@ -9,19 +10,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import _byte_tokenizer
+from conftest import _byte_tokenizer, llada2_weights
 from real_configs import (
     DG_EOS,
+    LLADA_MASK,
+    LLADA_PAD,
     dg_config,
     dg_config_resaved,
     dg_generation_config,
     dg_generation_config_resaved,
+    llada21_mini_config,
 )
+from safetensors.torch import save_file
 
 from dlmrt import LLM
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.errors import CheckpointError
 from dlmrt.models.diffusion_gemma_config import diffusion_gemma_config_from_hf
+from dlmrt.models.llada2_config import llada2_config_from_hf
 
 CFG = Path("config.json")
 
@@ -135,3 +141,49 @@ def test_dg_unknown_sampler_class_is_named(sampler, message, tmp_path):
 def test_dg_resaved_generation_config_of_nulls_gives_the_defaults(tmp_path):
     _write(tmp_path, dg_config(), dg_generation_config_resaved())
     assert CanvasSettings.from_generation_config(tmp_path, None) == CanvasSettings()
+
+
+# LLaDA-2.1-mini
+
+
+def test_llada21_mini_as_shipped_gets_the_official_ids():
+    assert not {"eos_token_id", "mask_token_id", "use_qk_norm"} & llada21_mini_config().keys()
+    cfg = llada2_config_from_hf(llada21_mini_config(), CFG)
+    assert (cfg.mask_token_id, cfg.eos_token_ids) == (LLADA_MASK, (LLADA_PAD,))
+    assert (cfg.rotary_dim, cfg.head_dim, cfg.block_size) == (4, 8, 32)
+
+
+def test_llada21_mini_with_the_keys_takes_the_file_values():
+    raw = {**llada21_mini_config(), "eos_token_id": [156900, LLADA_PAD], "mask_token_id": 156894}
+    cfg = llada2_config_from_hf({**raw, "use_qk_norm": True}, CFG)
+    assert (cfg.mask_token_id, cfg.eos_token_ids) == (156894, (156900, LLADA_PAD))
+    with pytest.raises(CheckpointError, match="'use_qk_norm' = False: only QK-norm"):
+        llada2_config_from_hf({**raw, "use_qk_norm": False}, CFG)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"use_rmsnorm": False}, "'use_rmsnorm' = False: only RMSNorm"),
+        ({"rotary_dim": 6}, "'rotary_dim' = 6 disagrees with 'partial_rotary_factor' = 0.5"),
+        ({"pad_token_id": 157184}, r"'pad_token_id' = 157184 is not a token id in \[0, 157184\)"),
+    ],
+)
+def test_llada21_mini_bad_values_are_named(override, message):
+    with pytest.raises(CheckpointError, match=message):
+        llada2_config_from_hf({**llada21_mini_config(), **override}, CFG)
+
+
+def test_llada21_mini_checkpoint_as_shipped_loads(tmp_path):
+    """The official ids win over the test tokenizer's own <|MASK|> and eos token; QK-norm on."""
+    cfg = llada21_mini_config()
+    weights = llada2_weights(cfg, seed=0)
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    _byte_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    llm = LLM(str(_write(tmp_path, cfg)), device="cpu", dtype="float32")
+    assert (llm.mask_id, llm.stop_ids) == (LLADA_MASK, {LLADA_PAD})
+    name = "model.layers.0.attention.query_layernorm.weight"
+    assert torch.equal(llm.model.state_dict()[name], weights[name])
+    out = llm.generate([5, 6, 7], max_new_tokens=4, ignore_eos=True, block_length=4)
+    assert len(out.token_ids) == 4
