@@ -1,31 +1,39 @@
 """The released checkpoints' config files (`real_configs.py`: key for key, tiny widths) parse and
 load: DiffusionGemma as shipped and as transformers >= 5.15 re-saves it, with its sampler class;
-LLaDA-2.1-mini without eos / mask / QK-norm keys (the official defaults) and with them."""
+LLaDA-2.1-mini without eos / mask / QK-norm keys (the official defaults) and with them; SDAR-4B and
+a fine-tune of it."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import _byte_tokenizer, llada2_weights
+from conftest import _byte_tokenizer, llada2_weights, tiny_qwen3_config
 from real_configs import (
     DG_EOS,
     LLADA_MASK,
     LLADA_PAD,
+    SDAR_EOS,
+    SDAR_MASK,
+    SDAR_VOCAB,
     dg_config,
     dg_config_resaved,
     dg_generation_config,
     dg_generation_config_resaved,
     llada21_mini_config,
+    sdar_4b_config,
+    sdar_4b_finetune_config,
 )
 from safetensors.torch import save_file
 
 from dlmrt import LLM
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.errors import CheckpointError
+from dlmrt.models.config import model_config_from_hf
 from dlmrt.models.diffusion_gemma_config import diffusion_gemma_config_from_hf
 from dlmrt.models.llada2_config import llada2_config_from_hf
 
@@ -187,3 +195,48 @@ def test_llada21_mini_checkpoint_as_shipped_loads(tmp_path):
     assert torch.equal(llm.model.state_dict()[name], weights[name])
     out = llm.generate([5, 6, 7], max_new_tokens=4, ignore_eos=True, block_length=4)
     assert len(out.token_ids) == 4
+
+
+# SDAR-4B / QwenDLM
+
+
+@pytest.mark.parametrize(
+    "config, mask, block",
+    [(sdar_4b_config, None, 256), (sdar_4b_finetune_config, SDAR_MASK, 4)],
+    ids=["SDAR-4B-Chat", "fine-tune"],
+)
+def test_sdar_4b_config_parses(config, mask, block):
+    cfg = model_config_from_hf(config(), CFG)
+    assert (cfg.architecture, cfg.mask_token_id, cfg.block_size) == ("SDARForCausalLM", mask, block)
+    assert (cfg.eos_token_ids, cfg.rope_theta, cfg.tie_word_embeddings) == ((SDAR_EOS,), 1e6, False)
+    assert (cfg.head_dim, cfg.num_key_value_heads, cfg.vocab_size) == (8, 1, SDAR_VOCAB)
+
+
+@pytest.mark.parametrize(
+    "override", [{"hidden_act": "gelu"}, {"attention_bias": True}, {"use_sliding_window": True}]
+)
+def test_sdar_4b_unsupported_options_are_named(override):
+    (name, value), message = next(iter(override.items())), "config field '{}' = {!r} is not"
+    with pytest.raises(CheckpointError, match=re.escape(message.format(name, value))):
+        model_config_from_hf({**sdar_4b_config(), **override}, CFG)
+
+
+def test_sdar_4b_checkpoints_load(tmp_path):
+    """Weights under Qwen3's names; the shipped config takes its mask from the tokenizer
+    (<|MASK|>), the fine-tune's from config.json."""
+    from transformers import Qwen3ForCausalLM
+
+    sizes = dict(hidden_size=16, intermediate_size=32, num_attention_heads=4, head_dim=8)
+    qwen = tiny_qwen3_config(vocab_size=SDAR_VOCAB, num_key_value_heads=1, **sizes)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(qwen).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()  # transformers' (the test stop id)
+    _byte_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    for config, mask, block in (
+        (sdar_4b_config(), 259, 256),
+        (sdar_4b_finetune_config(), SDAR_MASK, 4),
+    ):
+        llm = LLM(str(_write(tmp_path, config)), device="cpu", dtype="float32")
+        assert (llm.mask_id, llm.stop_ids, llm.model_config.block_size) == (mask, {SDAR_EOS}, block)
+        out = llm.generate([5, 6, 7], max_new_tokens=4, ignore_eos=True, block_length=4)
+        assert len(out.token_ids) == 4
