@@ -140,7 +140,10 @@ class LLM:
         self.device, self.dtype = config.torch_device(), next(model.parameters()).dtype
         self.family = models.family_of(model)
         self.tokenizer = tokenizer
-        self.stop_ids = tokenizer.stop_ids or set(getattr(model.cfg, "eos_token_ids", ()) or ())
+        # declared stop ids, else the family's reading of config.json (LLaDA2: the pad id), else
+        # the tokenizer's eos token
+        family_stops = set(getattr(model.cfg, "eos_token_ids", ()) or ())
+        self.stop_ids = tokenizer.declared_stop_ids or family_stops or tokenizer.stop_ids
         has_adapter = getattr(model, "adapter", None) is not None
         try:
             self.default_rule = self.family.default_rule(config.role, has_adapter)
@@ -157,9 +160,11 @@ class LLM:
             self._setup_canvases(path)
 
     def _setup_blocks(self, path: Path, auto_rule: str) -> None:
-        # The tokenizer resolves it from config.json first (validated by the loader), then from
-        # the tokenizer files.
-        self.mask_id = self.tokenizer.mask_token_id
+        # config.json's (validated by the loader) or the family's default (LLaDA2: 156895), else
+        # the tokenizer's mask token
+        self.mask_id = getattr(self.model_config, "mask_token_id", None)
+        if self.mask_id is None:
+            self.mask_id = self.tokenizer.mask_token_id
         if self.mask_id is None:
             raise CheckpointError(
                 f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "

@@ -45,12 +45,16 @@ class Tokenizer:
         gen_cfg = read_json(root / "generation_config.json", required=False) or {}
         self.chat_template = self._load_template(root)
         self.mask_token_id = self._mask_id(model_cfg)
-        stop = eos_ids(gen_cfg.get("eos_token_id"), root / "generation_config.json") or eos_ids(
-            model_cfg.get("eos_token_id"), root / "config.json"
+        # the stop ids the files declare (generation_config.json, else config.json), then, without
+        # any, the tokenizer's eos token
+        self.declared_stop_ids: set[int] = set(
+            eos_ids(gen_cfg.get("eos_token_id"), root / "generation_config.json")
+            or eos_ids(model_cfg.get("eos_token_id"), root / "config.json")
         )
         eos_text = _token_text(self.config.get("eos_token"))
+        stop = self.declared_stop_ids
         if not stop and eos_text is not None and self._tok.token_to_id(eos_text) is not None:
-            stop = (self._tok.token_to_id(eos_text),)
+            stop = {self._tok.token_to_id(eos_text)}
         self.stop_ids: set[int] = set(stop)
 
     def _load_template(self, root: Path) -> str | None:

@@ -28,10 +28,16 @@ from typing import Any
 import torch
 
 from dlmrt.decoding.noise import counter_uniform
+from dlmrt.errors import CheckpointError
 
 log = logging.getLogger("dlmrt")
 
 RNG_MODES = ("torch", "counter")
+# generation_config.json's `sampler_config` is a transformers sampler class's fields plus its name
+# (`_cls_name`): the classes dlmrt runs, each field mapped to the CanvasSettings field it sets.
+SAMPLERS: dict[str, dict[str, str]] = {
+    "EntropyBoundSamplerConfig": {"entropy_bound": "entropy_bound"}
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,13 +84,32 @@ class CanvasSettings:
 def _known(gen: dict[str, Any], path: Path) -> dict[str, Any]:
     names = {f.name for f in fields(CanvasSettings)}
     out = {k: v for k, v in gen.items() if k in names and v is not None}
-    sampler = gen.get("sampler_config")
-    if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
-        out["entropy_bound"] = float(sampler["entropy_bound"])
+    out.update(sampler_settings(gen.get("sampler_config"), path / "generation_config.json"))
     for name, value in out.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{path / 'generation_config.json'}: {name} must be a number")
     return out
+
+
+def sampler_settings(sampler: Any, where: Path) -> dict[str, Any]:
+    """The CanvasSettings fields a `sampler_config` sets (null: none). Its `_cls_name` must be one
+    of SAMPLERS (a hand-written one without it is read as EntropyBoundSamplerConfig's fields); an
+    unknown class, or a field its class does not have, is a CheckpointError naming it."""
+    if sampler is None:
+        return {}
+    if not isinstance(sampler, dict):
+        raise CheckpointError(f"{where}: 'sampler_config' must be an object, got {sampler!r}")
+    given = dict(sampler)
+    name = given.pop("_cls_name", "EntropyBoundSamplerConfig")
+    if name not in SAMPLERS:
+        raise CheckpointError(
+            f"{where}: sampler_config class {name!r} is not supported "
+            f"(dlmrt runs {', '.join(SAMPLERS)})"
+        )
+    unknown = sorted(set(given) - set(SAMPLERS[name]))
+    if unknown:
+        raise CheckpointError(f"{where}: sampler_config {name} has no field(s) {unknown}")
+    return {SAMPLERS[name][k]: v for k, v in given.items() if v is not None}
 
 
 def temperature(

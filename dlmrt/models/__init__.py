@@ -3,8 +3,10 @@
 A `Family` names its model class and config parser (imported lazily), its decoding style
 (`dlmrt/rules.py`: which engine runs it), whether it routes through the MoE ops (graph modes then
 need their Triton kernels), and its default rules. Each HF `architectures` name maps to a family.
-Stop ids and the chat template are the tokenizer's (`dlmrt/tokenizer.py`: config.json first, then
-the tokenizer files), the same convention for every family.
+Stop ids and the chat template are the tokenizer's (`dlmrt/tokenizer.py`: generation_config.json,
+then config.json, then the tokenizer files), the same convention for every family, except that a
+family's own reading of config.json (its parsed `eos_token_ids` / `mask_token_id`: LLaDA2's
+defaults) comes before the tokenizer files (`LLM`).
 """
 
 from __future__ import annotations

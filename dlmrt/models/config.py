@@ -135,8 +135,22 @@ def _optional_id(cfg: dict[str, Any], name: str, vocab: int, path: Path) -> int 
     return value
 
 
+def _check_supported(cfg: dict[str, Any], path: Path) -> None:
+    """Options of the Qwen3 / SDAR key set the model does not implement, refused by name (their
+    released values: silu, no bias, no sliding window)."""
+    unsupported = {
+        "hidden_act": cfg.get("hidden_act", "silu") != "silu",
+        "attention_bias": cfg.get("attention_bias") is True,
+        "use_sliding_window": cfg.get("use_sliding_window") is True,
+    }
+    for name, bad in unsupported.items():
+        if bad:
+            raise CheckpointError(f"{path}: config field '{name}' = {cfg[name]!r} is not supported")
+
+
 def model_config_from_hf(cfg: dict[str, Any], path: Path) -> ModelConfig:
     """Parse a QwenDLM/SDAR/Qwen3 `config.json` dict (read from `path`)."""
+    _check_supported(cfg, path)
     hidden = _size(cfg, "hidden_size", path)
     heads = _size(cfg, "num_attention_heads", path)
     kv_heads = _size(cfg, "num_key_value_heads", path, heads)

@@ -26,6 +26,10 @@ from dlmrt.models.residual import ResidualConfig
 # LLaDA2 trains and decodes with 32-token blocks (official `generate` default `block_length=32`);
 # HF configs carry no block field. A `block_size` in config.json overrides it.
 DEFAULT_BLOCK_LENGTH = 32
+# The released config.json has neither `mask_token_id` nor `eos_token_id`: the official `generate`
+# defaults to mask 156895 (the tokenizer's <|mask|>) and stops on 156892 (<|endoftext|>, the
+# config's `pad_token_id`).
+DEFAULT_MASK_ID = 156895
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +88,22 @@ def _rotary_dim(cfg: dict[str, Any], head_dim: int, path: Path) -> int:
     return dim
 
 
+def _mask_id(cfg: dict[str, Any], vocab: int, path: Path) -> int | None:
+    """`mask_token_id`, else DEFAULT_MASK_ID when the vocabulary holds it (else None: the
+    tokenizer's mask token decides)."""
+    if cfg.get("mask_token_id") is None:
+        return DEFAULT_MASK_ID if DEFAULT_MASK_ID < vocab else None
+    return _optional_id(cfg, "mask_token_id", vocab, path)
+
+
+def _stop_ids(cfg: dict[str, Any], vocab: int, path: Path) -> tuple[int, ...]:
+    """`eos_token_id`, else `pad_token_id` (the official `generate` stops on the pad id)."""
+    if cfg.get("eos_token_id") is not None:
+        return eos_ids(cfg["eos_token_id"], path, vocab)
+    pad = _optional_id(cfg, "pad_token_id", vocab, path)
+    return () if pad is None else (pad,)
+
+
 def _check_moe(c: LLaDA2Config, path: Path) -> None:
     per_group = c.num_experts // c.n_group if c.n_group > 0 else 0
     if c.n_group < 1 or c.num_experts % c.n_group or per_group < 2:
@@ -129,9 +149,9 @@ def llada2_config_from_hf(cfg: dict[str, Any], path: Path) -> LLaDA2Config:
         rope_theta=positive_float(_field(cfg, "rope_theta", path, float), "rope_theta", path),
         max_position_embeddings=_size(cfg, "max_position_embeddings", path),
         tie_word_embeddings=tie,
-        mask_token_id=_optional_id(cfg, "mask_token_id", vocab, path),
+        mask_token_id=_mask_id(cfg, vocab, path),
         block_size=_size(cfg, "block_size", path, DEFAULT_BLOCK_LENGTH),
-        eos_token_ids=eos_ids(cfg.get("eos_token_id"), path, vocab),
+        eos_token_ids=_stop_ids(cfg, vocab, path),
         num_experts=_size(cfg, "num_experts", path),
         top_k=_field(cfg, "num_experts_per_tok", path),
         n_group=_field(cfg, "n_group", path),

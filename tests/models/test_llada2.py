@@ -274,9 +274,9 @@ def test_router_logits_on_the_cpu_are_the_fp32_path():
 
 def test_a_config_as_shipped_without_eos_mask_and_qk_norm_keys(tmp_path):
     """LLaDA-2.1-mini's config.json omits eos_token_id, mask_token_id and use_qk_norm and carries
-    rotary_dim, router_dtype and use_rmsnorm: it loads; the mask and stop ids come from the
-    tokenizer's mask and eos tokens (the released tokenizer's <|mask|> and <|endoftext|>, which is
-    also its pad id), QK-norm is on."""
+    rotary_dim, router_dtype and use_rmsnorm: it loads, QK-norm on. This vocabulary is too small
+    for the released mask id (156895, tests/models/test_real_configs.py), so the tokenizer's mask
+    token is the mask; the stop id is the config's pad id."""
     from conftest import EOS_ID, MASK_ID
 
     from dlmrt import LLM
