@@ -98,6 +98,14 @@ class ResidualAdapter(SwiGLU):
             return torch.ones_like(unresolved)
         return unresolved
 
+    @torch.no_grad()
+    def switch_off(self) -> None:
+        """g(z) = 0 from now on (the adapter-off ablation): W_d is zeroed in place. In place, not
+        a zero output scale, because graph modes capture a Python scale as a constant but read
+        the weight's storage at every replay: this holds before and after a capture. What is
+        left is the model without its residual pathway (h = post(E[x]))."""
+        self.down_proj.weight.zero_()
+
     @property
     def filled_block_is_clean(self) -> bool:
         """Whether a forward of a block with no unresolved rows is a clean forward (h = E[x]):
