@@ -116,11 +116,17 @@ class ResidualAdapter(SwiGLU):
         return self.cfg.positions == "masked" and self.cfg.post_norm_scale is None
 
     def inject(
-        self, tok_emb: torch.Tensor, z: torch.Tensor, receives: torch.Tensor
+        self,
+        tok_emb: torch.Tensor,
+        z: torch.Tensor,
+        receives: torch.Tensor,
+        g: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Return h = post(E[x] + alpha * m * g(z)); `receives` is the bool row mask m: [rows]."""
+        """Return h = post(E[x] + alpha * m * g(z)); `receives` is the bool row mask m: [rows].
+        `g`: g(z) when the caller has already computed it (the ORL replay keeps it for its
+        diagnostics, `dlmrt/train/orl/residual_probe.py`), else computed here."""
         m = receives.to(tok_emb.dtype).unsqueeze(-1)
-        h = tok_emb + self.cfg.strength * m * self.forward(z)
+        h = tok_emb + self.cfg.strength * m * (self.forward(z) if g is None else g)
         if self.cfg.post_norm_scale is not None:
             h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
         return h
