@@ -1,5 +1,6 @@
 """Plots of the ORL demo (issue 17): the accuracy-vs-TPF frontier of every model in a sweep file
-(`benchmarks/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`).
+(`benchmarks/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`),
+with their residual-to-embedding ratio (`residual_ratio`) when the runs logged it.
 `--compare BASE` also prints each model's TPF at equal accuracy against BASE's (a markdown table).
 
     python benchmarks/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
@@ -103,17 +104,34 @@ def read_runs(path: Path) -> dict[str, list[dict]]:
     return {name: [dict(zip(r["columns"], row)) for row in r["rows"]] for name, r in runs.items()}
 
 
+def ratio_points(rows: list[dict]) -> list[tuple[int, float]]:
+    """(step, residual_ratio) of the steps that logged a positive ratio: runs older than the field
+    have none, a step without verified rollouts logs None, and a log axis cannot show 0 (a fresh
+    adapter's first step)."""
+    return [(r["step"], r["residual_ratio"]) for r in rows if (r.get("residual_ratio") or 0) > 0]
+
+
 def curves(runs: dict[str, list[dict]], out: Path) -> None:
+    """Reward and rollout TPF per step (10-step means) and, when any run logged it, the
+    residual-to-embedding RMS ratio per step (log scale; the paper's 0.91-1.08 shaded)."""
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ratios = {name: pts for name, rows in runs.items() if (pts := ratio_points(rows))}
+    fig, axes = plt.subplots(1, 3 if ratios else 2, figsize=(15 if ratios else 10, 3.8))
+    ax_r, ax_t = axes[:2]
     for name, rows in runs.items():
         steps = [r["step"] for r in rows]
         ax_r.plot(steps, _smooth([r["reward"] for r in rows]), label=name)
         ax_t.plot(steps, _smooth([r["rollout_tpf"] for r in rows]), label=name)
     ax_r.set(xlabel="ORL step", ylabel="reward (verified share, 10-step mean)")
     ax_t.set(xlabel="ORL step", ylabel="rollout TPF (10-step mean)")
-    for ax in (ax_r, ax_t):
+    if ratios:
+        ax_z = axes[2]
+        ax_z.axhspan(0.91, 1.08, color="grey", alpha=0.2, label="paper, QwenDLM (0.91-1.08)")
+        for name, pts in ratios.items():
+            ax_z.plot([s for s, _ in pts], [v for _, v in pts], label=name)
+        ax_z.set(xlabel="ORL step", ylabel="residual / embedding RMS", yscale="log")
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -98,6 +98,14 @@ class ResidualAdapter(SwiGLU):
             return torch.ones_like(unresolved)
         return unresolved
 
+    @torch.no_grad()
+    def switch_off(self) -> None:
+        """g(z) = 0 from now on (the adapter-off ablation): W_d is zeroed in place. In place, not
+        a zero output scale, because graph modes capture a Python scale as a constant but read
+        the weight's storage at every replay: this holds before and after a capture. What is
+        left is the model without its residual pathway (h = post(E[x]))."""
+        self.down_proj.weight.zero_()
+
     @property
     def filled_block_is_clean(self) -> bool:
         """Whether a forward of a block with no unresolved rows is a clean forward (h = E[x]):
@@ -108,11 +116,17 @@ class ResidualAdapter(SwiGLU):
         return self.cfg.positions == "masked" and self.cfg.post_norm_scale is None
 
     def inject(
-        self, tok_emb: torch.Tensor, z: torch.Tensor, receives: torch.Tensor
+        self,
+        tok_emb: torch.Tensor,
+        z: torch.Tensor,
+        receives: torch.Tensor,
+        g: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Return h = post(E[x] + alpha * m * g(z)); `receives` is the bool row mask m: [rows]."""
+        """Return h = post(E[x] + alpha * m * g(z)); `receives` is the bool row mask m: [rows].
+        `g`: g(z) when the caller has already computed it (the ORL replay keeps it for its
+        diagnostics, `dlmrt/train/orl/residual_probe.py`), else computed here."""
         m = receives.to(tok_emb.dtype).unsqueeze(-1)
-        h = tok_emb + self.cfg.strength * m * self.forward(z)
+        h = tok_emb + self.cfg.strength * m * (self.forward(z) if g is None else g)
         if self.cfg.post_norm_scale is not None:
             h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
         return h

@@ -4,6 +4,7 @@ and `ORLConfig` fields.
     dlmrt train sft --task arithmetic --out runs/demo [--device cuda] [--steps N] [--resume]
     dlmrt train orl --model DIR --task arithmetic --out runs/orl [--recipe FILE] [--resume]
     dlmrt train eval --model runs/demo --rule threshold --threshold 0.9 --problems 500
+    dlmrt train eval --model runs/orl --task arithmetic --adapter off   # the residual ablation
     dlmrt train export runs/demo dlmrt-demo --dtype bfloat16
 
 Only the flags given on the command line override: a resumed run keeps its train_config.json
@@ -127,6 +128,13 @@ def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--max-new-tokens", type=int, default=128, help="per problem (default: 128)")
     ev.add_argument(
+        "--adapter",
+        choices=("on", "off"),
+        default="on",
+        help="off: the ORL residual adapter's output zeroed (g(z) = 0), the ablation that shows "
+        "what the residual pathway buys; needs a model with an adapter (default: on)",
+    )
+    ev.add_argument(
         "--device", default=None, help="cpu | cuda | cuda:N (default: cuda if available, else cpu)"
     )
     ev.add_argument(
@@ -217,6 +225,11 @@ def _eval(args: argparse.Namespace) -> int:
     if args.out:
         check_out_file(Path(args.out))  # before the run, not after it
     llm = LLM(args.model, dtype=args.dtype, device=args.device, mode=args.mode)
+    adapter = getattr(llm.model, "adapter", None)
+    if args.adapter == "off":
+        if adapter is None:
+            raise ValueError(f"--adapter off: {args.model} has no ORL residual adapter")
+        adapter.switch_off()
     params = {
         "rule": args.rule,
         "threshold": args.threshold,
@@ -232,6 +245,8 @@ def _eval(args: argparse.Namespace) -> int:
         **{k: v for k, v in params.items() if v is not None},
     )
     res = {"model": str(args.model), "rule": args.rule or llm.default_rule, **res}
+    if adapter is not None:
+        res["adapter"] = args.adapter
     if llm.decoder is not None:  # the knobs the flags left unset: the checkpoint's, else dlmrt's
         _, res["threshold"], res["entropy_budget"] = llm.decoder.resolve(DecodeParams(**params))
     text = json.dumps(res)

@@ -66,6 +66,25 @@ def test_plots_are_written(tmp_path: Path):
     assert (tmp_path / "f.png").stat().st_size > 0 and (tmp_path / "c.png").stat().st_size > 0
 
 
+def test_the_curves_show_the_residual_ratio_when_a_run_logged_it(tmp_path: Path, monkeypatch):
+    plot = _load("orl_demo_plot")
+    rows = [{"step": 1, "reward": 0.5, "rollout_tpf": 3.0, "residual_ratio": 0.0},
+            {"step": 2, "reward": 0.5, "rollout_tpf": 3.1, "residual_ratio": None},
+            {"step": 3, "reward": 0.6, "rollout_tpf": 3.2, "residual_ratio": 2e-5}]  # fmt: skip
+    assert plot.ratio_points(rows) == [(3, 2e-5)]  # no 0 on a log axis, no step without rows
+    assert plot.ratio_points([{"step": 1, "reward": 0.5, "rollout_tpf": 3.0}]) == []
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    drawn, real = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **kw: drawn.append(a) or real(*a, **kw))
+    old = [{k: r[k] for k in ("step", "reward", "rollout_tpf")} for r in rows]
+    plot.curves({"new": rows, "old": old}, tmp_path / "c.png")
+    plot.curves({"old": old}, tmp_path / "d.png")
+    assert drawn == [(1, 3), (1, 2)]  # the ratio panel only when a run has ratios
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
 def test_tpf_at_equal_accuracy_follows_the_frontier():
     """Dominated points are dropped, TPF is interpolated between frontier points, None above the
     best accuracy, and the comparison table divides by the base model's TPF."""

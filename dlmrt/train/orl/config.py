@@ -86,6 +86,12 @@ class ORLConfig:
     # optimisation
     lr: float = _f(1e-5, "backbone learning rate (AdamW, constant after warm-up)")
     adapter_lr_scale: float = _f(0.3, "adapter learning rate / backbone learning rate")
+    adapter_adam_eps: float = _f(
+        1e-15,
+        "AdamW eps of the adapter's parameters: far below their second moments (sqrt(v) ~ 6e-9 "
+        "for a fresh adapter's W_g / W_u), so it does not damp their steps; the backbone keeps "
+        "torch's 1e-8",
+    )
     warmup_steps: int = _f(0, "linear warm-up (optimizer steps)")
     weight_decay: float = _f(0.0, "AdamW weight decay on matrices")
     beta1: float = _f(0.9, "AdamW beta1")
@@ -123,6 +129,7 @@ class ORLConfig:
             ("temperature", self.temperature >= 0, ">= 0"),
             ("lr", self.lr > 0, "> 0"),
             ("adapter_lr_scale", self.adapter_lr_scale >= 0, ">= 0"),
+            ("adapter_adam_eps", self.adapter_adam_eps > 0, "> 0"),
             ("rkl_cap", self.rkl_cap > 0, "> 0"),
             ("gamma", self.gamma is None or self.gamma > 0, "> 0"),
             ("grad_clip", self.grad_clip >= 0, ">= 0"),

@@ -31,6 +31,7 @@ from dlmrt.tokenizer import Tokenizer
 from dlmrt.train.evaluate import evaluate
 from dlmrt.train.orl import dist
 from dlmrt.train.orl.config import ORLConfig
+from dlmrt.train.orl.residual_probe import ResidualProbe
 from dlmrt.train.orl.rollout import VerifierPool, generate_rollouts, step_prompts
 from dlmrt.train.orl.run_dir import open_orl_run
 from dlmrt.train.orl.step import Replayer, optimizer_step, param_groups
@@ -152,15 +153,16 @@ class _Loop:
         if tap and rollouts:
             entry["replay_max_abs_err"] = self.replayer.check(rollouts[0])
         self.model.train()
+        probe = ResidualProbe(self.model.adapter, self.replayer.device)
         ops.use("torch")  # Triton kernels have no autograd: the replay runs the torch twins
         try:
-            entry.update(self.replayer.losses(rollouts))
+            entry.update(self.replayer.losses(rollouts, probe))
         finally:
             ops.use(None)
         entry["optimizer_step"] = entry["responses"] > 0
         if entry["optimizer_step"]:
             entry["lr"] = self.scheduler.get_last_lr()[0]
-            entry.update(optimizer_step(self.model, self.optimizer, self.scheduler, cfg))
+            entry.update(optimizer_step(self.model, self.optimizer, self.scheduler, cfg, probe))
         else:
             self.optimizer.zero_grad(set_to_none=True)
             log.warning("step %d: no verified rollout, no optimizer step", u + 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -15,6 +16,7 @@ from dlmrt.train.orl.config import ORLConfig
 from dlmrt.train.orl.losses import LossSpec, combine, row_terms
 from dlmrt.train.orl.plan import Doc, Target, pack_docs, plan
 from dlmrt.train.orl.replay import replay_logits
+from dlmrt.train.orl.residual_probe import ResidualProbe
 from dlmrt.train.orl.row import PackedRow, build_row, flex_length
 from dlmrt.train.orl.selection import select_rounds
 
@@ -38,8 +40,10 @@ class Replayer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def losses(self, rollouts: list[Rollout]) -> dict[str, float]:
-        """Backward of this rank's share of the step's loss; the step's global statistics."""
+    def losses(self, rollouts: list[Rollout], probe: ResidualProbe | None = None) -> dict[str, Any]:
+        """Backward of this rank's share of the step's loss; the step's global statistics. With
+        `probe`: also the residual-to-embedding ratio of the replayed rows, and the probe keeps a
+        sample of them for `optimizer_step`'s output update."""
         cfg, vocab = self.cfg, self.model.cfg.vocab_size
         p = plan(rollouts, cfg.select_fraction, cfg.aec_gate, vocab)
         verified = sum(r.verified for r in rollouts)
@@ -55,10 +59,13 @@ class Replayer:
         diag = torch.zeros(4, device=self.device)  # AEC pairs: count, active, H_source, H_next
         replay_tokens = 0
         mine = share(p.docs, *self.rank_world) if responses > 0 else []
+        if probe is not None:
+            probe.keep_rows([s for d in mine for s in d.states])
         for docs in pack_docs(mine, cfg.pack_tokens):
             row = self.row(docs)
             with self.autocast():
-                logits = replay_logits(self.model, row, attention_mask(row.meta, self.attention))
+                mask = attention_mask(row.meta, self.attention)
+                logits = replay_logits(self.model, row, mask, probe)
                 nums = row_terms(logits, logits.detach(), row, self.spec)
                 loss, parts = combine(nums, responses, aec_den, self.spec)
             loss.backward()
@@ -70,8 +77,9 @@ class Replayer:
         n = max(gated, 1)
         aec_stats = {"aec_pairs_gated": gated, "aec_active_share": active / n,
                      "aec_h_source": h_src / n, "aec_h_next": h_next / n}  # fmt: skip
+        residual = probe.ratio() if probe is not None else {}
         return {**stats, "replay_tokens": replay_tokens, "loss": loss, "ce": ce, "rkl": rkl,
-                "aec": aec, "responses": responses, **aec_stats}  # fmt: skip
+                "aec": aec, "responses": responses, **aec_stats, **residual}  # fmt: skip
 
     def row(self, docs: list[Doc]) -> PackedRow:
         """The packed row; flex rows padded to a power-of-two number of tiles (few shapes)."""
@@ -94,27 +102,37 @@ class Replayer:
 
 
 def param_groups(model: torch.nn.Module, cfg: ORLConfig) -> list[dict]:
-    """Backbone and adapter (lr x adapter_lr_scale); weight decay on matrices only."""
+    """Backbone and adapter (lr x adapter_lr_scale, AdamW eps `adapter_adam_eps`: torch's 1e-8
+    would sit above a young adapter's second moments and damp its steps); weight decay on
+    matrices only. The backbone keeps the optimizer's eps."""
     groups: dict[tuple[bool, bool], list] = {}
     for name, p in model.named_parameters():
         adapter = ".residual_adapter." in name
         decay = p.ndim >= 2 and "embed_tokens" not in name
         groups.setdefault((adapter, decay), []).append(p)
-    return [
-        {"params": ps, "lr": cfg.lr * (cfg.adapter_lr_scale if adapter else 1.0),
-         "weight_decay": cfg.weight_decay if decay else 0.0, "adapter": adapter}
-        for (adapter, decay), ps in sorted(groups.items())
-    ]  # fmt: skip
+    out = []
+    for (adapter, decay), ps in sorted(groups.items()):
+        group = {"params": ps, "lr": cfg.lr, "weight_decay": cfg.weight_decay if decay else 0.0,
+                 "adapter": adapter}  # fmt: skip
+        if adapter:
+            group.update(lr=cfg.lr * cfg.adapter_lr_scale, eps=cfg.adapter_adam_eps)
+        out.append(group)
+    return out
 
 
-def optimizer_step(model, optimizer, scheduler, cfg: ORLConfig) -> dict[str, float]:
-    """Sum gradients across ranks, clip, step; the relative update sizes ||dW|| / ||W||."""
+def optimizer_step(
+    model, optimizer, scheduler, cfg: ORLConfig, probe: ResidualProbe | None = None
+) -> dict[str, float | None]:
+    """Sum gradients across ranks, clip, step; the relative update sizes ||dW|| / ||W|| and,
+    with `probe`, that of the adapter's output on the probe's rows."""
     dist.sum_gradients(model)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     old = {}
     for g in optimizer.param_groups:
         old.setdefault(g["adapter"], []).extend((p, p.detach().clone()) for p in g["params"])
+    if probe is not None:
+        probe.output_before()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -123,4 +141,6 @@ def optimizer_step(model, optimizer, scheduler, cfg: ORLConfig) -> dict[str, flo
         delta = torch.sqrt(sum(((p.detach() - w) ** 2).sum() for p, w in pairs))
         norm = torch.sqrt(sum((w**2).sum() for _, w in pairs))
         out["update_adapter" if adapter else "update_backbone"] = (delta / norm).item()
+    if probe is not None:
+        out.update(probe.output_update())
     return out
