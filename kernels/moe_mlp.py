@@ -141,6 +141,7 @@ def _down_kernel(
     h_ptr,
     down_ptr,
     down_scale_ptr,  # [E, H] fp32 (SCALED)
+    w_ptr,
     y_ptr,
     order_ptr,
     tile_end_ptr,
@@ -177,16 +178,18 @@ def _down_kernel(
     acc = tile_major(acc, SWAP)
     if SCALED:
         acc = acc * tl.load(down_scale_ptr + e64 * H + n, mask=n_ok, other=0.0)[None, :]
-    store_expert_out(acc, y_ptr, pair, n, valid, n_ok, H)
+    store_weighted(acc, h_ptr.dtype.element_ty, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 @triton.jit
-def store_expert_out(acc, y_ptr, pair, n, valid, n_ok, H: tl.constexpr):
+def store_weighted(acc, dtype: tl.constexpr, w_ptr, y_ptr, pair, n, valid, n_ok,
+                   H: tl.constexpr):  # fmt: skip
     """The down epilogue (also kernels/moe_mlp_nvfp4.py's and moe_mlp_fp8.py's): y rounded to the
-    model's dtype (y's), stored at each pair's (row, slot). The routing weight multiplies it in
-    `slot_sum` (as torch: y, then y * w in fp32), so y is half the bytes of a weighted fp32 y."""
-    out = y_ptr + pair[:, None] * H + n[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+    model's `dtype`, then times the routing weight (as torch: y, then y * w), stored fp32 at each
+    pair's (row, slot)."""
+    weight = tl.load(w_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    y = acc.to(dtype).to(tl.float32) * weight[:, None]
+    tl.store(y_ptr + pair[:, None] * H + n[None, :], y, mask=valid[:, None] & n_ok[None, :])
 
 
 def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
@@ -244,7 +247,7 @@ def moe_mlp(
     x, gate, up, down = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, gate, up, down))
     order, tile_end, counts, starts, max_tiles = plan(index, experts)
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
-    y = torch.empty((rows, top_k, hidden), dtype=x.dtype, device=x.device)
+    y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     common["SCALED"], common["SWAP"] = scales is not None, swap
     # H200, one layer (benchmarks/results/moe_mlp_swap_h200_2026-12-02.json): bf16 LLaDA 0.315 ->
@@ -259,7 +262,7 @@ def moe_mlp(
         TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
-        h, down, ds, y, order, tile_end, counts, starts,
+        h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
-    return slot_sum(y, weights, add)
+    return slot_sum(y, x.dtype, add)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
-from .moe_mlp import _tile, acc_zeros, plan, store_expert_out, tile_major
+from .moe_mlp import _tile, acc_zeros, plan, store_weighted, tile_major
 from .silu_mul import activation
 from .slot_sum import slot_sum
 
@@ -126,7 +126,7 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    hq_ptr, hs_ptr, down_ptr, down_scale_ptr, y_ptr,
+    hq_ptr, hs_ptr, down_ptr, down_scale_ptr, w_ptr, y_ptr,
     order_ptr, tile_end_ptr, counts_ptr, starts_ptr, stride_de, stride_dn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr,
@@ -152,7 +152,7 @@ def _down_kernel(
         wd = tl.load(d_base + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _scaled_mma(a, wd, s, acc, SWAP)
     acc = tile_major(acc, SWAP) * tl.load(down_scale_ptr + e64 * H + n, mask=n_ok)[None, :]
-    store_expert_out(acc, y_ptr, pair, n, valid, n_ok, H)
+    store_weighted(acc, DTYPE, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 def quant_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,7 +210,7 @@ def moe_mlp_fp8(
     pairs = index.numel()
     hq = torch.empty((pairs, inter), dtype=torch.float8_e4m3fn, device=x.device)  # sorted order
     hs = torch.empty((pairs, triton.cdiv(inter, bn)), dtype=torch.float32, device=x.device)
-    y = torch.empty((rows, top_k, hidden), dtype=x.dtype, device=x.device)
+    y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), SWAP=swap, DTYPE=dtype)
     launch = {"num_warps": warps} | ({"num_stages": stages} if stages else {})
@@ -221,7 +221,7 @@ def moe_mlp_fp8(
         TOP_K=top_k, GELU=activation == "gelu_tanh", BM=bm, BN=bn, BK=GROUP, **common, **launch,
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn_down))](
-        hq, hs, down, ds, y, order, tile_end, counts, starts,
+        hq, hs, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=bm, BN=bn_down, BK=bn, **common, **launch,
     )  # fmt: skip
-    return slot_sum(y, weights, add)
+    return slot_sum(y, x.dtype, add)

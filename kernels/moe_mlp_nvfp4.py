@@ -1,6 +1,6 @@
 """Routed gated-MLP experts with NVFP4 weights: weight-only W4A16 on the grouped GEMM of moe_mlp.py.
 
-Same plan, tiles and epilogues (`store_hidden`, `store_expert_out`) as kernels/moe_mlp.py (device-side
+Same plan, tiles and epilogues (`store_hidden`, `store_weighted`) as kernels/moe_mlp.py (device-side
 grouping, capturable, slots summed in slot order). The weights are read packed: uint8 [E, N, K/2]
 (two E2M1 codes a byte, element 2j in the low nibble), one e4m3 block scale per 16 along K [E, N,
 K/16] and one fp32 global scale per expert [E], i.e. 4.5 bits a weight. Each [BN, BK/2] byte tile
@@ -28,16 +28,7 @@ import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
 from .e2m1_decode import expert_halves
-from .moe_mlp import (
-    BLOCK_M,
-    _tile,
-    acc_zeros,
-    mma,
-    plan,
-    store_expert_out,
-    store_hidden,
-    tile_major,
-)
+from .moe_mlp import BLOCK_M, _tile, acc_zeros, mma, plan, store_hidden, store_weighted, tile_major
 from .slot_sum import slot_sum
 
 NVFP4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (packed, block scales, global scales)
@@ -113,7 +104,7 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, dw_ptr, ds_ptr, dg_ptr, y_ptr, order_ptr, tile_end_ptr, counts_ptr, starts_ptr,
+    h_ptr, dw_ptr, ds_ptr, dg_ptr, w_ptr, y_ptr, order_ptr, tile_end_ptr, counts_ptr, starts_ptr,
     stride_dwe, stride_dwn, stride_dse, stride_dsn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -135,7 +126,7 @@ def _down_kernel(
         acc = _halves_mma(a_even, a_odd, b, s, acc, SWAP, IEEE, ASM)
     acc = acc * (tl.load(dg_ptr + e64) * 128.0)  # the global scale, times the decode's 2^7
     acc = tile_major(acc, SWAP)
-    store_expert_out(acc, y_ptr, pair, n, valid, n_ok, H)
+    store_weighted(acc, h_ptr.dtype.element_ty, w_ptr, y_ptr, pair, n, valid, n_ok, H)
 
 
 def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[int, int]:
@@ -209,7 +200,7 @@ def moe_mlp_nvfp4(
     x = _evens_first(x)
     order, tile_end, counts, starts, max_tiles = plan(index, experts, bm)
     h = torch.empty((index.numel(), inter), dtype=x.dtype, device=x.device)  # sorted order
-    y = torch.empty((rows, top_k, hidden), dtype=x.dtype, device=x.device)
+    y = torch.empty((rows, top_k, hidden), dtype=torch.float32, device=x.device)
     common = dict(E=experts, E_PAD=triton.next_power_of_2(experts), IEEE=x.dtype == torch.float32)
     common["SWAP"] = bm > BLOCK_M if swap is None else swap  # see `_tiles`
     common["ASM"] = _asm_decode(x) if asm is None else asm
@@ -222,7 +213,7 @@ def moe_mlp_nvfp4(
     if hidden_hook is not None:  # rows of h are (row, expert) pairs; the hook is per row
         h = _evens_first(hidden_hook(_in_k_order(h)))
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
-        h, *down, y, order, tile_end, counts, starts, *_strides(down),
+        h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
         hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,
     )  # fmt: skip
-    return slot_sum(y, weights, add)
+    return slot_sum(y, x.dtype, add)
