@@ -1,6 +1,10 @@
 """Profile one eager denoising round at a full model shape: top CUDA kernels by total time.
 
-python benchmarks/profile_round.py [--model qwen_dlm|llada2] [--context 1024] [--rows 25] [--canvas masks|random]
+python benchmarks/profile_round.py [--model qwen_dlm|llada2|diffusion_gemma] [--context 1024] [--rows 25]
+    [--canvas masks|random] [--quantization none|fp8]
+
+Also prints the number of kernel launches in the round (or DiffusionGemma step) and their total
+GPU time, the launch count issue 37 asks to report per family.
 """
 
 from __future__ import annotations
@@ -46,8 +50,18 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--canvas", choices=["masks", "random"], default="masks")
+    ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
     args = ap.parse_args()
     model, rule, _, _ = build(args.model, None)
+    if args.quantization == "fp8":
+        import logging
+
+        import fp8_model
+
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("dlmrt").setLevel(logging.INFO)  # which linears run FP8, and why
+
+        fp8_model.quantize(model)
     if args.model == "diffusion_gemma":
         step = canvas_step_fn(model, args.context)
         for _ in range(3):
@@ -56,7 +70,7 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step()
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows))
+        report(prof, args.rows)
         return
     if args.model == "qwen_dlm":  # the profiled QwenDLM round runs its ORL rule
         from dlmrt.decoding import make_rule
@@ -73,11 +87,17 @@ def main() -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             denoise_round(spec, buf, kv)
             torch.cuda.synchronize()
-    print(
-        prof.key_averages().table(
-            sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70
-        )
-    )
+    report(prof, args.rows)
+
+
+def report(prof, rows: int) -> None:
+    """The top kernels by GPU time, then the launch count and their summed GPU time."""
+    events = prof.key_averages()
+    print(events.table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    launches = sum(e.count for e in kernels)
+    gpu_us = sum(e.self_device_time_total for e in kernels)
+    print(f"kernel launches per round: {launches}; their GPU time: {gpu_us / 1e3:.3f} ms")
 
 
 if __name__ == "__main__":
