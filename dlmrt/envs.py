@@ -38,6 +38,18 @@ def fp8_gemms() -> str:
     return value
 
 
+def fp8_gemm_kernel() -> str:
+    """DLMRT_FP8_GEMM_KERNEL: which FP8 GEMM the start-up measurement may pick for a dense linear
+    (`ops/fp8_choice.py`): "measured" (default: the faster of cuBLAS and kernels/fp8_gemm.py),
+    "cublas" or "triton"."""
+    value = os.environ.get("DLMRT_FP8_GEMM_KERNEL", "measured").lower()
+    if value not in ("measured", "cublas", "triton"):
+        raise ValueError(
+            f"DLMRT_FP8_GEMM_KERNEL={value!r}: expected 'measured', 'cublas' or 'triton'"
+        )
+    return value
+
+
 def fp8_experts() -> str:
     """DLMRT_FP8_EXPERTS: how FP8 routed experts run on CUDA: "measured" (default: W8A8, the
     activations quantized too, unless weight-only W8A16 times faster at the block rows), "w8a8"

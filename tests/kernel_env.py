@@ -16,3 +16,16 @@ DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 kernel_test = pytest.mark.skipif(
     not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
 )
+
+if INTERPRET:  # Triton 3.6's interpreter turns a runtime scalar into a loop bound with int() of a
+    # one-element array, which numpy >= 2.4 refuses: kernels with runtime loop bounds
+    # (kernels/fp8_gemm.py's K slices) need .item() there. The GPU compiler is not involved.
+    from triton.runtime import interpreter as _interpreter
+
+    _patch_tensor = _interpreter._patch_lang_tensor
+
+    def _patch_lang_tensor(tensor, scope) -> None:
+        _patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    _interpreter._patch_lang_tensor = _patch_lang_tensor

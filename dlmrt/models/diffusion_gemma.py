@@ -50,6 +50,7 @@ class Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.qkv_weight: torch.Tensor | None = None  # q|k|v (full layers: q|k) once fused
+        self.qkv_fp8: nn.Module | None = None  # the same as one FP8 linear (models/fp8_install.py)
 
     def fuse(self) -> None:  # CUDA only: on the CPU a wider bf16 GEMM rounds unlike HF's three
         if self.q_proj.weight.device.type == "cuda":
@@ -57,11 +58,12 @@ class Attention(nn.Module):
             self.qkv_weight = fuse_weights(*(p for p in projs if p is not None))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.qkv_weight is None:
+        if self.qkv_weight is None and self.qkv_fp8 is None:
             return tuple(p(x) for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None)
         kv = self.kv_heads * self.head_dim
         sizes = (self.heads * self.head_dim, kv) + ((kv,) if self.v_proj is not None else ())
-        return F.linear(x, self.qkv_weight).split(sizes, dim=-1)
+        fused = self.qkv_fp8(x) if self.qkv_fp8 is not None else F.linear(x, self.qkv_weight)
+        return fused.split(sizes, dim=-1)
 
     def forward(self, x: torch.Tensor, rope, pos: torch.Tensor, view, layer: int, sliding: bool):
         """-> output [rows, hidden]; `view` (a context of `diffusion_gemma_context.py`) stores

@@ -7,16 +7,18 @@ those into their bf16 parameters). What runs FP8, and why:
   32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations quantized
   per group, the codes fed to an FP8 MMA) unless weight-only W8A16 (codes converted to bf16 in
   registers) times faster at the block rows (`ops/moe_fp8_choice.py`); routing is unchanged.
-- Dense linears whose input comes from a norm or SiLU·up (q|k|v, gate|up, down, the LM head):
-  FP8 GEMMs with the activation quantized inside its producer (RMSNorm `fp8_out`, silu_mul_fp8),
-  kept where they measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`).
+- Dense linears of every family (q|k|v, o, gate|up, down, the LM head; a tied LM head gets an
+  FP8 copy of the embedding): FP8 GEMMs, on cuBLAS or kernels/fp8_gemm.py, kept where they
+  measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`). Their activations
+  are quantized inside the producer where one is fused (RMSNorm `fp8_out`, silu_mul_fp8: QwenDLM
+  and LLaDA2's q|k|v, gate|up, down, head), else by a row quantizer before the GEMM (o / dense,
+  DiffusionGemma's projections and head: the measurement includes it).
 - NVFP4 (`Nvfp4Weight`, dlmrt/quant/nvfp4.py): routed experts on the W4A16 expert kernel; dense
   gated MLPs (QwenDLM, LLaDA2's first dense layers, DiffusionGemma's dense GeGLU) whose gate, up and
   down are all NVFP4 as `Nvfp4Linear`s (models/nvfp4_linear.py: gate|up one GEMM, the dense W4A16
   kernel). The loader calls this on CUDA, and on the CPU only for W4A4 emulation
   (quant/placement.py): the CPU path otherwise dequantizes NVFP4 weights at load.
-- Never: o / dense (the attention output has no fused quantizer; slower in FP8 at <= 256 rows),
-  shared experts (their input is shared with the router), embeddings, norms, routers, the ORL
+- Never: shared experts (their input is shared with the router), embeddings, norms, routers, the ORL
   adapter and DiffusionGemma's self-conditioning MLP (as in the ORL paper).
 """
 
@@ -31,6 +33,7 @@ from dlmrt import envs
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
+from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import use_fp8_gemm
 from dlmrt.ops.moe_fp8_choice import use_fp8_for_nvfp4, use_w8a8
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
@@ -60,22 +63,24 @@ class _Installer:
         self.done: list[str] = []
         self.emulate = emulate  # W4A4 emulation: every all-NVFP4 dense MLP is installed
 
-    def _take(self, names: list[str], fused_input: bool = True) -> Fp8Weight | None:
-        """The concatenated weights of `names` if all are FP8 and the GEMM wins, else None."""
-        if not all(n in self.fp8 for n in names):
+    def linear(self, names: list[str], fused_input: bool = True, w: Fp8Weight | None = None
+               ) -> Fp8Linear | None:  # fmt: skip
+        """An Fp8Linear of the concatenated weights of `names` (or of `w`) if all are FP8 and
+        the FP8 GEMM wins at the block rows, else None."""
+        if w is None and not all(n in self.fp8 for n in names):
             return None
-        w = _cat([self.fp8[n] for n in names])
+        w = w or _cat([self.fp8[n] for n in names])
         n_out, k = w.shape
-        ok, why = use_fp8_gemm(self.rows, n_out, k, self.device, fused_input)
+        ok, why, config = use_fp8_gemm(self.rows, n_out, k, self.device, fused_input)
         log.info("fp8 %s: %s (%s)", names[0].rsplit(".", 2)[0], "FP8" if ok else "bf16", why)
         if not ok:
             return None
         self.done += names
-        return Fp8Weight(w.qweight.to(self.device), w.scale.to(self.device))
-
-    def linear(self, names: list[str], fused_input: bool = True) -> Fp8Linear | None:
-        w = self._take(names, fused_input)
-        return None if w is None else Fp8Linear(w, self.dtype)
+        plan = None
+        if config is not None:
+            plan = fp8_ops.GemmPlan.new(self.rows, n_out, config, self.device)
+        return Fp8Linear(Fp8Weight(w.qweight.to(self.device), w.scale.to(self.device)),
+                         self.dtype, plan)  # fmt: skip
 
     def experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...], top_k: int,
                 activation: str) -> None:  # fmt: skip
@@ -191,6 +196,11 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         if qkv is not None:
             attn.query_key_value = qkv
     layer.input_layernorm.fp8_out = qkv is not None  # the norm's one consumer is FP8
+    o_name = "o_proj" if hasattr(attn, "o_proj") else "dense"
+    names = [f"{prefix}.{'self_attn' if o_name == 'o_proj' else 'attention'}.{o_name}.weight"]
+    out = ins.linear(names, fused_input=False)  # the attention output: quantized before the GEMM
+    if out is not None:
+        setattr(attn, o_name, out)
     mlp = layer.mlp
     if type(mlp) is SwiGLU:  # a dense MLP (never the adapter or shared experts)
         p = f"{prefix}.mlp"
@@ -220,13 +230,45 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -
         if is_block:
             _block_layer(ins, prefix, layer)
         else:
-            projs, k = ("gate_up_proj", "down_proj"), layer.router.k
-            ins.experts(f"{prefix}.experts", layer.experts, projs, k, "gelu_tanh")
-            if type(layer.mlp) is GeGLU:  # the dense MLP beside the experts (NVFP4 only)
-                ins.nvfp4_mlp(f"{prefix}.mlp", layer.mlp)
-    head = ins.linear(["lm_head.weight"], fused_input=is_block)
+            _gemma_layer(ins, prefix, layer)
+    head = ins.linear(["lm_head.weight"], fused_input=is_block, w=_tied_head(ins, model))
     if head is not None:
         model.lm_head = head
         if is_block:
             model.model.norm.fp8_out = True
+    ins.done = [n for n in ins.done if n in fp8]  # a tied head's copy was never the loader's
     return [n for n in fp8 if n not in set(ins.done)]
+
+
+def _tied_head(ins: _Installer, model: nn.Module) -> Fp8Weight | None:
+    """FP8 codes of a tied LM head (the embedding stays bf16 for the lookups; the head's GEMM
+    reads the copy), if the model runs FP8 weights at all; else None."""
+    head = model.lm_head
+    if "lm_head.weight" in ins.fp8 or not ins.fp8 or not isinstance(head, nn.Linear):
+        return None
+    if head.weight.data_ptr() != model.embed_table.data_ptr():
+        return None
+    return quantize_per_channel(head.weight.detach())
+
+
+def _gemma_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
+    """DiffusionGemma: routed experts, q|k|v (full layers q|k) as one FP8 GEMM, o, and the dense
+    GeGLU beside the experts (NVFP4 if all three are, else FP8 gate|up and down)."""
+    projs, k = ("gate_up_proj", "down_proj"), layer.router.k
+    ins.experts(f"{prefix}.experts", layer.experts, projs, k, "gelu_tanh")
+    attn, p = layer.self_attn, f"{prefix}.self_attn"
+    linears = [getattr(attn, f"{n}_proj") for n in "qkv"]  # full layers: no v_proj (K = V)
+    names = [f"{p}.{n}_proj.weight" for n, lin in zip("qkv", linears) if lin is not None]
+    qkv = ins.linear(names, fused_input=False)
+    if qkv is not None:
+        attn.qkv_fp8, attn.qkv_weight = qkv, None
+        _free(*(lin for lin in linears if lin is not None))
+    attn.o_proj = ins.linear([f"{p}.o_proj.weight"], fused_input=False) or attn.o_proj
+    mlp, p = layer.mlp, f"{prefix}.mlp"
+    if type(mlp) is not GeGLU or ins.nvfp4_mlp(p, mlp):
+        return
+    gate_up = ins.linear([f"{p}.gate_proj.weight", f"{p}.up_proj.weight"], fused_input=False)
+    if gate_up is not None:
+        mlp.gate_up_fp8, mlp.gate_up_weight = gate_up, None
+        _free(mlp.gate_proj, mlp.up_proj)
+    mlp.down_proj = ins.linear([f"{p}.down_proj.weight"], fused_input=False) or mlp.down_proj

@@ -2,7 +2,8 @@
 
 It takes a plain activation (quantized per row by `ops.fp8.quant_rows`) or a `QuantAct` from a
 producer that quantized its own output (RMSNorm with `fp8_out`, `ops.fp8.silu_mul_fp8`). The
-codes and scales are buffers, so `.to(device)` and the state dict carry them.
+codes and scales are buffers, so `.to(device)` and the state dict carry them. `plan` (CUDA): run
+the GEMM at the block rows on kernels/fp8_gemm.py (`ops/fp8_choice.py` picked it); else cuBLAS.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from dlmrt.quant.fp8 import Fp8Weight, QuantAct
 
 
 class Fp8Linear(nn.Module):
-    def __init__(self, weight: Fp8Weight, out_dtype: torch.dtype) -> None:
+    def __init__(
+        self, weight: Fp8Weight, out_dtype: torch.dtype, plan: fp8_ops.GemmPlan | None = None
+    ) -> None:
         super().__init__()
+        self.plan = plan
         self.register_buffer("qweight", weight.qweight.contiguous())
         self.register_buffer("scale", weight.scale.float().contiguous())
         self.out_dtype = out_dtype
@@ -30,8 +34,9 @@ class Fp8Linear(nn.Module):
         return self.qweight.shape[0]
 
     def forward(self, x: torch.Tensor | QuantAct) -> torch.Tensor:
-        return fp8_ops.fp8_linear(x, self.weight, self.out_dtype)
+        return fp8_ops.fp8_linear(x, self.weight, self.out_dtype, self.plan)
 
     def extra_repr(self) -> str:
         n, k = self.qweight.shape
-        return f"in_features={k}, out_features={n}, fp8_e4m3 per-channel"
+        gemm = "" if self.plan is None else f", kernel {self.plan.config} at {self.plan.rows} rows"
+        return f"in_features={k}, out_features={n}, fp8_e4m3 per-channel{gemm}"

@@ -11,6 +11,7 @@ order (`use_fast_accum`), so tests compare them within rounding.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,26 @@ from dlmrt.quant.fp8 import Fp8Weight, QuantAct, quantize_rows
 
 def _kernels():
     return importlib.import_module("dlmrt._kernels.fp8_quant")
+
+
+def _gemm_kernel():
+    return importlib.import_module("dlmrt._kernels.fp8_gemm")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Run a linear's FP8 GEMM on kernels/fp8_gemm.py at `rows` rows (other row counts, such as a
+    prefill, take cuBLAS): the tile / split `config` the start-up measurement picked
+    (`ops/fp8_choice.py`) and the kernel's zeroed per-tile counters (left zeroed by each call)."""
+
+    rows: int
+    config: tuple[int, ...]
+    counts: torch.Tensor
+
+    @staticmethod
+    def new(rows: int, n: int, config: tuple[int, ...], device: torch.device) -> GemmPlan:
+        size = _gemm_kernel().tiles(rows, n, config[0], config[1])
+        return GemmPlan(rows, config, torch.zeros(size, dtype=torch.int32, device=device))
 
 
 def _fast(x: torch.Tensor) -> bool:
@@ -61,11 +82,19 @@ def quant_rows(x: torch.Tensor) -> QuantAct:
 
 
 def fp8_linear(
-    x: QuantAct | torch.Tensor, w: Fp8Weight, out_dtype: torch.dtype = torch.bfloat16
+    x: QuantAct | torch.Tensor,
+    w: Fp8Weight,
+    out_dtype: torch.dtype = torch.bfloat16,
+    plan: GemmPlan | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (codes + row scales, or a plain tensor quantized here) @ w [N, K]^T -> [M, N]."""
+    """x [M, K] (codes + row scales, or a plain tensor quantized here) @ w [N, K]^T -> [M, N]:
+    on CUDA kernels/fp8_gemm.py where `plan` covers M rows, else `torch._scaled_mm`."""
     act = x if isinstance(x, QuantAct) else quant_rows(x)
     if act.q.is_cuda and implementation("fp8") == "triton":
+        if plan is not None and act.q.shape[0] == plan.rows:
+            return _gemm_kernel().fp8_gemm(
+                act.q, act.scale, w.qweight, w.scale, plan.counts, out_dtype, plan.config
+            )
         out = torch._scaled_mm(  # row-wise scales need a bf16 output; an fp32 model casts it
             act.q,
             w.qweight.t(),

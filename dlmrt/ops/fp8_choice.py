@@ -1,14 +1,18 @@
-"""Which dense linears run as FP8 GEMMs: measured per shape, once, at start-up.
+"""Which dense linears run as FP8 GEMMs, and on which GEMM: measured per shape, once, at start-up.
 
 FP8 does not win everywhere: at 32 rows the o and down projections of a 4B model run slower
 as `torch._scaled_mm` than as bf16 cuBLAS (docs/quantization.md has the table). So each distinct
-(rows, N, K) is timed both ways (a CUDA graph of 20 calls, replayed: GPU time only) and the
-faster kept, unless DLMRT_FP8_GEMMS says "all" or "none". The FP8 time includes its activation's
-quantization only when the producer is not fused (`fused_input=False`). CPU: always FP8 (the torch
-twin runs; it exists to test numerics, not speed).
+(rows, N, K) is timed as bf16 cuBLAS, as FP8 cuBLAS and as our split-K FP8 kernel
+(kernels/fp8_gemm.py) over a few tile / split configurations (a CUDA graph of 20 calls, replayed:
+GPU time only); the fastest is kept, unless DLMRT_FP8_GEMMS says "all" or "none" (then FP8 on
+whichever FP8 GEMM times faster). The FP8 times include the activation's quantization only when
+its producer is not fused (`fused_input=False`). CPU: always FP8 (the torch twin runs; it exists
+to test numerics, not speed). DLMRT_FP8_GEMM_KERNEL=cublas|triton pins the FP8 GEMM (tests).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -18,32 +22,73 @@ from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.timing import graph_time_us
 from dlmrt.quant.fp8 import quantize_per_channel
 
-_MEASURED: dict[tuple[int, int, int, bool], tuple[float, float]] = {}
+log = logging.getLogger("dlmrt")
+# (rows, n, k, fused_input) -> (bf16 µs, best FP8 µs, the FP8 GEMM's config: None = cuBLAS)
+_MEASURED: dict[tuple[int, int, int, bool], tuple[float, float, tuple | None]] = {}
+
+
+def candidates(rows: int, n: int, k: int, sms: int) -> list[tuple[int, ...]]:
+    """Configs (bm, bn, bk, split, stages, warps) of kernels/fp8_gemm.py worth timing: 64-row
+    tiles at <= 64 rows (the smallest wgmma), else 128; K split only while the slices stay >= 256
+    deep and the programs <= 4 waves."""
+    bm = 64 if rows <= 64 else 128
+    out = []
+    for bn in (64, 128):
+        count = -(-rows // bm) * -(-n // bn)
+        for split in (1, 2, 3, 4, 6, 8):
+            if split == 1 or (k // split >= 256 and count * split <= 4 * sms):
+                out.append((bm, bn, 128, split, 4, 8 if bm * bn >= 128 * 128 else 4))
+    return out
 
 
 def measure(
     rows: int, n: int, k: int, device: torch.device, fused_input: bool
-) -> tuple[float, float]:
-    """(bf16 µs, fp8 µs) of one [rows, k] x [k, n] GEMM on `device` (cached per shape)."""
+) -> tuple[float, float, tuple | None]:
+    """(bf16 µs, fastest FP8 µs, its config or None for cuBLAS) of one [rows, k] x [k, n] GEMM
+    on `device` (cached per shape)."""
     key = (rows, n, k, fused_input)
-    if key not in _MEASURED:
-        x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
-        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
-        wq, xq = quantize_per_channel(w), fp8_ops.quant_rows(x)
-        bf16 = graph_time_us(lambda: F.linear(x, w))
-        fp8 = graph_time_us(lambda: fp8_ops.fp8_linear(xq if fused_input else x, wq))
-        _MEASURED[key] = (bf16, fp8)
+    if key in _MEASURED:
+        return _MEASURED[key]
+    x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
+    wq, xq = quantize_per_channel(w), fp8_ops.quant_rows(x)
+    arg = xq if fused_input else x
+    bf16 = graph_time_us(lambda: F.linear(x, w))
+    pinned = envs.fp8_gemm_kernel()
+    times: dict[tuple | None, float] = {}
+    if pinned != "triton":
+        times[None] = graph_time_us(lambda: fp8_ops.fp8_linear(arg, wq))
+    if pinned != "cublas":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        for config in candidates(rows, n, k, sms):
+            plan = fp8_ops.GemmPlan.new(rows, n, config, device)
+            times[config] = graph_time_us(lambda p=plan: fp8_ops.fp8_linear(arg, wq, plan=p))
+    best = min(times, key=times.__getitem__)
+    _MEASURED[key] = (bf16, times[best], best)
     return _MEASURED[key]
+
+
+def describe(config: tuple | None) -> str:
+    if config is None:
+        return "cuBLAS"
+    bm, bn, _, split, _, _ = config
+    return f"split-K kernel {bm}x{bn}" + (f", K in {split}" if split > 1 else "")
 
 
 def use_fp8_gemm(
     rows: int, n: int, k: int, device: torch.device, fused_input: bool = True
-) -> tuple[bool, str]:
-    """(run this linear as an FP8 GEMM?, why) for `rows` rows of [k] -> [n]."""
+) -> tuple[bool, str, tuple | None]:
+    """(run this linear as an FP8 GEMM?, why, the FP8 GEMM's config: None = cuBLAS) for `rows`
+    rows of [k] -> [n]."""
     if k % 16 or n % 16:
-        return False, f"{n}x{k}: FP8 GEMMs need both dims multiples of 16"
+        return False, f"{n}x{k}: FP8 GEMMs need both dims multiples of 16", None
     policy = envs.fp8_gemms()
-    if policy != "measured" or device.type != "cuda":
-        return policy != "none", f"DLMRT_FP8_GEMMS={policy}" if device.type == "cuda" else "CPU"
-    bf16, fp8 = measure(rows, n, k, device, fused_input)
-    return fp8 < bf16, f"{rows}x{k}->{n}: bf16 {bf16:.1f} us, fp8 {fp8:.1f} us"
+    if device.type != "cuda":
+        return policy != "none", "CPU", None
+    if policy == "none":
+        return False, "DLMRT_FP8_GEMMS=none", None
+    bf16, fp8, config = measure(rows, n, k, device, fused_input)
+    why = f"{rows}x{k}->{n}: bf16 {bf16:.1f} us, fp8 {fp8:.1f} us on {describe(config)}"
+    if policy == "all":
+        return True, f"DLMRT_FP8_GEMMS=all; {why}", config
+    return fp8 < bf16, why, config

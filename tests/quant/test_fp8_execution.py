@@ -68,9 +68,10 @@ def test_use_fp8_installs_the_projections_the_policy_names(ckpts, family):
         moe = model.model.layers[-1].mlp.experts
         assert moe.gate_proj.dtype == FP8 and moe.fp8_scales is not None
     assert layer.input_layernorm.fp8_out and isinstance(model.lm_head, Fp8Linear)
-    kept = {n.split(".", 3)[-1] for n in left}  # o / dense and shared experts stay bf16
-    expected = {"self_attn.o_proj.weight"} if family == "qwen" else {"attention.dense.weight"}
-    assert expected <= kept and not any(n.startswith("mlp.experts.") for n in kept)
+    out = layer.self_attn.o_proj if family == "qwen" else layer.attention.dense
+    assert isinstance(out, Fp8Linear)  # the attention output: quantized before its GEMM
+    kept = {n.split(".", 3)[-1] for n in left}  # shared experts stay bf16
+    assert not any(n.startswith(("mlp.experts.", "self_attn.", "attention.")) for n in kept)
     assert not any("adapter" in n for n in fp8)
 
 
@@ -117,3 +118,35 @@ def test_write_rows_rounds_into_an_fp8_arena():
     assert dest[:, [0, 2, 4]].float().eq(0).all()
     picked = reference.select_rows(dest, 1, torch.tensor([5, 1]))
     assert picked.dtype == FP8 and picked.float().equal(dest[:, [5, 1]].float())
+
+
+def test_diffusion_gemma_runs_every_dense_projection_and_its_tied_head_in_fp8(tmp_path_factory):
+    """q|k|v (full layers q|k), o, the dense GeGLU and the tied LM head (an FP8 copy: the
+    embedding stays for the lookups) as Fp8Linears; the forward tracks the dequantized model."""
+    from dg_helpers import tiny_checkpoint
+
+    path, _ = tiny_checkpoint(tmp_path_factory)
+    llm = LLM(path, device="cpu")
+    model = llm.engine.model
+    assert model.lm_head.weight is model.embed_table  # tied in the tiny checkpoint
+    embed = model.embed_table.detach().clone()
+    ref = copy.deepcopy(model)
+    fp8, left = quantize_model(model)
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        assert isinstance(attn.qkv_fp8, Fp8Linear) and attn.q_proj.weight.numel() == 0
+        assert isinstance(attn.o_proj, Fp8Linear) and isinstance(layer.mlp.gate_up_fp8, Fp8Linear)
+        assert isinstance(layer.mlp.down_proj, Fp8Linear)
+    assert isinstance(model.lm_head, Fp8Linear) and "lm_head.weight" not in left
+    assert torch.equal(model.embed_table, embed)  # the embedding itself is not quantized
+    with torch.no_grad():
+        for name, w in fp8.items():
+            ref.get_parameter(name).copy_(w.dequantize(ref.get_parameter(name).dtype))
+    h = torch.randn(6, model.cfg.hidden_size)
+    mine, theirs = model.model.layers[-1], ref.model.layers[-1]  # a full layer: q|k only
+    pairs = [(model.lm_head(h), ref.lm_head(h)), (mine.mlp(h), theirs.mlp(h))]
+    pairs += list(zip(mine.self_attn._qkv(h), theirs.self_attn._qkv(h)))
+    for a, b in pairs:  # only the activations' row quantization differs
+        assert a.shape == b.shape and ((a - b).norm() / b.norm()) < 0.1
+    out = llm.generate("hello", max_new_tokens=16)
+    assert out.token_ids

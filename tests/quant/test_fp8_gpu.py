@@ -128,6 +128,7 @@ def test_modes_agree_with_fp8_weights_and_arena(checkpoints, monkeypatch, name, 
     if quant is None and kv == "auto":
         pytest.skip("the bf16 case: tests/engine/test_block_gpu.py")
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")  # tiny shapes would measure bf16 faster
+    monkeypatch.setenv("DLMRT_FP8_GEMM_KERNEL", "triton")  # the split-K GEMM in every mode
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", "w8a8")  # LLaDA's experts: the FP8 MMA kernel
     kw = dict(device="cuda", quantization=quant, kv_cache_dtype=kv)
     llms = {m: LLM(checkpoints[name], mode=m, **kw) for m in MODES}
@@ -150,6 +151,7 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypa
     from dg_helpers import F_, S, _config, _prompt, _randomise, save_checkpoint
 
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
+    monkeypatch.setenv("DLMRT_FP8_GEMM_KERNEL", "triton")
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", experts_path)
     torch.manual_seed(1)
     cfg = _config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
@@ -163,8 +165,10 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypa
     llms = {
         m: LLM(path, device="cuda", mode=m, quantization="fp8", kv_cache_dtype=kv) for m in MODES
     }
-    experts = llms["eager"].model.model.layers[0].experts
+    layer = llms["eager"].model.model.layers[0]
+    experts = layer.experts
     assert experts.gate_up_proj.dtype == FP8 and experts.fp8_scales is not None
+    assert layer.self_attn.qkv_fp8.plan is not None and layer.mlp.down_proj.plan is not None
     assert experts.fp8_w8a8 == (experts_path == "w8a8")
     for seed, (plen, max_new) in enumerate([(5, 40), (40, 64)]):
         outs = {

@@ -1,0 +1,80 @@
+"""The dense FP8 GEMMs at block rows: bf16 cuBLAS vs FP8 cuBLAS (`torch._scaled_mm`, row-wise
+scales) vs our split-K kernel (kernels/fp8_gemm.py, every candidate config of
+`dlmrt/ops/fp8_choice.py`), graph-replayed, at 32 and 256 rows (and 512).
+
+    python benchmarks/fp8_gemm.py [--rows 32 256] [--out results/fp8_gemm_h200_DATE.json]
+
+Shapes (N x K): QwenDLM-4B q|k|v, o, gate|up, down, LM head; DiffusionGemma-26B-A4B sliding
+q|k|v, full q|k, o (sliding / full), dense gate|up and down, LM head. Each row gives µs per
+call, the FP8 FLOP floor (2 M N K / 1,580 TFLOP/s) and byte floor (the FP8 weight at 4.3 TB/s),
+the winning kernel config and its error vs the fp32 twin. Activations already quantized
+(a fused producer); the row quantizer's own time is timed once per shape beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from common import write_result
+
+from dlmrt.ops import fp8 as fp8_ops
+from dlmrt.ops.fp8_choice import candidates
+from dlmrt.ops.timing import graph_time_us
+from dlmrt.quant.fp8 import quantize_per_channel
+
+SHAPES = {
+    "qwen_dlm.qkv": (6144, 2560), "qwen_dlm.o": (2560, 4096),
+    "qwen_dlm.gate_up": (19456, 2560), "qwen_dlm.down": (2560, 9728),
+    "qwen_dlm.lm_head": (151936, 2560),
+    "diffusion_gemma.qkv_sliding": (8192, 2816), "diffusion_gemma.qk_full": (9216, 2816),
+    "diffusion_gemma.o_sliding": (2816, 4096), "diffusion_gemma.o_full": (2816, 8192),
+    "diffusion_gemma.gate_up": (4224, 2816), "diffusion_gemma.down": (2816, 2112),
+    "diffusion_gemma.lm_head": (262144, 2816),
+}  # fmt: skip
+
+
+def one(rows: int, n: int, k: int) -> dict:
+    dev = torch.device("cuda")
+    x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5
+    wq, xq = quantize_per_channel(w), fp8_ops.quant_rows(x)
+    twin = xq.dequantize(torch.float32) @ wq.dequantize(torch.float32).t()
+    out = {"rows": rows, "n": n, "k": k, "bf16_us": graph_time_us(lambda: F.linear(x, w))}
+    out["quant_rows_us"] = graph_time_us(lambda: fp8_ops.quant_rows(x))
+    out["cublas_fp8_us"] = graph_time_us(lambda: fp8_ops.fp8_linear(xq, wq))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    kernel = {}
+    for config in candidates(rows, n, k, sms):
+        plan = fp8_ops.GemmPlan.new(rows, n, config, dev)
+        kernel[str(config)] = graph_time_us(lambda p=plan: fp8_ops.fp8_linear(xq, wq, plan=p))
+    best = min(kernel, key=kernel.__getitem__)
+    plan = fp8_ops.GemmPlan.new(rows, n, eval(best), dev)  # noqa: S307 (our own tuple's repr)
+    err = (fp8_ops.fp8_linear(xq, wq, plan=plan).float() - twin).norm() / twin.norm()
+    out |= {"kernel_us": kernel[best], "kernel_config": best, "kernel_rel_error": float(err)}
+    out |= {"kernel_all_us": kernel, "floor_us": max(2 * rows * n * k / 1580e12, n * k / 4.3e12) * 1e6}
+    out = {key: round(v, 2) if isinstance(v, float) else v for key, v in out.items()}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--rows", type=int, nargs="+", default=[32, 256])
+    ap.add_argument("--out", default="benchmarks/results/fp8_gemm.json")
+    ap.add_argument("--git-revision", default=None)
+    args = ap.parse_args()
+    results = []
+    for rows in args.rows:
+        for name, (n, k) in SHAPES.items():
+            r = {"shape": name} | one(rows, n, k)
+            results.append(r)
+            print(f"{name:30s} {rows:4d} bf16 {r['bf16_us']:7.1f} cublas-fp8 {r['cublas_fp8_us']:7.1f}"
+                  f" kernel {r['kernel_us']:7.1f} {r['kernel_config']} floor {r['floor_us']:6.1f}",
+                  flush=True)  # fmt: skip
+    write_result(args.out, {"benchmark": "fp8_gemm", "results": results}, args.git_revision)
+
+
+if __name__ == "__main__":
+    main()
