@@ -51,6 +51,40 @@ def _fp8_gemm_kernel(
         acc = tl.dot(a, tl.trans(w), acc)
         a_ptrs += BK
         w_ptrs += BK
+    _finish(acc, tile, pid_m, pid_n, s, sa_ptr, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
+            stride_om, BM, BN)  # fmt: skip
+
+
+@triton.jit
+def _fp8_gemm_tma_kernel(
+    a_desc, sa_ptr, w_desc, sw_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, k_slice, split, stride_om,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """The same GEMM with operands loaded by TMA (tensor descriptors: the copy engine fetches the
+    tiles, rows and K past the tensor's end read as zeros, no masks in the loop)."""
+    tile = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    pid_m, pid_n, s = tile % tiles_m, tile // tiles_m, tl.program_id(1)
+    k0 = s * k_slice
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kk in range(0, k_slice, BK):  # a slice never reads into the next (k_slice: whole BKs)
+        a = a_desc.load([pid_m * BM, k0 + kk])
+        w = w_desc.load([pid_n * BN, k0 + kk])
+        acc = tl.dot(a, w.T, acc)
+    _finish(acc, tile, pid_m, pid_n, s, sa_ptr, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
+            stride_om, BM, BN)  # fmt: skip
+
+
+@triton.jit
+def _finish(
+    acc, tile, pid_m, pid_n, s, sa_ptr, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
+    stride_om, BM: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    """Scale a tile's fp32 sums by its row and channel scales and store it (split 1), or store
+    the slice's partial and, in the tile's last slice to arrive, sum all in slice order."""
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
     sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
     sw = tl.load(sw_ptr + rn, mask=rn < N, other=0.0)
     acc = acc * sa[:, None] * sw[None, :]
@@ -85,18 +119,28 @@ def fp8_gemm(
     w_scale: torch.Tensor,  # [N] fp32
     counts: torch.Tensor,  # int32 zeros, >= tiles(M, N, bm, bn) (left zeroed)
     out_dtype: torch.dtype = torch.bfloat16,
-    config: tuple[int, int, int, int, int, int] = (128, 128, 128, 1, 4, 8),  # bm, bn, bk, split,
-    # stages, warps
+    config: tuple[int, ...] = (128, 128, 128, 1, 4, 8, 0),  # bm, bn, bk, split, stages, warps,
+    # tma (1: the TMA kernel)
 ) -> torch.Tensor:
     """(a x a_scale) @ (w x w_scale)^T in `out_dtype`; see the module docstring."""
     m, k = a.shape
     n = w.shape[0]
-    bm, bn, bk, split, stages, warps = config
+    bm, bn, bk, split, stages, warps, tma = config
     k_slice = triton.cdiv(triton.cdiv(k, bk), split) * bk
     split = triton.cdiv(k, k_slice)  # no empty slice
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     part = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else out
     assert counts.numel() >= tiles(m, n, bm, bn), "counter buffer too small for this config"
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        _fp8_gemm_tma_kernel[(tiles(m, n, bm, bn), split)](
+            TensorDescriptor.from_tensor(a, [bm, bk]), a_scale,
+            TensorDescriptor.from_tensor(w, [bn, bk]), w_scale, out, part, counts,
+            m, n, k, k_slice, split, out.stride(0), BM=bm, BN=bn, BK=bk,
+            num_stages=stages, num_warps=warps,
+        )  # fmt: skip
+        return out
     _fp8_gemm_kernel[(tiles(m, n, bm, bn), split)](
         a, a_scale, w, w_scale, out, part, counts, m, n, k, k_slice, split,
         a.stride(0), w.stride(0), out.stride(0),

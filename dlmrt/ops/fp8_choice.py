@@ -3,8 +3,11 @@
 FP8 does not win everywhere: at 32 rows the o and down projections of a 4B model run slower
 as `torch._scaled_mm` than as bf16 cuBLAS (docs/quantization.md has the table). So each distinct
 (rows, N, K) is timed as bf16 cuBLAS, as FP8 cuBLAS and as our split-K FP8 kernel
-(kernels/fp8_gemm.py) over a few tile / split configurations (a CUDA graph of 20 calls, replayed:
-GPU time only); the fastest is kept, unless DLMRT_FP8_GEMMS says "all" or "none" (then FP8 on
+(kernels/fp8_gemm.py) over a few tile / split configurations (a CUDA graph of 20-32 calls,
+replayed: GPU time only), the calls cycling over enough copies of the weight to exceed the L2
+cache: in a round every layer's weight comes from HBM (timed with one weight, the 25 MB FP8 down
+projection of QwenDLM-4B stays in the H200's 50 MB L2 and a kernel that streams HBM poorly
+measured 18 µs, then took 27 in the round); the fastest is kept, unless DLMRT_FP8_GEMMS says "all" or "none" (then FP8 on
 whichever FP8 GEMM times faster). The FP8 times include the activation's quantization only when
 its producer is not fused (`fused_input=False`). CPU: always FP8 (the torch twin runs; it exists
 to test numerics, not speed). DLMRT_FP8_GEMM_KERNEL=cublas|triton pins the FP8 GEMM (tests).
@@ -12,6 +15,7 @@ to test numerics, not speed). DLMRT_FP8_GEMM_KERNEL=cublas|triton pins the FP8 G
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -27,17 +31,29 @@ log = logging.getLogger("dlmrt")
 _MEASURED: dict[tuple[int, int, int, bool], tuple[float, float, tuple | None]] = {}
 
 
+COPIES = 32  # at most this many weight copies in one timing
+L2_BYTES = 2 * 50 * 2**20  # twice the H200's L2: the copies' FP8 bytes to cycle over
+
+
+def cold_time_us(fn, weights: list) -> float:
+    """GPU µs per call of fn(weight), the calls of the timed graph cycling over `weights` (so a
+    weight is read from HBM, as in a round, not from the L2 cache)."""
+    cycle = itertools.cycle(weights)
+    return graph_time_us(lambda: fn(next(cycle)), reps=max(20, len(weights)))
+
+
 def candidates(rows: int, n: int, k: int, sms: int) -> list[tuple[int, ...]]:
-    """Configs (bm, bn, bk, split, stages, warps) of kernels/fp8_gemm.py worth timing: 64-row
+    """Configs (bm, bn, bk, split, stages, warps, tma) of kernels/fp8_gemm.py worth timing: 64-row
     tiles at <= 64 rows (the smallest wgmma), else 128; K split only while the slices stay >= 256
-    deep and the programs <= 4 waves."""
+    deep and the programs <= 4 waves; operands loaded by pointers or by TMA."""
     bm = 64 if rows <= 64 else 128
     out = []
     for bn in (64, 128):
         count = -(-rows // bm) * -(-n // bn)
+        warps = 8 if bm * bn >= 128 * 128 else 4
         for split in (1, 2, 3, 4, 6, 8):
             if split == 1 or (k // split >= 256 and count * split <= 4 * sms):
-                out.append((bm, bn, 128, split, 4, 8 if bm * bn >= 128 * 128 else 4))
+                out += [(bm, bn, 128, split, 4, warps, tma) for tma in (0, 1)]
     return out
 
 
@@ -50,19 +66,20 @@ def measure(
     if key in _MEASURED:
         return _MEASURED[key]
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
-    w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5
-    wq, xq = quantize_per_channel(w), fp8_ops.quant_rows(x)
+    copies = min(COPIES, -(-L2_BYTES // (n * k)))  # FP8 copies (bf16: twice the bytes)
+    ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+    wqs, xq = [quantize_per_channel(w) for w in ws], fp8_ops.quant_rows(x)
     arg = xq if fused_input else x
-    bf16 = graph_time_us(lambda: F.linear(x, w))
+    bf16 = cold_time_us(lambda w: F.linear(x, w), ws)
     pinned = envs.fp8_gemm_kernel()
     times: dict[tuple | None, float] = {}
     if pinned != "triton":
-        times[None] = graph_time_us(lambda: fp8_ops.fp8_linear(arg, wq))
+        times[None] = cold_time_us(lambda w: fp8_ops.fp8_linear(arg, w), wqs)
     if pinned != "cublas":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         for config in candidates(rows, n, k, sms):
             plan = fp8_ops.GemmPlan.new(rows, n, config, device)
-            times[config] = graph_time_us(lambda p=plan: fp8_ops.fp8_linear(arg, wq, plan=p))
+            times[config] = cold_time_us(lambda w, p=plan: fp8_ops.fp8_linear(arg, w, plan=p), wqs)
     best = min(times, key=times.__getitem__)
     _MEASURED[key] = (bf16, times[best], best)
     return _MEASURED[key]
@@ -71,8 +88,9 @@ def measure(
 def describe(config: tuple | None) -> str:
     if config is None:
         return "cuBLAS"
-    bm, bn, _, split, _, _ = config
-    return f"split-K kernel {bm}x{bn}" + (f", K in {split}" if split > 1 else "")
+    bm, bn, _, split, _, _, tma = config
+    return f"split-K kernel {bm}x{bn}" + (f", K in {split}" if split > 1 else "") + (
+        ", TMA" if tma else "")  # fmt: skip
 
 
 def use_fp8_gemm(

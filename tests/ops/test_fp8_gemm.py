@@ -43,10 +43,11 @@ def _gemm(a, sa, w, sw, config, dtype):
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize(("n", "k"), SHAPES)
 @pytest.mark.parametrize("split", SPLITS)
-def test_fp8_gemm_matches_its_twin(rows, n, k, split):
+@pytest.mark.parametrize("tma", (0, 1))
+def test_fp8_gemm_matches_its_twin(rows, n, k, split, tma):
     a, sa, w, sw, want = _case(rows, n, k)
     bm = 64 if rows <= 64 or not CUDA else 128
-    config = (bm, 64, 128 if CUDA else 64, split, 3, 4)
+    config = (bm, 64, 128 if CUDA else 64, split, 3, 4, tma)
     dtype = torch.bfloat16 if CUDA else torch.float32
     got, counts = _gemm(a, sa, w, sw, config, dtype)
     assert got.shape == (rows, n) and got.dtype == dtype
@@ -59,11 +60,12 @@ def test_fp8_gemm_matches_its_twin(rows, n, k, split):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("split", (1, 4))
-def test_fp8_gemm_replays_from_a_cuda_graph(split):
+@pytest.mark.parametrize("tma", (0, 1))
+def test_fp8_gemm_replays_from_a_cuda_graph(split, tma):
     from dlmrt._kernels.fp8_gemm import fp8_gemm, tiles
 
     a, sa, w, sw, _ = _case(256, 2560, 9728)
-    config = (128, 128, 128, split, 4, 8)
+    config = (128, 128, 128, split, 4, 8, tma)
     counts = torch.zeros(tiles(256, 2560, 128, 128), dtype=torch.int32, device="cuda")
     eager = fp8_gemm(a, sa, w, sw, counts, torch.bfloat16, config)
     stream = torch.cuda.Stream()
