@@ -43,17 +43,21 @@ def cold_time_us(fn, weights: list) -> float:
 
 
 def candidates(rows: int, n: int, k: int, sms: int) -> list[tuple[int, ...]]:
-    """Configs (bm, bn, bk, split, stages, warps, tma) of kernels/fp8_gemm.py worth timing: 64-row
-    tiles at <= 64 rows (the smallest wgmma), else 128; K split only while the slices stay >= 256
-    deep and the programs <= 4 waves; operands loaded by pointers or by TMA."""
+    """Configs (bm, bn, bk, split, stages, warps, tma) of kernels/fp8_gemm.py worth timing: tiles
+    of 64 rows at <= 64 rows (the smallest wgmma), 128 at <= 128, else also 256-row and 256-wide
+    tiles (TMA only: they need its copy engine to keep the MMAs fed); K split only while the
+    slices stay >= 256 deep and the programs <= 4 waves; operands by pointers or by TMA."""
     bm = 64 if rows <= 64 else 128
+    tiles = [(bm, 64, 0), (bm, 128, 0)]
+    if rows > 128:
+        tiles += [(256, 64, 1), (256, 128, 1), (128, 256, 1)]
     out = []
-    for bn in (64, 128):
+    for bm, bn, big in tiles:
         count = -(-rows // bm) * -(-n // bn)
-        warps = 8 if bm * bn >= 128 * 128 else 4
+        warps, stages = (8, 3) if big else (8 if bm * bn >= 128 * 128 else 4, 4)
         for split in (1, 2, 3, 4, 6, 8):
             if split == 1 or (k // split >= 256 and count * split <= 4 * sms):
-                out += [(bm, bn, 128, split, 4, warps, tma) for tma in (0, 1)]
+                out += [(bm, bn, 128, split, stages, warps, tma) for tma in ((1,) if big else (0, 1))]
     return out
 
 
@@ -79,7 +83,12 @@ def measure(
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         for config in candidates(rows, n, k, sms):
             plan = fp8_ops.GemmPlan.new(rows, n, config, device)
-            times[config] = cold_time_us(lambda w, p=plan: fp8_ops.fp8_linear(arg, w, plan=p), wqs)
+            try:
+                times[config] = cold_time_us(
+                    lambda w, p=plan: fp8_ops.fp8_linear(arg, w, plan=p), wqs
+                )
+            except Exception as e:  # noqa: BLE001 (a tile too big for this GPU's shared memory)
+                log.debug("fp8 GEMM config %s skipped: %s", config, str(e).splitlines()[0])
     best = min(times, key=times.__getitem__)
     _MEASURED[key] = (bf16, times[best], best)
     return _MEASURED[key]
