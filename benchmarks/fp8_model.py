@@ -36,7 +36,7 @@ def quantize_nvfp4(model: torch.nn.Module) -> dict[str, int]:
     from dlmrt.quant.nvfp4_writer import is_nvfp4_target
 
     names = [n for n, _ in model.named_parameters() if is_nvfp4_target(n)]
-    weights = {n: nvfp4(model.get_parameter(n).detach()) for n in names}
+    weights = {n: nvfp4(model.get_parameter(n).detach()).to("cpu") for n in names}  # as read
     sizes = {n: model.get_parameter(n).numel() for n in names}
     left = set(model.use_fp8(weights))
     torch.cuda.empty_cache()

@@ -37,6 +37,9 @@ class Fp8Weight:
     def nbytes(self) -> int:
         return self.qweight.numel() + 4 * self.scale.numel()
 
+    def to(self, device: torch.device | str) -> Fp8Weight:
+        return Fp8Weight(self.qweight.to(device), self.scale.to(device))
+
     def narrow(self, start: int, rows: int) -> Fp8Weight:
         """Output channels [start, start + rows) (the last but one dim): a view."""
         dim = self.qweight.dim() - 2

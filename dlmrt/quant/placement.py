@@ -57,17 +57,25 @@ def collect_fp8(
         elif quantization != "fp8":
             why[name] = "stored unquantized"
         else:
-            fp8[name] = quantize_per_channel(param)
+            q = quantize_per_channel(param)
             with torch.no_grad():
-                param.copy_(fp8[name].dequantize(param.dtype))
+                param.copy_(q.dequantize(param.dtype))
+            fp8[name] = host_copy(q)
     return fp8, why
+
+
+def host_copy(w: Fp8Weight) -> Fp8Weight:
+    """`w` in host memory until `install` places it: quantizing a loaded model never holds an FP8
+    copy of every weight on the device beside the bf16 one (`install` frees each bf16 weight as
+    its FP8 codes arrive), so an FP8 load peaks no higher than a bf16 load."""
+    return w.to("cpu")
 
 
 def quantize_candidates(model: torch.nn.Module) -> dict[str, Fp8Weight]:
     """Per-channel FP8 of a built model's every FP8 candidate (`policy.py`; a tied head is the
     embedding's parameter, so it stays out): `quantization="fp8"` without a checkpoint."""
     return {
-        name: quantize_per_channel(p.detach())
+        name: host_copy(quantize_per_channel(p.detach()))
         for name, p in model.named_parameters()
         if p.dim() >= 2 and classify(name)[0]
     }
@@ -81,7 +89,7 @@ def install(model: torch.nn.Module, fp8: dict, emulate: bool = False) -> tuple[d
     params = model.state_dict()
     for name in declined:
         with torch.no_grad():
-            params[name].copy_(running.pop(name).dequantize(params[name].dtype))
+            params[name].copy_(running.pop(name).to(params[name].device).dequantize(params[name].dtype))
     return running, declined
 
 

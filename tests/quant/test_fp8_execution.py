@@ -16,6 +16,7 @@ from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import reference
 from dlmrt.quant.fp8 import FP8, quantize_per_channel, quantize_rows
+from dlmrt.quant.placement import install, quantize_candidates
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +151,30 @@ def test_diffusion_gemma_runs_every_dense_projection_and_its_tied_head_in_fp8(tm
         assert a.shape == b.shape and ((a - b).norm() / b.norm()) < 0.1
     out = llm.generate("hello", max_new_tokens=16)
     assert out.token_ids
+
+
+def _dense_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's non-FP8 tensors, each storage counted once (fused views share one)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        storage = t.untyped_storage()
+        if t.dtype != FP8 and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+@pytest.mark.parametrize("family", ["qwen", "llada"])
+def test_installing_fp8_frees_the_dense_originals(ckpts, family):
+    """What runs FP8 leaves no dense copy behind (the FP8 codes wait in host memory until
+    installed, `placement.host_copy`), so an FP8 model holds less than its dense one."""
+    model = LLM(ckpts[family], device="cpu").engine.model
+    before = _dense_bytes(model)
+    fp8 = quantize_candidates(model)
+    assert all(w.qweight.device.type == "cpu" for w in fp8.values())
+    declined = set(install(model, fp8)[1])
+    installed = {n: w for n, w in fp8.items() if n not in declined}
+    assert installed
+    dense = sum(w.qweight.numel() for w in installed.values()) * 4  # fp32 checkpoint weights
+    scales = sum(w.scale.numel() for w in installed.values()) * 4  # the FP8 scales stay fp32
+    assert _dense_bytes(model) <= before - dense + scales
