@@ -178,3 +178,19 @@ def test_installing_fp8_frees_the_dense_originals(ckpts, family):
     dense = sum(w.qweight.numel() for w in installed.values()) * 4  # fp32 checkpoint weights
     scales = sum(w.scale.numel() for w in installed.values()) * 4  # the FP8 scales stay fp32
     assert _dense_bytes(model) <= before - dense + scales
+
+
+def test_quantizing_in_chunks_gives_the_same_codes(monkeypatch):
+    """Per-channel quantization of a stack done a few channels at a time (the load's memory cap)
+    is bit for bit the whole-tensor formula."""
+    from dlmrt.quant import fp8 as fp8_mod
+
+    w = torch.randn(5, 37, 48) * torch.rand(5, 37, 1) * 10
+    whole = fp8_mod.quantize_per_channel(w)
+    monkeypatch.setattr(fp8_mod, "CHUNK", 100)  # 2 channels of 48 per step
+    chunked = fp8_mod.quantize_per_channel(w)
+    scale = (w.abs().amax(dim=-1) / fp8_mod.FP8_MAX).clamp_min(fp8_mod.MIN_SCALE)
+    codes = (w / scale.unsqueeze(-1)).clamp(-fp8_mod.FP8_MAX, fp8_mod.FP8_MAX).to(FP8)
+    for q in (whole, chunked):
+        assert torch.equal(q.qweight.view(torch.uint8), codes.view(torch.uint8))
+        assert torch.equal(q.scale, scale) and q.qweight.shape == w.shape
