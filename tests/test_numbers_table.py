@@ -1,0 +1,40 @@
+"""docs/numbers.md's round table is what benchmarks/numbers_table.py makes of the result files
+(regenerate: `python benchmarks/numbers_table.py --write docs/numbers.md`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("numbers_table", ROOT / "benchmarks" / "numbers_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_doc_holds_the_current_table():
+    nt = _script()
+    doc = (ROOT / "docs" / "numbers.md").read_text()
+    inside = doc.split(nt.BEGIN, 1)[1].split(nt.END, 1)[0].strip()
+    assert inside == nt.table(str(ROOT / "benchmarks" / "results"))
+    for line in inside.splitlines()[2:]:  # every cited file exists
+        assert (ROOT / "benchmarks" / "results" / line.rsplit("`", 2)[1]).is_file()
+
+
+def test_the_newest_run_of_a_configuration_wins(tmp_path):
+    import json
+
+    nt = _script()
+    for name, date, ms in (("a", "2026-01-01", 5.0), ("b", "2026-02-01", 4.0), ("split_on_c", "2026-03-01", 1.0)):
+        (tmp_path / f"round_latency_{name}.json").write_text(json.dumps({
+            "model": "qwen_dlm", "date": date, "git_revision": name, "command": "x --quantization fp8",
+            "shape": {"dtype": {"weights": "bf16", "kv_cache": "auto"}},
+            "results": [{"mode": "block_graph", "context": 1024, "ms_per_round": ms,
+                         "floor_ms": 3.0, "fp8_floor_ms": 2.0}]}))  # fmt: skip
+    rows = nt.table(str(tmp_path)).splitlines()[2:]
+    assert len(rows) == 1  # the experiment file (split_on) is not a configuration of its own
+    assert "| fp8 |" in rows[0] and "| 4.000 | 2.00 | 2.00 | b, 2026-02-01 |" in rows[0]
