@@ -63,7 +63,10 @@ def one(rows: int, n: int, k: int) -> dict:
     plan = fp8_ops.GemmPlan.new(rows, n, eval(best), dev)  # noqa: S307 (our own tuple's repr)
     err = (fp8_ops.fp8_linear(xq, wq, plan=plan).float() - twin).norm() / twin.norm()
     out |= {"kernel_us": kernel[best], "kernel_config": best, "kernel_rel_error": float(err)}
-    out |= {"kernel_all_us": kernel, "floor_us": max(2 * rows * n * k / 1580e12, n * k / 4.3e12) * 1e6}
+    out |= {
+        "kernel_all_us": kernel,
+        "floor_us": max(2 * rows * n * k / 1580e12, n * k / 4.3e12) * 1e6,
+    }
     out |= quack(xq.q, wqs)
     out = {key: round(v, 2) if isinstance(v, float) else v for key, v in out.items()}
     return out
@@ -79,9 +82,11 @@ def quack(a: torch.Tensor, wqs: list) -> dict:
         return {"quack": "not installed"}
     out = {}
     for split in (1, 2, 4):
+
         def call(w, split=split):
             return gemm(a, w.qweight.t(), alpha=1.0, out_dtype=torch.bfloat16, tuned=False,
                         split_k=split)  # fmt: skip
+
         try:
             call(wqs[0])  # compile outside the timing
             out[f"quack_split{split}_us"] = cold_time_us(call, wqs)

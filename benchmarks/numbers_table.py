@@ -68,7 +68,9 @@ def table(results: str) -> str:
     for key in order:
         model, context, weights, kv = key
         r = found[key]
-        floor = r.get("fp8_floor_ms") if weights != "bf16" and r.get("fp8_floor_ms") else r["floor_ms"]
+        floor = (
+            r.get("fp8_floor_ms") if weights != "bf16" and r.get("fp8_floor_ms") else r["floor_ms"]
+        )
         rows.append(
             f"| {NAMES.get(model, model)} | {context // 1024}k | {weights} | {'FP8' if kv == 'fp8' else 'bf16'} "
             f"| {r['ms_per_round']:.3f} | {floor:.2f} | {r['ms_per_round'] / floor:.2f} "

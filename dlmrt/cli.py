@@ -7,7 +7,6 @@ and help; `dlmrt/flags.py`), so the CLI and the Python API cannot drift apart.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from typing import Any
@@ -170,8 +169,7 @@ def _generate_and_print(llm: Any, args: argparse.Namespace, params: Any) -> int:
         n, generated[0] = generated[0], generated[0] + 1
         print(f"[block {n}] {rounds} rounds, {len(tokens)} tokens so far", file=sys.stderr)
 
-    kwargs = dict(chat=args.chat, on_block=on_block if args.progress else None)
-    kwargs.update(dataclasses.asdict(params))
+    kwargs = dict(chat=args.chat, on_block=on_block if args.progress else None, params=params)
     if args.watch:
         out = _watch(llm, prompt, kwargs, args.watch_delay)
     else:

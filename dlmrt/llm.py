@@ -1,15 +1,16 @@
 """LLM: the user-facing facade. Checkpoint -> model -> one engine; text in, GenerationOutput out.
 
-The model's family (`dlmrt/models/__init__.py`) decides everything family-specific: the engine
-(block style: `BlockEngine`; encoder-decoder style: `EncoderDecoderEngine`), whether graph modes
-need the Triton MoE kernels, and the default rule. `LLM` holds exactly one engine.
+The model's family (`dlmrt/models/__init__.py`) decides everything family-specific: its decoding
+style (`dlmrt/styles/`: block or encoder-decoder, each owning its engine, defaults, checks and
+requests), whether graph modes need the Triton MoE kernels, and the default rule. `LLM` holds
+exactly one style, and never branches on which.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +19,16 @@ import torch
 from dlmrt import models
 from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import EngineConfig, torch_dtypes
-from dlmrt.decoder_defaults import DecoderDefaults
-from dlmrt.decoding import make_rule
-from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.distributed import requests as tp_requests
 from dlmrt.distributed import setup as tp_setup
 from dlmrt.draft_stream import DraftStream
 from dlmrt.drafts import DraftBuilder, DraftCallback, chain
-from dlmrt.engine import BlockEngine, EncoderDecoderEngine, select_mode
+from dlmrt.engine import select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.outputs import BlockCallback, CanvasRecorder, GenerationOutput, Recorder, StopCheck
 from dlmrt.params import DecodeParams
-from dlmrt.quant.config import kv_cache_dtype_for
-from dlmrt.request_checks import (
-    check_block_length,
-    check_callbacks,
-    check_canvas_request,
-    check_not_empty,
-    check_rule_style,
-    prompt_ids,
-)
-from dlmrt.rules import BLOCK
+from dlmrt.request_checks import check_callbacks, check_not_empty, check_rule_style, prompt_ids
+from dlmrt.styles import Hooks, Setup, style_for
 from dlmrt.tokenizer import Tokenizer
 
 log = logging.getLogger("dlmrt")
@@ -136,17 +126,17 @@ class LLM:
         return llm
 
     def _setup(self, model, tokenizer: Tokenizer, path: Path, config: EngineConfig) -> None:
-        self.config, self.path, self.model, self.model_config = config, path, model, model.cfg
+        self.config, self.path, self.model = config, path, model
         self.device, self.dtype = config.torch_device(), next(model.parameters()).dtype
         self.family = models.family_of(model)
         self.tokenizer = tokenizer
         # declared stop ids, else the family's reading of config.json (LLaDA2: the pad id), else
         # the tokenizer's eos token
         family_stops = set(getattr(model.cfg, "eos_token_ids", ()) or ())
-        self.stop_ids = tokenizer.declared_stop_ids or family_stops or tokenizer.stop_ids
+        stop_ids = tokenizer.declared_stop_ids or family_stops or tokenizer.stop_ids
         has_adapter = getattr(model, "adapter", None) is not None
         try:
-            self.default_rule = self.family.default_rule(config.role, has_adapter)
+            default_rule = self.family.default_rule(config.role, has_adapter)
             auto_rule = self.family.default_rule(None, has_adapter)  # the rule without a role
         except ValueError as e:
             raise CheckpointError(f"{path / 'config.json'}: {e}") from None
@@ -154,43 +144,66 @@ class LLM:
             *select_mode(config.mode, self.device, self.family.moe), self.group
         )
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
-        if self.family.style == BLOCK:
-            self._setup_blocks(path, auto_rule)
-        else:
-            self._setup_canvases(path)
+        setup = Setup(model, tokenizer, path, config, self.mode, self.device, self.dtype,
+                      set(stop_ids), default_rule, auto_rule, self.group is not None)  # fmt: skip
+        self.style = style_for(self.family.style).from_checkpoint(setup)
 
-    def _setup_blocks(self, path: Path, auto_rule: str) -> None:
-        # config.json's (validated by the loader) or the family's default (LLaDA2: 156895), else
-        # the tokenizer's mask token
-        self.mask_id = getattr(self.model_config, "mask_token_id", None)
-        if self.mask_id is None:
-            self.mask_id = self.tokenizer.mask_token_id
-        if self.mask_id is None:
-            raise CheckpointError(
-                f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
-                "mask token such as <|MASK|> in the tokenizer)"
-            )
-        self.canvas_settings = (
-            None  # the encoder-decoder style's (same attributes for every family)
-        )
-        self.decoder = DecoderDefaults.of_checkpoint(path, self.default_rule, auto_rule)
-        self.default_rule = self.decoder.rule
-        mode, fold = self.mode, self.config.fold_commits
-        kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8
-        self.engine = BlockEngine(self.model, self.device, self.dtype, mode, fold, kv)
-        log.info("default decoder %s, block %d", self.decoder, self.model_config.block_size)
+    @property
+    def engine(self):
+        """The style's engine (`BlockEngine` or `EncoderDecoderEngine`)."""
+        return self.style.engine
 
-    def _setup_canvases(self, path: Path) -> None:
-        """DiffusionGemma: the checkpoint's (or role's) canvas settings. Counter noise (the
-        default in a graph mode) runs the static path in the engine's mode; torch's draws (the
-        default in eager mode: transformers' own noise) run the reference loop."""
-        self.mask_id = None
-        self.decoder = None  # the block style's (same attributes for every family)
-        kv = kv_cache_dtype_for(self.config.kv_cache_dtype, path)  # the checkpoint may declare fp8
-        self.engine = EncoderDecoderEngine(self.model, self.device, self.mode, kv)
-        self.canvas_settings = CanvasSettings.from_generation_config(path, self.config.role)
-        length = self.engine.canvas_length
-        log.info("canvas decoding, canvas %d: %s", length, self.canvas_settings)
+    @engine.setter
+    def engine(self, engine) -> None:  # tests swap in an engine with other settings
+        self.style.engine = engine
+
+    @property
+    def group(self):
+        """The tensor-parallel group (None: one process)."""
+        return self._group
+
+    @group.setter
+    def group(self, group) -> None:  # tests attach a group to an LLM built around a sharded model
+        self._group = group
+        if "style" in self.__dict__:
+            self.style.tensor_parallel = group is not None
+
+    @property
+    def model_config(self):
+        """The model's parsed config (the style checks requests against it; assignable)."""
+        return self.style.cfg
+
+    @model_config.setter
+    def model_config(self, cfg) -> None:
+        self.style.cfg = cfg
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """The token ids that end a request (the style's; assignable)."""
+        return self.style.stop_ids
+
+    @stop_ids.setter
+    def stop_ids(self, ids: set[int]) -> None:
+        self.style.stop_ids = set(ids)
+
+    @property
+    def default_rule(self) -> str:
+        return self.style.default_rule
+
+    @property
+    def mask_id(self) -> int | None:
+        """The block style's mask token id (None for canvas decoding)."""
+        return self.style.mask_id
+
+    @property
+    def decoder(self):
+        """The block style's decoder defaults (`DecoderDefaults`; None for canvas decoding)."""
+        return self.style.decoder
+
+    @property
+    def canvas_settings(self):
+        """The canvas style's `CanvasSettings` (None for block decoding)."""
+        return self.style.canvas_settings
 
     def generate(
         self,
@@ -201,9 +214,11 @@ class LLM:
         on_block: BlockCallback | None = None,
         should_stop: StopCheck | None = None,
         on_round: DraftCallback | None = None,
+        params: DecodeParams | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
-        """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields.
+        """Generate for one prompt (text or token ids). Keyword arguments are `DecodeParams` fields;
+        or pass validated `params` (a `DecodeParams`) instead of them.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
         `recorder` receives every round's `RoundRecord` (canvas style: every step's
@@ -215,17 +230,24 @@ class LLM:
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         Tensor parallel: every rank calls this; rank 0's arguments decide (`dlmrt/distributed/`).
         """
+        if params is not None and kwargs:
+            raise TypeError(
+                f"generate: pass params or keyword arguments, not both ({sorted(kwargs)})"
+            )
         if self.group is not None:
             if recorder is not None or on_round is not None:  # rank-0 callbacks, not mirrored
                 raise ValueError("recorder / on_round: not supported under tensor parallelism")
+            kwargs = dataclasses.asdict(params) if params is not None else kwargs  # broadcast
             prompt, chat, kwargs, should_stop = tp_requests.share_call(
                 self.group, prompt, chat, kwargs, should_stop
             )
+            params = None
         check_callbacks(chat, recorder, on_block, should_stop, on_round)
         if on_round is not None:
             builder = DraftBuilder(on_round, on_block)
             recorder, on_block = chain(recorder, builder.record), builder.on_block
-        return self._generate(prompt, chat, recorder, on_block, should_stop, kwargs)
+        params = params if params is not None else DecodeParams.from_kwargs(**kwargs)
+        return self._generate(prompt, chat, recorder, on_block, should_stop, params)
 
     def follow(self) -> None:
         """Tensor parallel, ranks > 0 of a server: decode what rank 0's `generate` calls share,
@@ -233,7 +255,9 @@ class LLM:
 
         def run(req):
             prompt, chat, kwargs, poll = tp_requests.unpack(self.group, req)
-            return self._generate(prompt, chat, None, None, poll, kwargs)
+            return self._generate(
+                prompt, chat, None, None, poll, DecodeParams.from_kwargs(**kwargs)
+            )
 
         tp_requests.follow(self.group, run)
 
@@ -242,56 +266,16 @@ class LLM:
         if self.group is not None:
             tp_requests.stop(self.group)
 
-    def _generate(self, prompt, chat, recorder, on_block, should_stop, kwargs) -> GenerationOutput:
-        params = DecodeParams.from_kwargs(**kwargs)
+    def _generate(self, prompt, chat, recorder, on_block, should_stop, params) -> GenerationOutput:
         t0 = time.perf_counter()
         ids = prompt_ids(self.tokenizer, prompt, chat, self.model_config.vocab_size)
         check_not_empty(ids, prompt)
-        arch = self.model_config.architecture
-        check_rule_style(params, self.family.style, arch)
-        if self.family.style == BLOCK:
-            res = self._generate_blocks(ids, params, recorder, on_block, should_stop)
-        else:
-            res = self._generate_canvases(ids, params, recorder, on_block, should_stop)
+        check_rule_style(params, self.family.style, self.model_config.architecture)
+        self.style.check(ids, params)
+        res = self.style.generate(ids, params, Hooks(recorder, on_block, should_stop))
         return GenerationOutput.of(self.tokenizer.decode(res.token_ids), len(ids), res, t0)
 
     def stream(self, prompt: str | list[int], *, chat: bool = False, **kwargs: Any) -> DraftStream:
         """Iterate the request's `Draft`s (a block at a time); afterwards `.output` holds its
         `GenerationOutput`. Leaving early (`close()`, a `with` block) cancels the request."""
         return DraftStream(self.generate, prompt, dict(chat=chat, **kwargs))
-
-    def _generate_blocks(self, ids, params: DecodeParams, recorder, on_block, should_stop):
-        block = params.block_length or self.model_config.block_size
-        cfg = self.model_config
-        check_block_length(len(ids), params, block, cfg.max_position_embeddings, cfg.block_size)
-        name, tau, gamma = self.decoder.resolve(params)  # the request's knobs, else the defaults
-        rule = make_rule(
-            name, threshold=tau, entropy_budget=gamma, denoising_steps=params.denoising_steps or block,
-            editing=params.editing or "quality", max_post_steps=params.max_post_steps,
-        )  # fmt: skip
-        return self.engine.generate(
-            ids, rule=rule, block_length=block, max_new_tokens=params.max_new_tokens,
-            mask_id=self.mask_id, stop_ids=self.stop_ids, temperature=params.temperature,
-            seed=params.seed or 0, ignore_eos=params.ignore_eos, recorder=recorder,
-            on_block=on_block, should_stop=should_stop,
-        )  # fmt: skip
-
-    def _generate_canvases(self, ids, params: DecodeParams, recorder, on_block, should_stop):
-        check_canvas_request(ids, params, self.engine.canvas_length, self.model_config)
-        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
-        return self.engine.generate(
-            ids, replace(self.canvas_settings, **overrides), max_new_tokens=params.max_new_tokens,
-            stop_ids=sorted(self.stop_ids), seed=params.seed or 0,
-            rng=self._canvas_rng(params.rng),
-            ignore_eos=params.ignore_eos, on_block=on_block, should_stop=should_stop,
-            recorder=recorder,
-        )  # fmt: skip
-
-    def _canvas_rng(self, rng: str | None) -> str:
-        """Counter noise in the graph modes and under tensor parallelism (torch's multinomial
-        draws need the whole vocabulary on one rank), else transformers' torch draws."""
-        if rng == "torch" and self.group is not None:
-            raise ValueError(
-                "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
-            )
-        return rng or ("counter" if self.mode != "eager" or self.group is not None else "torch")

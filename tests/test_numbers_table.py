@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("numbers_table", ROOT / "benchmarks" / "numbers_table.py")
+    spec = importlib.util.spec_from_file_location(
+        "numbers_table", ROOT / "benchmarks" / "numbers_table.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,7 +31,11 @@ def test_the_newest_run_of_a_configuration_wins(tmp_path):
     import json
 
     nt = _script()
-    for name, date, ms in (("a", "2026-01-01", 5.0), ("b", "2026-02-01", 4.0), ("split_on_c", "2026-03-01", 1.0)):
+    for name, date, ms in (
+        ("a", "2026-01-01", 5.0),
+        ("b", "2026-02-01", 4.0),
+        ("split_on_c", "2026-03-01", 1.0),
+    ):
         (tmp_path / f"round_latency_{name}.json").write_text(json.dumps({
             "model": "qwen_dlm", "date": date, "git_revision": name, "command": "x --quantization fp8",
             "shape": {"dtype": {"weights": "bf16", "kv_cache": "auto"}},

@@ -160,11 +160,10 @@ def run_point(
     """Generate and score every problem once with `params`; the first request is the warm-up."""
     from tqdm.auto import tqdm
 
-    kwargs = dataclasses.asdict(params)
     records: list[dict[str, Any]] = []
     with tqdm(total=len(problems), desc=label or "bench", unit="req", disable=quiet) as bar:
         for i, (problem, prompt) in enumerate(zip(problems, prompts)):
-            out = llm.generate(prompt, **kwargs)
+            out = llm.generate(prompt, params=params)
             status, correct = score(problem, out.text, out.finish_reason, timeout_s)
             records.append(_record(i, problem, out, status, correct))
             bar.update(1)

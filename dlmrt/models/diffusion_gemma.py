@@ -33,8 +33,7 @@ from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 
 
 class Attention(nn.Module):
-    """Attention scale 1.0; q/k RMSNorm (weight) before RoPE, v RMSNorm without weight.
-    Full layers have no v_proj: V is the raw k_proj output (K = V)."""
+    """Scale 1.0; q/k RMSNorm (weight) before RoPE, v RMSNorm (none); full layers: V = K, no v_proj."""
 
     def __init__(self, cfg: DiffusionGemmaConfig, i: int) -> None:
         super().__init__()
@@ -50,7 +49,7 @@ class Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.qkv_weight: torch.Tensor | None = None  # q|k|v (full layers: q|k) once fused
-        self.qkv_fp8: nn.Module | None = None  # the same as one FP8 linear (models/fp8_install.py)
+        self.qkv_fp8: nn.Module | None = None  # or one FP8 linear (models/fp8_install.py)
 
     def fuse(self) -> None:  # CUDA only: on the CPU a wider bf16 GEMM rounds unlike HF's three
         if self.q_proj.weight.device.type == "cuda":

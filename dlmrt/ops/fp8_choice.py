@@ -57,7 +57,9 @@ def candidates(rows: int, n: int, k: int, sms: int) -> list[tuple[int, ...]]:
         warps, stages = (8, 3) if big else (8 if bm * bn >= 128 * 128 else 4, 4)
         for split in (1, 2, 3, 4, 6, 8):
             if split == 1 or (k // split >= 256 and count * split <= 4 * sms):
-                out += [(bm, bn, 128, split, stages, warps, tma) for tma in ((1,) if big else (0, 1))]
+                out += [
+                    (bm, bn, 128, split, stages, warps, tma) for tma in ((1,) if big else (0, 1))
+                ]
     return out
 
 

@@ -89,7 +89,9 @@ def install(model: torch.nn.Module, fp8: dict, emulate: bool = False) -> tuple[d
     params = model.state_dict()
     for name in declined:
         with torch.no_grad():
-            params[name].copy_(running.pop(name).to(params[name].device).dequantize(params[name].dtype))
+            params[name].copy_(
+                running.pop(name).to(params[name].device).dequantize(params[name].dtype)
+            )
     return running, declined
 
 

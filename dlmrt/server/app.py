@@ -64,6 +64,7 @@ def build_app(
         block_size=cfg.block_size,
         max_positions=cfg.max_position_embeddings,
         max_prompt_chars=cfg.max_position_embeddings * llm.tokenizer.longest_token_chars(),
+        style=llm.style,
     )
 
     @asynccontextmanager

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from dlmrt.blocks import layout
 from dlmrt.params import CANVAS_FIELDS, DecodeParams
 from dlmrt.server.errors import APIError, check_prompt_chars, error_body  # noqa: F401
 from dlmrt.server.messages import include_usage, message_text
@@ -152,6 +153,20 @@ class ModelInfo:
     block_size: int
     max_positions: int
     max_prompt_chars: int | None = None  # longer prompts cannot fit: refused before tokenizing
+    style: Any = None  # the LLM's decoding style (`dlmrt/styles/`): its rows_needed / room
+
+    def rows_needed(self, prompt_len: int, max_tokens: int, block_length: int | None) -> int:
+        """Positions the request occupies, as the style lays it out (blocks or canvases)."""
+        if self.style is not None:
+            return self.style.rows_needed(prompt_len, max_tokens, block_length)
+        return layout(prompt_len, max_tokens, block_length or self.block_size).max_len
+
+    def room(self, prompt_len: int, block_length: int | None) -> int:
+        """The most new tokens that fit the context after the prompt."""
+        if self.style is not None:
+            return self.style.room(prompt_len, block_length)
+        block = block_length or self.block_size
+        return self.max_positions // block * block - prompt_len
 
 
 def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:
@@ -209,11 +224,6 @@ def _unicode(text: str, param: str) -> str:
     return text
 
 
-def _room(ids: list[int], block: int, info: ModelInfo) -> int:
-    """Tokens that fit after the prompt in whole blocks of the context."""
-    return info.max_positions // block * block - len(ids)
-
-
 def check_model(model: str | None, info: ModelInfo) -> None:
     if model is not None and model != info.name:
         raise APIError(
@@ -231,17 +241,17 @@ def _spec(
     if not ids:
         raise APIError(400, "prompt: must not be empty", "prompt")
     if max_tokens is None:  # the default is capped to the room left (as vLLM), not refused
-        max_tokens = max(1, min(default, _room(ids, req.block_length or info.block_size, info)))
+        max_tokens = max(1, min(default, info.room(len(ids), req.block_length)))
     if max_tokens < 1:
         raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
     params = _decode_params(req, max_tokens)
-    block = params.block_length or info.block_size
-    total = -(-(len(ids) + max_tokens) // block) * block
+    total = info.rows_needed(len(ids), max_tokens, params.block_length)
     if total > info.max_positions:
         raise APIError(
             400,
-            f"prompt: {len(ids)} prompt tokens + max_tokens {max_tokens} (rounded up to {total}, "
-            f"whole blocks of {block}) exceed the model's context of {info.max_positions} tokens",
+            f"prompt: {len(ids)} prompt tokens + max_tokens {max_tokens} (rounded up to {total} "
+            f"positions: whole blocks or canvases) exceed the model's context of "
+            f"{info.max_positions} tokens",
             "prompt",
             "context_length_exceeded",
         )

@@ -8,7 +8,6 @@ Whatever a request raises, the worker answers it with an error event and takes t
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import math
@@ -172,12 +171,11 @@ class Worker:
                     raise _StopString
 
         try:
-            params = dataclasses.asdict(spec.params)
-            if spec.drafts:
-                params["on_round"] = self._draft_events(job)
+            on_round = self._draft_events(job) if spec.drafts else None
             out = self.llm.generate(
-                spec.prompt_ids, on_block=on_block, should_stop=stop_requested, **params
-            )
+                spec.prompt_ids, on_block=on_block, should_stop=stop_requested,
+                on_round=on_round, params=spec.params,
+            )  # fmt: skip
             reason, tokens, forwards = out.finish_reason, out.token_ids, out.num_denoising_forwards
         except _StopString:
             reason, tokens, forwards = "stop", seen["tokens"], seen["rounds"]

@@ -22,7 +22,9 @@ def _case(rows: int, n: int, k: int):
     g = torch.Generator().manual_seed(rows * 7 + n + k)
     x = torch.randn(rows, k, generator=g)
     x[:, : k // 3] *= 8  # rows with a wide range: the row scale matters
-    w = quantize_per_channel(torch.randn(n, k, generator=g) / k**0.5 * torch.rand(n, 1, generator=g))
+    w = quantize_per_channel(
+        torch.randn(n, k, generator=g) / k**0.5 * torch.rand(n, 1, generator=g)
+    )
     act = quantize_rows(x)
     want = act.dequantize(torch.float32) @ w.dequantize(torch.float32).t()
     on = lambda t: t.to(DEV)  # noqa: E731

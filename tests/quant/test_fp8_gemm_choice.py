@@ -21,7 +21,7 @@ def test_candidates_fit_the_rows_and_split_only_deep_k():
     wide = fp8_choice.candidates(256, 2560, 9728, 132)
     assert {c[0] for c in wide} == {128, 256}
     assert all(c[6] == 1 for c in wide if c[0] == 256 or c[1] == 256)  # big tiles: TMA only
-    for bm, bn, bk, split, _, _, _ in wide:
+    for bm, bn, _, split, _, _, _ in wide:
         tiles = -(-256 // bm) * -(-2560 // bn)
         assert split == 1 or (9728 // split >= 256 and tiles * split <= 4 * 132)
     wide_n = fp8_choice.candidates(256, 19456, 2560, 132)  # 128 x 64 tiles: 608, never split

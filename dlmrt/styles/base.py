@@ -1,0 +1,60 @@
+"""What every decoding style offers `LLM`, and what it is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from dlmrt.config import EngineConfig
+from dlmrt.outputs import BlockCallback, CanvasRecorder, Recorder, StopCheck
+from dlmrt.params import DecodeParams
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The one parsed checkpoint and the engine settings a style is built from."""
+
+    model: torch.nn.Module
+    tokenizer: Any  # dlmrt.tokenizer.Tokenizer
+    path: Path  # the checkpoint directory (its generation_config.json applies)
+    config: EngineConfig
+    mode: str  # the execution mode already agreed (`select_mode`, tensor-parallel ranks)
+    device: torch.device
+    dtype: torch.dtype
+    stop_ids: set[int]
+    default_rule: str  # the family's rule for the role asked for
+    auto_rule: str  # the family's rule without a role
+    tensor_parallel: bool
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """A request's callbacks (`LLM.generate` documents them)."""
+
+    recorder: Recorder | CanvasRecorder | None = None
+    on_block: BlockCallback | None = None
+    should_stop: StopCheck | None = None
+
+
+class Style(Protocol):
+    engine: Any
+    default_rule: str
+    mask_id: int | None  # the block style's mask token (None: a canvas has its own)
+
+    @classmethod
+    def from_checkpoint(cls, setup: Setup) -> Style: ...
+
+    def check(self, ids: list[int], params: DecodeParams) -> None:
+        """ValueError naming what of the request this style cannot run."""
+
+    def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
+        """Positions the request occupies: what must fit the model's context."""
+
+    def room(self, prompt_len: int, block_length: int | None) -> int:
+        """The most new tokens that fit the context after a prompt of `prompt_len`."""
+
+    def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks) -> Any:
+        """Run the request; the engine's result (token ids, forwards, rounds)."""

@@ -1,0 +1,70 @@
+"""The encoder-decoder style (DiffusionGemma): the prompt encoded once, then canvases of a fixed
+length denoised in steps by the checkpoint's canvas decoder (`CanvasSettings`), on
+`EncoderDecoderEngine`. Counter noise (the default in a graph mode) runs the static path in the
+engine's mode; torch's draws (the default in eager mode: transformers' own noise) run the
+reference loop."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+from dlmrt.engine import EncoderDecoderEngine
+from dlmrt.params import DecodeParams
+from dlmrt.quant.config import kv_cache_dtype_for
+from dlmrt.request_checks import check_canvas_request
+from dlmrt.styles.base import Hooks, Setup
+
+log = logging.getLogger("dlmrt")
+
+
+class CanvasStyle:
+    decoder = None  # the block style's (every style answers the same attributes)
+    mask_id = None
+
+    def __init__(self, engine: EncoderDecoderEngine, setup: Setup, settings: CanvasSettings):
+        self.engine, self.canvas_settings = engine, settings
+        self.default_rule = setup.default_rule
+        self.cfg, self.stop_ids = setup.model.cfg, setup.stop_ids
+        self.mode, self.tensor_parallel = setup.mode, setup.tensor_parallel
+
+    @classmethod
+    def from_checkpoint(cls, setup: Setup) -> CanvasStyle:
+        """The checkpoint's (or its role's) canvas settings and the engine."""
+        kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, setup.path)
+        engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, kv)
+        settings = CanvasSettings.from_generation_config(setup.path, setup.config.role)
+        log.info("canvas decoding, canvas %d: %s", engine.canvas_length, settings)
+        return cls(engine, setup, settings)
+
+    def check(self, ids: list[int], params: DecodeParams) -> None:
+        check_canvas_request(ids, params, self.engine.canvas_length, self.cfg)
+        self.rng(params.rng)
+
+    def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
+        """The prompt, then whole canvases for the new tokens."""
+        length = self.engine.canvas_length
+        return prompt_len + -(-max_new_tokens // length) * length
+
+    def room(self, prompt_len: int, block_length: int | None) -> int:
+        length = self.engine.canvas_length
+        return (self.cfg.max_position_embeddings - prompt_len) // length * length
+
+    def rng(self, rng: str | None) -> str:
+        """Counter noise in the graph modes and under tensor parallelism (torch's multinomial
+        draws need the whole vocabulary on one rank), else transformers' torch draws."""
+        if rng == "torch" and self.tensor_parallel:
+            raise ValueError(
+                "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
+            )
+        return rng or ("counter" if self.mode != "eager" or self.tensor_parallel else "torch")
+
+    def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
+        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
+        return self.engine.generate(
+            ids, replace(self.canvas_settings, **overrides), max_new_tokens=params.max_new_tokens,
+            stop_ids=sorted(self.stop_ids), seed=params.seed or 0, rng=self.rng(params.rng),
+            ignore_eos=params.ignore_eos, on_block=hooks.on_block,
+            should_stop=hooks.should_stop, recorder=hooks.recorder,
+        )  # fmt: skip
