@@ -54,6 +54,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     add_dataclass_flags(sft, TrainConfig, "training (TrainConfig)", CHOICES, keep_absent=True)
 
     _add_orl_parser(tsub)
+    _add_residual_parser(tsub)
     _add_eval_parser(tsub)
 
     ex = tsub.add_parser(
@@ -93,6 +94,23 @@ def _add_orl_parser(tsub: argparse._SubParsersAction) -> None:
     orl.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     choices = {**ORL_CHOICES, "task": NAMES}
     add_dataclass_flags(orl, ORLConfig, "ORL training (ORLConfig)", choices, keep_absent=True)
+
+
+def _add_residual_parser(tsub: argparse._SubParsersAction) -> None:
+    from dlmrt.flags import add_dataclass_flags
+    from dlmrt.train.residual_warmup import WarmupConfig
+
+    res = tsub.add_parser(
+        "residual",
+        help="offline residual warm-up: teach a model's ORL adapter to use the previous round",
+        description="Offline residual warm-up (dlmrt/train/residual_warmup.py, docs/orl-training.md):"
+        " per packed SFT row a plain pass, the n lowest-entropy masked rows of each block accepted,"
+        " then a pass with z = softmax(logits) E at the rest; CE on both. OUT becomes an ORL"
+        " checkpoint (`LLM(OUT, role='orl')`, the start of `dlmrt train orl`) with log.jsonl.",
+    )
+    res.add_argument("--out", required=True, help="output checkpoint directory")
+    choices = {"task": CHOICES["task"]}
+    add_dataclass_flags(res, WarmupConfig, "warm-up (WarmupConfig)", choices)
 
 
 def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
@@ -158,6 +176,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _orl(args)
     if args.train_command == "eval":
         return _eval(args)
+    if args.train_command == "residual":
+        from dlmrt.flags import values
+        from dlmrt.train.residual_warmup import WarmupConfig, train
+
+        print(
+            json.dumps(
+                {"out": str(train(WarmupConfig(**values(args, WarmupConfig)), Path(args.out)))}
+            )
+        )
+        return 0
     from dlmrt.train.export import export
 
     knobs = {"rule": args.rule, "threshold": args.threshold, "entropy_budget": args.entropy_budget}

@@ -1,0 +1,192 @@
+"""Offline residual warm-up (`dlmrt train residual`): teach a model's ORL adapter to use the
+previous round before any on-policy step (issue 39; docs/orl-training.md).
+
+ORL from an adapter that has never seen a residual trains its backbone only: with W_d = 0, W_g and
+W_u get exactly zero gradient, and a few hundred on-policy steps leave the adapter's output at
+~1e-5 of the embedding's size (`dlmrt train eval --adapter off` gives the same tokens). The
+paper's QwenDLM starts ORL from an adapter trained offline until the model uses it (residual
+ratio ~0.9). One step here, per packed SFT row (`dlmrt/train/data.py`: the Base's tokenizer and
+SFT noise M0):
+
+1. pass 1 on M0 with z = 0 (a block's first round): CE on M0's rows;
+2. per noisy block, the n lowest-entropy rows of M0 accept pass 1's argmax, n ~ U{0 .. |M0_b| - 1}
+   (what an `entropy_budget` round of some budget would accept; at least one row stays masked);
+   the rest, M1, is state k, what the engine would see next;
+3. pass 2 on state k with z = softmax(logits_1) E at M1's rows (`soft_embedding`, no gradient, as
+   the engine computes it), injected by the adapter (the ORL replay's forward): CE on M1.
+
+Loss ce_1 + ce_2; backbone and adapter trained together (the adapter in its own AdamW group: its
+lr and a small eps, since its second moments start far below Adam's default 1e-8). A fresh adapter
+(the Base has none) starts with W_d ~ N(0, `down_init_std`), off the bilinear dead zone of W_d = 0.
+`log.jsonl` every `log_every` steps: ce_1, ce_2, ce_2 without z (the same state, no residual: what
+the residual buys), the share accepted, and the residual ratio RMS(alpha g(z)) / RMS(E[x]) on M1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from dlmrt.attention import AttnContext
+from dlmrt.models.residual import soft_embedding
+
+GROUP_STRIDE = 1 << 20  # (doc, block) -> one key: doc * stride + block (blocks per doc < stride)
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Base checkpoint (QwenDLM format; an adapter is added unless it has "
+            "one); None: the shipped demo model"
+        },  # fmt: skip
+    )
+    task: str = field(default="sum_set_small", metadata={"help": "procedural task of the SFT rows"})
+    steps: int = field(default=400, metadata={"help": "optimizer steps (one packed row each)"})
+    lr: float = field(default=1e-5, metadata={"help": "backbone learning rate (0: frozen)"})
+    adapter_lr: float = field(default=1e-3, metadata={"help": "the adapter's learning rate"})
+    adapter_adam_eps: float = field(
+        default=1e-15, metadata={"help": "AdamW eps of the adapter group (its moments are tiny)"}
+    )
+    down_init_std: float = field(
+        default=1e-3,
+        metadata={
+            "help": "a fresh adapter's W_d ~ N(0, std) (0: the zero init, no gradient to "
+            "W_g / W_u until W_d grows)"
+        },  # fmt: skip
+    )
+    rows: int = field(default=1024, metadata={"help": "rows of a packed SFT row"})
+    seed: int = field(default=0, metadata={"help": "data, noise and acceptance seed"})
+    log_every: int = field(default=10, metadata={"help": "steps between log lines"})
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "rows", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "adapter_lr", "adapter_adam_eps", "down_init_std"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"{name}: must be finite and >= 0, got {getattr(self, name)}")
+
+
+def accept_lowest_entropy(
+    entropy: torch.Tensor, group: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """[M] bool: per group (a noisy block's masked rows), its n lowest-entropy rows, n drawn
+    uniformly from 0 .. size - 1 (so at least one row of every group stays masked)."""
+    by_entropy = torch.argsort(entropy, stable=True)
+    order = by_entropy[torch.argsort(group[by_entropy], stable=True)]  # by group, then entropy
+    keys, sizes = torch.unique_consecutive(group[order], return_counts=True)
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.arange(len(order)) - torch.repeat_interleave(starts, sizes)
+    u = torch.rand(len(keys), generator=generator)
+    n = (u * sizes).long()  # U{0 .. size - 1}
+    accept = torch.zeros(len(entropy), dtype=torch.bool)
+    accept[order] = rank < torch.repeat_interleave(n, sizes)
+    return accept
+
+
+def _forward_with_z(model, ids, ctx, rows: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Logits of `rows` when they get the residual z: the ORL replay's forward over a row whose
+    noisy rows are `rows`, all unresolved."""
+    from dlmrt.train.orl.replay import replay_logits
+
+    unresolved = torch.ones(len(rows), dtype=torch.bool, device=ids.device)
+    row = SimpleNamespace(ids=ids, positions=ctx.positions, noisy=rows, z=z, unresolved=unresolved)
+    return replay_logits(model, row, ctx.mask)
+
+
+def step_losses(model, batch, generator: torch.Generator) -> dict:
+    """ce1 (pass 1, z = 0), ce2 (state k with z) and what the log reads."""
+    from dlmrt.train.masks import attention_mask
+
+    mask = attention_mask(batch.meta, "dense")
+    ctx = AttnContext(batch.positions, model.cfg.block_size, mask=mask)
+    rows, labels = batch.loss_rows, batch.labels
+    logits1 = model(batch.input_ids, ctx)[rows].float()
+    ce1 = F.cross_entropy(logits1, labels[rows])
+    with torch.no_grad():
+        logp = torch.log_softmax(logits1, -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        group = batch.meta.doc[rows].long() * GROUP_STRIDE + batch.meta.block[rows].long()
+        accept = accept_lowest_entropy(entropy.cpu(), group.cpu(), generator).to(rows.device)
+        z = soft_embedding(logits1, model.embed_table, model.adapter.cfg.temperature)[~accept]
+    ids2 = batch.input_ids.clone()
+    ids2[rows[accept]] = logits1.argmax(-1)[accept]
+    rows2 = rows[~accept]  # never empty: every block keeps a masked row
+    ce2 = F.cross_entropy(_forward_with_z(model, ids2, ctx, rows2, z).float(), labels[rows2])
+    return {"ce1": ce1, "ce2": ce2, "accepted": accept.float().mean(), "ids2": ids2,
+            "rows2": rows2, "z": z, "ctx": ctx}  # fmt: skip
+
+
+@torch.no_grad()
+def diagnostics(model, out: dict, labels: torch.Tensor) -> dict[str, float]:
+    """ce2 without z (the same state, no residual) and the residual ratio on M1."""
+    logits = model(out["ids2"], out["ctx"])[out["rows2"]]
+    adapter = model.adapter
+    g = adapter.cfg.strength * adapter(out["z"].to(model.embed_table.dtype))
+    emb = model.embed_table[out["ids2"][out["rows2"]]]
+    ratio = (g.float().pow(2).sum() / emb.float().pow(2).sum().clamp_min(1e-30)).sqrt()
+    ce = F.cross_entropy(logits.float(), labels[out["rows2"]])
+    return {"ce2_without_z": round(ce.item(), 5), "residual_ratio": float(f"{ratio.item():.4g}")}
+
+
+def train(cfg: WarmupConfig, out: Path) -> Path:
+    """Warm the adapter up; `out` becomes an ORL checkpoint (fp32) with `log.jsonl`."""
+    from dlmrt import ops
+    from dlmrt.demo import demo_model_path
+    from dlmrt.train.data import SFTPacks
+    from dlmrt.train.export import save_tensors, write_json
+    from dlmrt.train.model import state_tensors
+    from dlmrt.train.orl.config import ORLConfig
+    from dlmrt.train.orl.start import read_config, start_model
+
+    base = Path(cfg.model) if cfg.model else demo_model_path()
+    ops.use("torch")  # training runs the torch twins (no autograd through Triton)
+    fresh = "orl_residual" not in read_config(base)
+    model, raw = start_model(ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base,
+                             torch.device("cpu"))  # fmt: skip
+    if fresh and cfg.down_init_std > 0:
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(cfg.seed + 1)
+            w = model.adapter.down_proj.weight
+            w.copy_(torch.randn(w.shape, generator=gen) * cfg.down_init_std)
+    is_adapter = [("residual_adapter" in n, p) for n, p in model.named_parameters()]
+    opt = torch.optim.AdamW(
+        [{"params": [p for a, p in is_adapter if not a], "lr": cfg.lr},
+         {"params": [p for a, p in is_adapter if a], "lr": cfg.adapter_lr,
+          "eps": cfg.adapter_adam_eps}],
+        betas=(0.9, 0.95), weight_decay=0.0,
+    )  # fmt: skip
+    packs = SFTPacks(cfg.task, base, model.cfg.block_size, cfg.rows, 0.5, seed=cfg.seed + 7)
+    gen, t0 = torch.Generator().manual_seed(cfg.seed), time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "warmup_config.json", {k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+    with open(out / "log.jsonl", "w") as log:
+        for step in range(cfg.steps):
+            batch = packs[step]
+            losses = step_losses(model, batch, gen)
+            (losses["ce1"] + losses["ce2"]).backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if step % cfg.log_every == 0 or step == cfg.steps - 1:
+                line = {"step": step} | {
+                    k: round(losses[k].item(), 5) for k in ("ce1", "ce2", "accepted")
+                }
+                line |= diagnostics(model, losses, batch.labels)
+                line |= {"grad_norm": round(float(norm), 3), "seconds": round(time.time() - t0, 1)}
+                log.write(json.dumps(line) + "\n")
+                log.flush()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    save_tensors(state_tensors(model, torch.float32), out / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(base / name, out / name)
+    write_json(out / "config.json", raw)
+    return out

@@ -1,0 +1,65 @@
+"""The offline residual warm-up stage (`dlmrt train residual`, dlmrt/train/residual_warmup.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dlmrt import LLM
+from dlmrt.cli import main
+from dlmrt.demo import demo_model_path
+from dlmrt.train.residual_warmup import WarmupConfig, accept_lowest_entropy
+
+
+def test_each_block_accepts_its_lowest_entropy_rows_and_keeps_one_masked():
+    group = torch.tensor([7, 7, 7, 3, 9, 9, 9, 9, 7])
+    entropy = torch.tensor([0.5, 0.1, 0.9, 0.3, 0.4, 0.2, 0.8, 0.6, 0.05])
+    counts = {7: 4, 3: 1, 9: 4}
+    seen = {g: set() for g in counts}
+    for seed in range(200):
+        accept = accept_lowest_entropy(entropy, group, torch.Generator().manual_seed(seed))
+        for g, size in counts.items():
+            rows = (group == g).nonzero().flatten()
+            n = int(accept[rows].sum())
+            seen[g].add(n)
+            assert n < size  # at least one row of every block stays masked
+            lowest = rows[torch.argsort(entropy[rows])[:n]]
+            assert accept[lowest].all()  # the accepted rows are the block's least uncertain
+    assert seen == {7: {0, 1, 2, 3}, 3: {0}, 9: {0, 1, 2, 3}}  # n ~ U{0 .. size - 1}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("steps", 0, "steps: must be >= 1"),
+        ("adapter_lr", float("nan"), "adapter_lr: must be finite"),
+    ],
+)
+def test_a_bad_setting_is_named(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        WarmupConfig(**{field: value})
+
+
+def test_the_stage_trains_backbone_and_adapter_and_writes_an_orl_checkpoint(tmp_path: Path, capsys):
+    out = tmp_path / "warm"
+    rc = main(["train", "residual", "--out", str(out), "--task", "arithmetic", "--steps", "3",
+               "--rows", "256", "--log-every", "1", "--adapter-lr", "1e-2"])  # fmt: skip
+    assert rc == 0 and json.loads(capsys.readouterr().out)["out"] == str(out)
+    lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    first = lines[0]
+    # W_d starts off zero (down_init_std): the residual is small but already not nothing
+    assert 0 < first["residual_ratio"] < 0.1 and 0 <= first["accepted"] < 1
+    assert lines[-1]["residual_ratio"] > first["residual_ratio"]  # the adapter learned
+    base = load_file(str(demo_model_path() / "model.safetensors"))
+    warm = load_file(str(out / "model.safetensors"))
+    assert any(not torch.equal(warm[n].to(t.dtype), t) for n, t in base.items())  # backbone too
+    assert warm["model.residual_adapter.down_proj.weight"].abs().sum() > 0
+    assert json.loads((out / "warmup_config.json").read_text())["steps"] == 3
+    llm = LLM(str(out), role="orl", device="cpu")
+    assert llm.model.adapter is not None
+    assert llm.generate("What is 2 + 3?", max_new_tokens=16).token_ids
