@@ -220,7 +220,8 @@ def test_a_stalled_body_is_a_408_and_a_long_stream_is_not_cut(llm, chunked):
             answer = answer.decode()
         assert answer.startswith("HTTP/1.1 408"), answer
         assert waited < 5 and "no bytes for 0.5 s" in answer
-        body = {"prompt": "1+1=", "max_tokens": 200, "stream": True, "ignore_eos": True}
+        # 800 tokens: ~2 s on a CPU, several times the body timeout (200 took 0.45 s: too close)
+        body = {"prompt": "1+1=", "max_tokens": 800, "stream": True, "ignore_eos": True}
         t0 = time.monotonic()
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as res:
             lines = [line for line in res.iter_lines() if line.startswith("data:")]
