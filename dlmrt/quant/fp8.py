@@ -56,7 +56,7 @@ class QuantAct(NamedTuple):
         return (self.q.float() * self.scale).to(dtype)
 
 
-CHUNK = 1 << 26  # weights quantized at a time: fp32 temporaries of ~0.5 GB, not 8x a whole stack
+CHUNK = 1 << 24  # weights quantized at a time: fp32 temporaries of ~64 MB each, not of a whole stack
 
 
 def quantize_per_channel(w: torch.Tensor) -> Fp8Weight:
