@@ -56,7 +56,9 @@ class QuantAct(NamedTuple):
         return (self.q.float() * self.scale).to(dtype)
 
 
-CHUNK = 1 << 24  # weights quantized at a time: fp32 temporaries of ~64 MB each, not of a whole stack
+CHUNK = (
+    1 << 24
+)  # weights quantized at a time: fp32 temporaries of ~64 MB each, not of a whole stack
 
 
 def quantize_per_channel(w: torch.Tensor) -> Fp8Weight:

@@ -98,7 +98,7 @@ def _add_orl_parser(tsub: argparse._SubParsersAction) -> None:
 
 def _add_residual_parser(tsub: argparse._SubParsersAction) -> None:
     from dlmrt.flags import add_dataclass_flags
-    from dlmrt.train.residual_warmup import WarmupConfig
+    from dlmrt.train.residual_config import WarmupConfig
 
     res = tsub.add_parser(
         "residual",
@@ -178,7 +178,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _eval(args)
     if args.train_command == "residual":
         from dlmrt.flags import values
-        from dlmrt.train.residual_warmup import WarmupConfig, train
+        from dlmrt.train.residual_config import WarmupConfig
+        from dlmrt.train.residual_warmup import train
 
         print(
             json.dumps(

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from dlmrt import LLM
 from dlmrt.cli import main
 from dlmrt.demo import demo_model_path
-from dlmrt.train.residual_warmup import WarmupConfig, accept_lowest_entropy
+from dlmrt.train.residual_config import WarmupConfig
+from dlmrt.train.residual_warmup import accept_lowest_entropy
 
 
 def test_each_block_accepts_its_lowest_entropy_rows_and_keeps_one_masked():

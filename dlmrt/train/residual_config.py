@@ -1,0 +1,42 @@
+"""WarmupConfig: the settings of `dlmrt train residual` (dlmrt/train/residual_warmup.py). No torch
+import here: `dlmrt --help` builds its flags from this dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WarmupConfig:
+    model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Base checkpoint (QwenDLM format; an adapter is added unless it has "
+            "one); None: the shipped demo model"
+        },  # fmt: skip
+    )
+    task: str = field(default="sum_set_small", metadata={"help": "procedural task of the SFT rows"})
+    steps: int = field(default=400, metadata={"help": "optimizer steps (one packed row each)"})
+    lr: float = field(default=1e-5, metadata={"help": "backbone learning rate (0: frozen)"})
+    adapter_lr: float = field(default=1e-3, metadata={"help": "the adapter's learning rate"})
+    adapter_adam_eps: float = field(
+        default=1e-15, metadata={"help": "AdamW eps of the adapter group (its moments are tiny)"}
+    )
+    down_init_std: float = field(
+        default=1e-3,
+        metadata={
+            "help": "a fresh adapter's W_d ~ N(0, std) (0: the zero init, no gradient to "
+            "W_g / W_u until W_d grows)"
+        },  # fmt: skip
+    )
+    rows: int = field(default=1024, metadata={"help": "rows of a packed SFT row"})
+    seed: int = field(default=0, metadata={"help": "data, noise and acceptance seed"})
+    log_every: int = field(default=10, metadata={"help": "steps between log lines"})
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "rows", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("lr", "adapter_lr", "adapter_adam_eps", "down_init_std"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"{name}: must be finite and >= 0, got {getattr(self, name)}")
