@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from common import write_result
 
+from dlmrt.formats.fp8 import quantize_per_channel
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import COPIES, L2_BYTES, candidates, cold_time_us
 from dlmrt.ops.timing import graph_time_us
-from dlmrt.quant.fp8 import quantize_per_channel
 
 SHAPES = {
     "qwen_dlm.qkv": (6144, 2560), "qwen_dlm.o": (2560, 4096),

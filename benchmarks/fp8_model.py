@@ -32,7 +32,7 @@ def quantize(model: torch.nn.Module) -> dict[str, int]:
 def quantize_nvfp4(model: torch.nn.Module) -> dict[str, int]:
     """Install what `dlmrt quantize --format nvfp4` writes in NVFP4 (routed experts and dense MLPs,
     amax scales; the W4A16 kernels); returns {name: weights}."""
-    from dlmrt.quant.nvfp4 import quantize_nvfp4 as nvfp4
+    from dlmrt.formats.nvfp4 import quantize_nvfp4 as nvfp4
     from dlmrt.quant.nvfp4_writer import is_nvfp4_target
 
     names = [n for n, _ in model.named_parameters() if is_nvfp4_target(n)]

@@ -203,8 +203,8 @@ def _check_fi(shape, autotune, fi, fc1, y, ref_dq, ours, x, w, idx, gate, up, do
 
 def bench(shape, iters: int, autotune: bool) -> dict:
     from dlmrt import ops
+    from dlmrt.formats.fp8 import quantize_per_channel
     from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
-    from dlmrt.quant.fp8 import quantize_per_channel
 
     dev = torch.device("cuda")
     log(f"{shape.name}: rows {shape.rows}, hidden {shape.hidden}, inter {shape.inter}, "

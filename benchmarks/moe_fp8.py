@@ -16,8 +16,8 @@ from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
+from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
 from dlmrt.ops import fp8 as fp8_ops  # noqa: E402
-from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
 
 
 def scaled_grouped(x, w, idx, gu, down, activation: str) -> torch.Tensor:

@@ -17,9 +17,9 @@ from common import graph_ms, shapes_main  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
+from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
+from dlmrt.formats.nvfp4 import quantize_nvfp4  # noqa: E402
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up  # noqa: E402
-from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
-from dlmrt.quant.nvfp4 import quantize_nvfp4  # noqa: E402
 
 CONFIGS = [
     (64, None, 4, None, None, None, True),

@@ -21,8 +21,8 @@ from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
+from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
 from dlmrt.ops.moe_fp8 import moe_mlp_w8a8  # noqa: E402
-from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
 
 
 def _time(fn, iters: int) -> dict:

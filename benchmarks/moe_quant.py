@@ -19,10 +19,10 @@ from moe_fp8 import scaled_grouped  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
+from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
+from dlmrt.formats.nvfp4 import quantize_nvfp4  # noqa: E402
 from dlmrt.ops.moe_fp8 import moe_mlp_w8a8  # noqa: E402
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up  # noqa: E402
-from dlmrt.quant.fp8 import quantize_per_channel  # noqa: E402
-from dlmrt.quant.nvfp4 import quantize_nvfp4  # noqa: E402
 
 NVFP4_BYTES = 0.5625  # 4 bits + one e4m3 scale per 16 weights
 

@@ -21,10 +21,10 @@ from tqdm import tqdm
 
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
+from dlmrt.formats.fp8 import Fp8Weight
 from dlmrt.json_file import read_json
 from dlmrt.models.config import eos_ids
 from dlmrt.quant.config import read_quant_config
-from dlmrt.quant.fp8 import Fp8Weight
 from dlmrt.quant.placement import collect_fp8, place_fp8
 from dlmrt.quant.reader import Fp8Reader
 from dlmrt.weight_check import FiniteCheck

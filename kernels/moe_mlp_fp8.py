@@ -35,7 +35,7 @@ GROUP = 128  # x's scale group along the hidden dim (= the gate|up kernel's K st
 @triton.jit
 def _quant(v, mask, AXIS: tl.constexpr):
     """(codes, scale) of v quantized along AXIS: scale = amax / 448 (at least 1e-12), as
-    kernels/fp8_quant.py's rows and `dlmrt.quant.fp8.quantize_rows`."""
+    kernels/fp8_quant.py's rows and `dlmrt.formats.fp8.quantize_rows`."""
     amax = tl.max(tl.where(mask, tl.abs(v), 0.0), AXIS)
     scale = tl.maximum(amax / 448.0, 1e-12)
     s = scale[:, None] if AXIS == 1 else scale[None, :]

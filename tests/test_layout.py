@@ -115,6 +115,41 @@ def test_layers_point_one_way():
     assert _edges_into(g, "dlmrt.reference", ("dlmrt.engine",) + upper) == []
 
 
+def folder_pairs(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Pairs of top-level units of the package (a folder or a root module) that import each
+    other, module-level cycles aside (`dlmrt.a.x -> dlmrt.b.y` and `dlmrt.b.z -> dlmrt.a.w`)."""
+    unit = lambda m: ".".join(m.split(".")[:2])  # noqa: E731
+    edges = {(unit(m), unit(t)) for m, ts in graph.items() for t in ts if unit(m) != unit(t)}
+    return {tuple(sorted(e)) for e in edges if (e[1], e[0]) in edges}
+
+
+# The folders that still import each other (issue 40: distributed mixes parallel primitives that
+# models / engine use with sharding and process launch that use them). Nothing may join this list.
+KNOWN_FOLDER_PAIRS = {
+    ("dlmrt.distributed", "dlmrt.engine"),
+    ("dlmrt.distributed", "dlmrt.llm"),
+    ("dlmrt.distributed", "dlmrt.models"),
+}
+
+
+def test_no_new_pair_of_folders_imports_each_other():
+    assert folder_pairs({"a.x.p": {"a.y.q"}, "a.y.r": {"a.x.s"}, "a.z": {"a.x.p"}}) == {
+        ("a.x", "a.y")
+    }
+    assert folder_pairs(import_graph()) <= KNOWN_FOLDER_PAIRS
+
+
+def test_weight_formats_are_the_bottom_layer():
+    """dlmrt/formats/ (FP8, NVFP4 containers) imports nothing of dlmrt but itself, so ops, models
+    and the checkpoint code can all read it."""
+    g = import_graph()
+    outside = [f"{m} -> {t}" for m, ts in g.items() if m.startswith("dlmrt.formats")
+               for t in ts if not t.startswith("dlmrt.formats")]  # fmt: skip
+    assert outside == []
+    assert _edges_into(g, "dlmrt.ops", ("dlmrt.quant",)) == []
+    assert _edges_into(g, "dlmrt.models", ("dlmrt.quant",)) == []
+
+
 def test_kernels_import_nothing_from_dlmrt():
     kernels = import_graph("kernels")
     assert kernels  # the graph was built over real files

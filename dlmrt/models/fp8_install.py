@@ -1,7 +1,7 @@
 """Install FP8 weights into a built model: which projections run FP8, and who quantizes their input.
 
 `install_fp8(model, fp8, rows)` takes the loader's `{parameter name: Fp8Weight}` (per-channel
-e4m3, `dlmrt/quant/fp8.py`) and returns the names it did not install (the loader dequantizes
+e4m3, `dlmrt/formats/fp8.py`) and returns the names it did not install (the loader dequantizes
 those into their bf16 parameters). What runs FP8, and why:
 - Routed experts (LLaDA2, DiffusionGemma): always. Their GEMMs read weights, not compute (a
   32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations quantized
@@ -13,7 +13,7 @@ those into their bf16 parameters). What runs FP8, and why:
   are quantized inside the producer where one is fused (RMSNorm `fp8_out`, silu_mul_fp8: QwenDLM
   and LLaDA2's q|k|v, gate|up, down, head), else by a row quantizer before the GEMM (o / dense,
   DiffusionGemma's projections and head: the measurement includes it).
-- NVFP4 (`Nvfp4Weight`, dlmrt/quant/nvfp4.py): routed experts on the W4A16 expert kernel; dense
+- NVFP4 (`Nvfp4Weight`, dlmrt/formats/nvfp4.py): routed experts on the W4A16 expert kernel; dense
   gated MLPs (QwenDLM, LLaDA2's first dense layers, DiffusionGemma's dense GeGLU) whose gate, up and
   down are all NVFP4 as `Nvfp4Linear`s (models/nvfp4_linear.py: gate|up one GEMM, the dense W4A16
   kernel). The loader calls this on CUDA, and on the CPU only for W4A4 emulation
@@ -30,6 +30,8 @@ import torch
 from torch import nn
 
 from dlmrt import envs
+from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
@@ -37,8 +39,6 @@ from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import use_fp8_gemm
 from dlmrt.ops.moe_fp8_choice import use_fp8_for_nvfp4, use_w8a8
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
-from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
-from dlmrt.quant.nvfp4 import Nvfp4Weight
 
 log = logging.getLogger("dlmrt")
 HALF = (torch.bfloat16, torch.float16)  # model dtypes the W8A8 expert kernel serves

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dlmrt.formats.fp8 import Fp8Weight, QuantAct
 from dlmrt.ops import fp8 as fp8_ops
-from dlmrt.quant.fp8 import Fp8Weight, QuantAct
 
 
 class Fp8Linear(nn.Module):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dlmrt.formats.nvfp4 import Nvfp4Weight, cat_rows
 from dlmrt.ops import nvfp4 as nvfp4_ops
-from dlmrt.quant.nvfp4 import Nvfp4Weight, cat_rows
 
 
 class Nvfp4Linear(nn.Module):

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dlmrt.formats.fp8 import Fp8Weight, QuantAct, quantize_rows
 from dlmrt.ops import implementation, reference
-from dlmrt.quant.fp8 import Fp8Weight, QuantAct, quantize_rows
 
 
 def _kernels():

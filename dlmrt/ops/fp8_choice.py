@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from dlmrt import envs
+from dlmrt.formats.fp8 import quantize_per_channel
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.timing import graph_time_us
-from dlmrt.quant.fp8 import quantize_per_channel
 
 log = logging.getLogger("dlmrt")
 # (rows, n, k, fused_input) -> (bf16 µs, best FP8 µs, the FP8 GEMM's config: None = cuBLAS)

@@ -14,8 +14,8 @@ import importlib
 
 import torch
 
+from dlmrt.formats.fp8 import FP8, FP8_MAX, MIN_SCALE
 from dlmrt.ops import implementation, reference
-from dlmrt.quant.fp8 import FP8, FP8_MAX, MIN_SCALE
 
 X_GROUP = 128  # kernels/moe_mlp_fp8.py's GROUP: x's scale group along the hidden dim
 # The gate|up kernel's BN: the hidden's scale group (and the down K step). H200, one layer

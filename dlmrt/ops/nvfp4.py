@@ -18,9 +18,9 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from dlmrt.formats.fp8 import FP8, FP8_MAX
+from dlmrt.formats.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight
 from dlmrt.ops import _MOE_DTYPES, implementation, reference
-from dlmrt.quant.fp8 import FP8, FP8_MAX
-from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight
 
 
 def _kernel():

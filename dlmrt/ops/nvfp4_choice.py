@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from dlmrt import envs
+from dlmrt.formats.nvfp4 import quantize_nvfp4
 from dlmrt.ops import nvfp4 as nvfp4_ops
 from dlmrt.ops.timing import graph_time_us
-from dlmrt.quant.nvfp4 import quantize_nvfp4
 
 _MEASURED: dict[tuple[int, int, int], tuple[float, float]] = {}
 

@@ -5,7 +5,7 @@ transformers' `quant_method: "fp8"` with `weight_block_size`, the scale in `W_sc
 compressed-tensors `strategy: "block"` with `block_structure`, the scale in `W_scale`). The scale
 has shape [.., ceil(N / bn), ceil(K / bk)] and w = code * scale[n // bn, k // bk].
 
-dlmrt's kernels take one scale per output channel (`dlmrt/quant/fp8.py`), so a block-scaled
+dlmrt's kernels take one scale per output channel (`dlmrt/formats/fp8.py`), so a block-scaled
 weight is dequantized tile by tile and rounded again per output channel (`quantize_per_channel`):
 one more e4m3 rounding: an element moves by at most half an e4m3 step of its row's new scale
 (none where a row's blocks share one scale and the row holds a code of 448; on random weights the
@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from dlmrt.quant.fp8 import FP8, FP8_MAX, MIN_SCALE, Fp8Weight, quantize_per_channel
+from dlmrt.formats.fp8 import FP8, FP8_MAX, MIN_SCALE, Fp8Weight, quantize_per_channel
 
 
 def block_grid(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:

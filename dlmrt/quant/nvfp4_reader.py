@@ -25,9 +25,9 @@ import torch
 from safetensors import safe_open
 
 from dlmrt.errors import CheckpointError
+from dlmrt.formats.fp8 import FP8
+from dlmrt.formats.nvfp4 import BLOCK, Nvfp4Weight
 from dlmrt.quant.config import MODELOPT, QuantConfig
-from dlmrt.quant.fp8 import FP8
-from dlmrt.quant.nvfp4 import BLOCK, Nvfp4Weight
 from dlmrt.quant.policy import matches
 
 Found = dict[str, tuple[Path, tuple[int, ...]]]

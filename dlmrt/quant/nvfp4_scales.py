@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight, check_k, encode, global_scale_of
+from dlmrt.formats.nvfp4 import BLOCK, E2M1_MAX, Nvfp4Weight, check_k, encode, global_scale_of
 
 # Fractions of the amax scale tried per block: 1.0 first (ties keep amax), then smaller scales
 # (clip the block's outlier to shrink everyone else's step) and a few larger ones.

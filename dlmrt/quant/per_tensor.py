@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dlmrt.quant.fp8 import FP8, FP8_MAX, MIN_SCALE, Fp8Weight
+from dlmrt.formats.fp8 import FP8, FP8_MAX, MIN_SCALE, Fp8Weight
 
 
 def quantize_per_tensor(w: torch.Tensor) -> Fp8Weight:

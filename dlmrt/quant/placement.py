@@ -16,8 +16,8 @@ from collections import Counter
 import torch
 
 from dlmrt.config import QUANTIZATIONS
-from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
-from dlmrt.quant.nvfp4 import Nvfp4Weight
+from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.quant.policy import classify, matches
 from dlmrt.quant.reader import Fp8Reader
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
+from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
 from dlmrt.quant.quantize_config import REPORT, QuantizeConfig
 from dlmrt.train.tasks import TASKS as _TASK_MODULES

@@ -21,9 +21,9 @@ import torch
 from safetensors import safe_open
 
 from dlmrt.errors import CheckpointError
+from dlmrt.formats.fp8 import FP8, Fp8Weight
 from dlmrt.quant.block_fp8 import block_grid, to_per_channel
 from dlmrt.quant.config import QuantConfig
-from dlmrt.quant.fp8 import FP8, Fp8Weight
 from dlmrt.quant.policy import matches
 
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.json_file import read_json
 from dlmrt.quant.block_fp8 import quantize_blocks
 from dlmrt.quant.config import (
@@ -31,7 +32,6 @@ from dlmrt.quant.config import (
     STRATEGIES,
     read_quant_config,
 )
-from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant.per_tensor import quantize_per_tensor
 from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, kernel_test
 
-from dlmrt.quant.fp8 import quantize_per_channel, quantize_rows
+from dlmrt.formats.fp8 import quantize_per_channel, quantize_rows
 
 ROWS = (1, 7, 32, 256, 512) if CUDA else (1, 7, 33)
 SHAPES = [(48, 336), (1040, 2560), (2560, 9728)] if CUDA else [(48, 336), (130, 272)]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, kernel_test
 
+from dlmrt.formats.fp8 import FP8, FP8_MAX, quantize_per_channel
 from dlmrt.ops import reference
 from dlmrt.ops.moe_fp8 import HIDDEN_GROUP, X_GROUP, fake_quant_groups, moe_mlp_w8a8
-from dlmrt.quant.fp8 import FP8, FP8_MAX, quantize_per_channel
 
 # bf16 on the GPU: the kernel rounds gate, up, act and the hidden to bf16 (as torch would) before
 # quantizing the hidden, the fp32 twin does not, so some hidden codes round the other way (one

@@ -11,7 +11,7 @@ import torch
 from fp8_helpers import fp8_sources
 
 from dlmrt.checkpoint import load_checkpoint
-from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant.per_tensor import quantize_per_tensor
 from dlmrt.quant.policy import classify
 from dlmrt.quant.writer import write_fp8_checkpoint

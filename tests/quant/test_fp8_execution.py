@@ -12,10 +12,10 @@ from fp8_helpers import quantize_model
 from dlmrt import LLM
 from dlmrt.attention import AttnContext
 from dlmrt.engine.kv_cache import arena_dtype
+from dlmrt.formats.fp8 import FP8, quantize_per_channel, quantize_rows
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import reference
-from dlmrt.quant.fp8 import FP8, quantize_per_channel, quantize_rows
 from dlmrt.quant.placement import install, quantize_candidates
 
 
@@ -183,7 +183,7 @@ def test_installing_fp8_frees_the_dense_originals(ckpts, family):
 def test_quantizing_in_chunks_gives_the_same_codes(monkeypatch):
     """Per-channel quantization of a stack done a few channels at a time (the load's memory cap)
     is bit for bit the whole-tensor formula."""
-    from dlmrt.quant import fp8 as fp8_mod
+    from dlmrt.formats import fp8 as fp8_mod
 
     w = torch.randn(5, 37, 48) * torch.rand(5, 37, 1) * 10
     whole = fp8_mod.quantize_per_channel(w)

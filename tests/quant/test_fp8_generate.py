@@ -12,8 +12,8 @@ from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
+from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant import placement
-from dlmrt.quant.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.quant.per_tensor import quantize_per_tensor
 from dlmrt.quant.policy import classify
 from dlmrt.quant.writer import write_fp8_checkpoint

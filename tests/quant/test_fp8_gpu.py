@@ -11,9 +11,9 @@ import torch
 from conftest import assert_modes_agree, residual_config, write_checkpoint, write_llada2_checkpoint
 
 from dlmrt import LLM, ops
+from dlmrt.formats.fp8 import FP8, quantize_per_channel, quantize_rows
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import reference
-from dlmrt.quant.fp8 import FP8, quantize_per_channel, quantize_rows
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""The per-channel (`quant/fp8.py`) and per-tensor (`quant/per_tensor.py`) quantizers the
+"""The per-channel (`formats/fp8.py`) and per-tensor (`quant/per_tensor.py`) quantizers the
 checkpoint formats use: scales, error bounds, zero rows."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlmrt.quant.fp8 import FP8, FP8_MAX, MIN_SCALE, quantize_per_channel
+from dlmrt.formats.fp8 import FP8, FP8_MAX, MIN_SCALE, quantize_per_channel
 from dlmrt.quant.per_tensor import quantize_per_tensor
 
 

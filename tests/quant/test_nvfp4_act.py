@@ -11,16 +11,16 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.config import EngineConfig
+from dlmrt.formats.nvfp4 import BLOCK, E2M1_MAX, E2M1_VALUES, encode, quantize_nvfp4
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import act_quantizers, fake_quant_act, moe_mlp_nvfp4
-from dlmrt.quant.nvfp4 import BLOCK, E2M1_MAX, E2M1_VALUES, encode, quantize_nvfp4
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
 CPU = torch.device("cpu")
 
 
 def _encoded(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The table-based quantizer's values (quant/nvfp4.py: round_e2m1 with its tie rule)."""
+    """The table-based quantizer's values (formats/nvfp4.py: round_e2m1 with its tie rule)."""
     amax16 = x.float().abs().unflatten(-1, (-1, BLOCK)).amax(dim=-1)
     return encode(x, amax16 / E2M1_MAX, scale.float()).dequantize(x.dtype)
 

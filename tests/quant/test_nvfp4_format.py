@@ -1,11 +1,11 @@
-"""NVFP4 format (dlmrt/quant/nvfp4.py): E2M1 codes, nibble packing, dequantization, amax scales."""
+"""NVFP4 format (dlmrt/formats/nvfp4.py): E2M1 codes, nibble packing, dequantization, amax scales."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dlmrt.quant.nvfp4 import (
+from dlmrt.formats.nvfp4 import (
     E2M1_VALUES,
     Nvfp4Weight,
     e2m1_table,

@@ -12,9 +12,9 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, kernel_test
 
+from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up
-from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
 
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 

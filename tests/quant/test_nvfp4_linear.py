@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from kernel_env import CUDA, DEV, kernel_test
 
+from dlmrt.formats.nvfp4 import Nvfp4Weight, cat_rows, quantize_nvfp4
 from dlmrt.ops.nvfp4 import fake_quant_act, linear_nvfp4
-from dlmrt.quant.nvfp4 import Nvfp4Weight, cat_rows, quantize_nvfp4
 
 
 def _weight(n: int, k: int, seed: int, fp32_scales: bool) -> Nvfp4Weight:

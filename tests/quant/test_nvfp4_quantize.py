@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from dlmrt.checkpoint import load_checkpoint
 from dlmrt.cli import main
 from dlmrt.demo import demo_model_path
-from dlmrt.quant.nvfp4 import Nvfp4Weight, quantize_nvfp4
+from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
 from dlmrt.quant.quantize import QuantizeConfig
 

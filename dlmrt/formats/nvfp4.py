@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlmrt.quant.fp8 import FP8, FP8_MAX
+from dlmrt.formats.fp8 import FP8, FP8_MAX
 
 BLOCK = 16  # elements per block scale
 E2M1_MAX = 6.0
