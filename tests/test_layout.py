@@ -123,20 +123,11 @@ def folder_pairs(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     return {tuple(sorted(e)) for e in edges if (e[1], e[0]) in edges}
 
 
-# The folders that still import each other (issue 40: distributed mixes parallel primitives that
-# models / engine use with sharding and process launch that use them). Nothing may join this list.
-KNOWN_FOLDER_PAIRS = {
-    ("dlmrt.distributed", "dlmrt.engine"),
-    ("dlmrt.distributed", "dlmrt.llm"),
-    ("dlmrt.distributed", "dlmrt.models"),
-}
-
-
-def test_no_new_pair_of_folders_imports_each_other():
+def test_no_pair_of_folders_imports_each_other():
     assert folder_pairs({"a.x.p": {"a.y.q"}, "a.y.r": {"a.x.s"}, "a.z": {"a.x.p"}}) == {
         ("a.x", "a.y")
     }
-    assert folder_pairs(import_graph()) <= KNOWN_FOLDER_PAIRS
+    assert folder_pairs(import_graph()) == set()
 
 
 def test_weight_formats_are_the_bottom_layer():
@@ -148,6 +139,16 @@ def test_weight_formats_are_the_bottom_layer():
     assert outside == []
     assert _edges_into(g, "dlmrt.ops", ("dlmrt.quant",)) == []
     assert _edges_into(g, "dlmrt.models", ("dlmrt.quant",)) == []
+
+
+def test_parallel_primitives_sit_below_what_shards_and_launches():
+    """Models and engines use dlmrt/parallel/ (the group, vocab-parallel statistics); only the
+    front (llm.py, the spawned rank's entry) uses dlmrt/distributed/ (sharding, ranks, requests)."""
+    g = import_graph()
+    below = ("dlmrt.models", "dlmrt.engine", "dlmrt.decoding", "dlmrt.ops", "dlmrt.parallel")
+    for name in below:
+        assert _edges_into(g, name, ("dlmrt.distributed",)) == []
+    assert _edges_into(g, "dlmrt.parallel", ("dlmrt.models", "dlmrt.engine", "dlmrt.llm")) == []
 
 
 def test_kernels_import_nothing_from_dlmrt():

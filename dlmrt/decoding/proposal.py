@@ -4,7 +4,7 @@ Greedy (temperature 0): token = argmax, statistics of softmax(logits). Sampling 
 statistics of softmax(logits / T) and the token drawn by inverse CDF from one uniform per row, so a
 round consumes exactly B uniforms from the request's seeded generator whatever the vocabulary.
 Under tensor parallelism the logits are this rank's vocabulary shard and every statistic (and the
-draw) is combined across the ranks (`dlmrt/distributed/vocab.py`): the same proposal on every rank.
+draw) is combined across the ranks (`dlmrt/parallel/vocab.py`): the same proposal on every rank.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 
 from dlmrt import ops
 from dlmrt.decoding.base import Proposal
-from dlmrt.distributed import group as tp
-from dlmrt.distributed import vocab
+from dlmrt.parallel import group as tp
+from dlmrt.parallel import vocab
 
 
 def propose(

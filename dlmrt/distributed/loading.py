@@ -14,9 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dlmrt.distributed.group import TPGroup
-from dlmrt.distributed.linear import recording
 from dlmrt.distributed.shard import shard_model
+from dlmrt.parallel.group import TPGroup
+from dlmrt.parallel.linear import recording
 
 Cut = tuple[int, list[tuple[int, int]], tuple[int, ...]]  # dim, [start, stop) ranges, full shape
 

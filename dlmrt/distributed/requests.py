@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dlmrt.distributed.group import TPGroup
+from dlmrt.parallel.group import TPGroup
 
 log = logging.getLogger("dlmrt")
 

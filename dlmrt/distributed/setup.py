@@ -10,8 +10,8 @@ import torch
 
 from dlmrt import envs
 from dlmrt.config import EngineConfig
-from dlmrt.distributed.group import TPGroup, init_from_env, launched_world_size
-from dlmrt.distributed.linear import ShardError, split
+from dlmrt.parallel.group import TPGroup, init_from_env, launched_world_size
+from dlmrt.parallel.linear import ShardError, split
 
 log = logging.getLogger("dlmrt")
 

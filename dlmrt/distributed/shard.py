@@ -27,8 +27,10 @@ import dataclasses
 import torch
 from torch import nn
 
-from dlmrt.distributed.group import TPGroup
-from dlmrt.distributed.linear import (
+from dlmrt.models import diffusion_gemma as dg
+from dlmrt.models import layers, llada2, moe
+from dlmrt.parallel.group import TPGroup
+from dlmrt.parallel.linear import (
     ShardError,
     VocabParallelEmbedding,
     all_reduce_output,
@@ -38,8 +40,6 @@ from dlmrt.distributed.linear import (
     row,
     split,
 )
-from dlmrt.models import diffusion_gemma as dg
-from dlmrt.models import layers, llada2, moe
 
 
 def local_heads(heads: int, kv_heads: int, group: TPGroup) -> tuple[int, int, int, int]:

@@ -1,7 +1,7 @@
 """`LLM(DIR, tensor_parallel_size=N)` without torchrun: this process becomes rank 0 and starts ranks
 1 .. N-1 itself, as vLLM's single-process API does.
 
-The followers are `python -m dlmrt.distributed.follower CONFIG_JSON` processes with torchrun's
+The followers are `python -m dlmrt.tp_follower CONFIG_JSON` processes with torchrun's
 variables set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT); each
 builds the same `LLM` from the same `EngineConfig` and calls `follow()`, decoding every request
 rank 0's `generate` shares (`dlmrt/distributed/requests.py`). This process gets the same variables
@@ -62,7 +62,7 @@ def spawn_followers(config: Any) -> list[subprocess.Popen]:
     for rank in range(1, size):
         env = {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank),
                PARENT_VAR: str(os.getpid())}  # fmt: skip
-        cmd = [sys.executable, "-m", "dlmrt.distributed.follower", payload]
+        cmd = [sys.executable, "-m", "dlmrt.tp_follower", payload]
         procs.append(subprocess.Popen(cmd, env=env))
     os.environ.update({**common, "RANK": "0", "LOCAL_RANK": "0"})
     log.info("tensor parallel: started %d follower process(es) on port %s", size - 1,

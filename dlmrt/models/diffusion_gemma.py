@@ -21,8 +21,6 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext
-from dlmrt.distributed import group as tp
-from dlmrt.distributed import vocab
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext, KeyNorm
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
@@ -30,6 +28,8 @@ from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops import gemma
 from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
+from dlmrt.parallel import group as tp
+from dlmrt.parallel import vocab
 
 
 class Attention(nn.Module):

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from dlmrt import ops
-from dlmrt.distributed import group as tp
-from dlmrt.distributed import vocab
 from dlmrt.errors import CheckpointError
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, RMSNorm, SwiGLU
 from dlmrt.ops.reference import rms_normalize
+from dlmrt.parallel import group as tp
+from dlmrt.parallel import vocab
 
 POST_NORM_EPS = 1e-6
 
@@ -172,7 +172,7 @@ def soft_embedding(
     """z = softmax(logits / T) @ E for every row: [rows, vocab] x [vocab, hidden] -> [rows, hidden].
 
     `log_z` (logsumexp of logits / T, fp32) is the decoder's log-normaliser; passing it skips a
-    second reduction over the vocabulary. Under tensor parallelism (`dlmrt/distributed/vocab.py`)
+    second reduction over the vocabulary. Under tensor parallelism (`dlmrt/parallel/vocab.py`)
     each rank's shard gives a partial sum, and one all-reduce the whole z.
     """
     group = tp.active()  # sharded: logits and E are this rank's vocabulary shard

@@ -12,11 +12,11 @@ from tp_helpers import generate_sharded, one_rank_group, sharded_llm
 
 from dlmrt import LLM
 from dlmrt.checkpoint import load_checkpoint
-from dlmrt.distributed.group import TPGroup
-from dlmrt.distributed.linear import ShardError, VocabParallelEmbedding
 from dlmrt.distributed.loading import sliced_loader
 from dlmrt.distributed.shard import shard_model
 from dlmrt.errors import CheckpointError
+from dlmrt.parallel.group import TPGroup
+from dlmrt.parallel.linear import ShardError, VocabParallelEmbedding
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]
 CPU = torch.device("cpu")

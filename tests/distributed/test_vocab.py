@@ -1,6 +1,6 @@
 """Vocab-parallel statistics from per-shard partials equal the unsharded ones (one process).
 
-The partial / combine halves are the exact functions the ranks run (`dlmrt/distributed/vocab.py`);
+The partial / combine halves are the exact functions the ranks run (`dlmrt/parallel/vocab.py`);
 here the "all-gather" is a stack over the shards of one logits tensor."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dlmrt.decoding.proposal import propose
-from dlmrt.distributed import vocab
 from dlmrt.ops import reference
+from dlmrt.parallel import vocab
 
 
 def _logits(rows: int, v: int, seed: int = 0, scale: float = 3.0) -> torch.Tensor:

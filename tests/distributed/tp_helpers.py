@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from dlmrt import LLM
 from dlmrt.checkpoint import load_checkpoint
-from dlmrt.distributed.group import TPGroup, set_active
 from dlmrt.distributed.loading import sliced_loader
+from dlmrt.parallel.group import TPGroup, set_active
 from dlmrt.tokenizer import Tokenizer
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 
 from dlmrt import LLM
-from dlmrt.distributed.group import PeerLost
+from dlmrt.parallel.group import PeerLost
 
 
 def main(job_path: str, out_path: str) -> int:

@@ -22,10 +22,10 @@ from dlmrt import ops
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.decoding.noise import counter_uniform
-from dlmrt.distributed import group as tp
-from dlmrt.distributed import vocab as tp_vocab
 from dlmrt.engine.kv_cache import ContextArena
 from dlmrt.outputs import CanvasStepRecord
+from dlmrt.parallel import group as tp
+from dlmrt.parallel import vocab as tp_vocab
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
 def _draw(z: torch.Tensor, buf: CanvasBuffers, t_step: torch.Tensor):
     """(counter sample, argmax, entropy, argmax probability) of softmax(z) per row. Tensor
     parallel: z is this rank's vocabulary shard, combined across the ranks
-    (`dlmrt/distributed/vocab.py`)."""
+    (`dlmrt/parallel/vocab.py`)."""
     group = tp.active()
     if group is None:
         probs = torch.softmax(z, dim=-1, dtype=torch.float32)

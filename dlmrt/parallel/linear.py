@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlmrt.distributed.group import TPGroup
+from dlmrt.parallel.group import TPGroup
 
 
 class ShardError(ValueError):

@@ -1,5 +1,5 @@
 """A spawned tensor-parallel rank (`dlmrt/distributed/spawn.py` starts it; nothing imports it):
-`python -m dlmrt.distributed.follower CONFIG_JSON` builds rank 0's `LLM` from the same
+`python -m dlmrt.tp_follower CONFIG_JSON` builds rank 0's `LLM` from the same
 `EngineConfig` fields (they are `LLM`'s arguments) and decodes what rank 0 shares until released."""
 
 from __future__ import annotations

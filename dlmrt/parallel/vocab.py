@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dlmrt.distributed.group import TPGroup
+from dlmrt.parallel.group import TPGroup
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
