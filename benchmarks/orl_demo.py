@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from dlmrt import LLM  # noqa: E402
+from dlmrt.tasks import TASKS, get_task  # noqa: E402
 from dlmrt.train.evaluate import evaluate  # noqa: E402
-from dlmrt.train.tasks import TASKS, get_task  # noqa: E402
 
 GAMMAS = (0.2, 0.4, 0.8, 1.5, 3.0)
 TAUS = (0.5, 0.7, 0.9)

@@ -152,7 +152,7 @@ def memory(engine: BlockEngine, weights: int) -> dict:
 def demo_requests(args, mode: str, device: str) -> tuple[dict, list[list[int]]]:
     """The embedded model on `--requests` arithmetic test problems, each warmed up once first."""
     from dlmrt import LLM
-    from dlmrt.train.tasks.arithmetic import problems
+    from dlmrt.tasks.arithmetic import problems
 
     llm = LLM(device=device, mode=mode)
     prompts = [p.question for p in problems("test", args.requests)]

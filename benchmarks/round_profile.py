@@ -18,8 +18,8 @@ import json
 from collections import Counter, defaultdict
 
 from dlmrt import LLM
+from dlmrt.tasks import get_task
 from dlmrt.train.data import is_chat, prompt_text
-from dlmrt.train.tasks import get_task
 
 
 def kind(text: str) -> str:

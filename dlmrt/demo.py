@@ -2,7 +2,7 @@
 
 `dlmrt generate` and `LLM()` without a model use it. It ships inside the package
 (`dlmrt/assets/demo/`, bf16 weights, ~9.7 MB) and answers the short arithmetic word problems of
-`dlmrt.train.tasks.arithmetic` step by step ("23 + 15 = 38. 38 - 9 = 29. The answer is 29."); it
+`dlmrt.tasks.arithmetic` step by step ("23 + 15 = 38. 38 - 9 = 29. The answer is 29."); it
 knows nothing else. Its model card (`dlmrt/assets/demo/README.md`) says how it was trained (the
 command reproduces it), on what, and how accurately and fast it decodes.
 """

@@ -259,8 +259,8 @@ def test_demo_model_is_embedded_and_solves_held_out_problems():
     The model card reports 97.7% on 300 held-out problems with threshold 0.9 (CPU and H200); 50
     problems at >= 90% leaves room for a few misses but not for a broken model or decoder.
     """
+    from dlmrt.tasks import get_task
     from dlmrt.train.evaluate import evaluate
-    from dlmrt.train.tasks import get_task
 
     assert sum((DEMO_DIR / name).stat().st_size for name in DEMO_FILES) <= 16 * 2**20
     llm = dlmrt.LLM(device="cpu")

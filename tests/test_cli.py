@@ -65,7 +65,7 @@ def test_generate_demo_default(env):
 
 def test_demo_answers_held_out_problems_through_the_cli(env):
     """The shipped demo model solves the first five held-out problems through `dlmrt generate`."""
-    from dlmrt.train.tasks import get_task
+    from dlmrt.tasks import get_task
 
     task = get_task("arithmetic")
     for problem in task.problems("test", 5):

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
 from dlmrt.quant.quantize_config import REPORT, QuantizeConfig
-from dlmrt.train.tasks import TASKS as _TASK_MODULES
+from dlmrt.tasks import TASKS as _TASK_MODULES
 
 __all__ = ["REPORT", "QuantizeConfig", "calibration_prompts", "run_quantize"]
 

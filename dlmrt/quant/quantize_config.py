@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlmrt.train.tasks import TASKS as _TASK_MODULES  # stdlib only: cheap
+from dlmrt.tasks import TASKS as _TASK_MODULES  # stdlib only: cheap
 
 QUANT_FORMATS, LAYOUTS, HESSIANS = ("nvfp4", "fp8"), ("modelopt", "compressed-tensors"), (
     "block", "diag", "none")  # fmt: skip

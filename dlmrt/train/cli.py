@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlmrt.train.tasks import TASKS  # stdlib only: cheap at CLI start-up
+from dlmrt.tasks import TASKS  # stdlib only: cheap at CLI start-up
 
 CHOICES = {
     "task": tuple(TASKS),
@@ -248,8 +248,8 @@ def _orl(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from dlmrt.llm import LLM
     from dlmrt.params import DecodeParams
+    from dlmrt.tasks import get_task
     from dlmrt.train.evaluate import evaluate
-    from dlmrt.train.tasks import get_task
 
     if args.out:
         check_out_file(Path(args.out))  # before the run, not after it

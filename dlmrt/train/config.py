@@ -35,7 +35,7 @@ def _f(default: Any, help: str) -> Any:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
-    task: str = _f("arithmetic", "training task (dlmrt.train.tasks)")
+    task: str = _f("arithmetic", "training task (dlmrt.tasks)")
     seed: int = _f(0, "seed of the initial weights and of every step's noise")
     steps: int = _f(8000, "optimizer steps")
     device: str | None = _f(None, "cpu | cuda | cuda:N; None: cuda if available")
@@ -89,7 +89,7 @@ class TrainConfig:
     log_every: int = _f(10, "steps per JSONL log line (mean loss over them)")
 
     def __post_init__(self) -> None:
-        from dlmrt.train.tasks import get_task
+        from dlmrt.tasks import get_task
 
         get_task(self.task)
         for name in (

@@ -211,7 +211,7 @@ class SFTPacks(torch.utils.data.Dataset):
         return self._fmt
 
     def examples(self, index: int) -> list[Example]:
-        from dlmrt.train.tasks import get_task
+        from dlmrt.tasks import get_task
 
         fmt, rows, examples = self.formatter, 0, []
         start = index * self.rows

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dlmrt.tasks import get_task
 from dlmrt.train.config import RESUMABLE, TrainConfig
 from dlmrt.train.export import (
     HF_FILES,
@@ -30,7 +31,6 @@ from dlmrt.train.export import (
     write_json,
 )
 from dlmrt.train.model import load_weights, save_weights
-from dlmrt.train.tasks import get_task
 from dlmrt.train.tokenizer import SPECIALS, save_tokenizer, task_corpus, train_tokenizer
 
 log = logging.getLogger("dlmrt")

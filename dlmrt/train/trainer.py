@@ -38,6 +38,7 @@ import torch
 
 from dlmrt import ops
 from dlmrt.models.config import model_config_from_hf
+from dlmrt.tasks import get_task
 from dlmrt.train.config import TrainConfig
 from dlmrt.train.data import SFTPacks
 from dlmrt.train.evaluate import evaluate, live_llm
@@ -47,7 +48,6 @@ from dlmrt.train.progress import progress_bar
 from dlmrt.train.run_dir import open_run, restore, truncate_log
 from dlmrt.train.sft_loss import normalizer, sft_loss
 from dlmrt.train.stop_flag import StopFlag, ignore_stop_signals
-from dlmrt.train.tasks import get_task
 
 log = logging.getLogger("dlmrt")
 

@@ -11,7 +11,7 @@ import torch
 from dlmrt.bench.datasets import CHECKPOINT_TEMPLATES, TEMPLATES, pick_template
 from dlmrt.cli import main
 from dlmrt.demo import demo_model_path
-from dlmrt.train.tasks import arithmetic
+from dlmrt.tasks import arithmetic
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 from test_benchmark_helpers import BENCH, _load
 
 from dlmrt import LLM
+from dlmrt.tasks import get_task
 from dlmrt.train.evaluate import evaluate
-from dlmrt.train.tasks import get_task
 
 ROOT = BENCH.parent
 

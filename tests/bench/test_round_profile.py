@@ -5,8 +5,8 @@ from __future__ import annotations
 from test_benchmark_helpers import _load
 
 from dlmrt import LLM
+from dlmrt.tasks import get_task
 from dlmrt.train.data import is_chat, prompt_text
-from dlmrt.train.tasks import get_task
 
 
 def test_profile_counts_each_blocks_unresolved_rows_once():

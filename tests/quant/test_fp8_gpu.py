@@ -182,8 +182,8 @@ def test_demo_model_accuracy_and_tpf_hold_in_fp8(monkeypatch):
     """The shipped demo model, 300 held-out problems: FP8 weights (every candidate forced to FP8)
     within 1 point of bf16 accuracy and 5% of its tokens per forward (numbers printed)."""
     from dlmrt.demo import demo_model_path
+    from dlmrt.tasks import arithmetic
     from dlmrt.train.evaluate import evaluate
-    from dlmrt.train.tasks import arithmetic
 
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
     results = {}

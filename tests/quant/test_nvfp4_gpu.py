@@ -24,8 +24,8 @@ pytestmark = [
 
 def test_demo_model_accuracy_and_tpf_hold_in_nvfp4(tmp_path):
     from dlmrt.demo import demo_model_path
+    from dlmrt.tasks import arithmetic
     from dlmrt.train.evaluate import evaluate
-    from dlmrt.train.tasks import arithmetic
 
     demo = str(demo_model_path())
     paths = {"bf16": demo}

@@ -130,7 +130,7 @@ def test_bad_quantize_config(kw, message):
 
 def test_calibration_prompts_come_from_any_registered_task():
     from dlmrt.quant.quantize import QuantizeConfig, calibration_prompts
-    from dlmrt.train.tasks import arithmetic_chain
+    from dlmrt.tasks import arithmetic_chain
 
     it = arithmetic_chain.iter_split("train")
     want = [next(it).question for _ in range(3)]

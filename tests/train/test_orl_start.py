@@ -9,12 +9,12 @@ import torch
 from conftest import write_checkpoint
 from orl_helpers import rollouts, tiny_orl
 
+from dlmrt.tasks import get_task
 from dlmrt.train.orl.capture import CaptureLimitError, Rollout
 from dlmrt.train.orl.config import ORLConfig
 from dlmrt.train.orl.loop import train_orl
 from dlmrt.train.orl.rollout import VerifierPool, step_prompts
 from dlmrt.train.orl.start import start_model
-from dlmrt.train.tasks import get_task
 
 CPU = torch.device("cpu")
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from dlmrt.tasks import arithmetic
 from dlmrt.train.orl.capture import Rollout
 from dlmrt.train.orl.config import ORLConfig
 from dlmrt.train.orl.rollout import VerifierPool, step_prompts
 from dlmrt.train.orl.tasks import resolve_task
-from dlmrt.train.tasks import arithmetic
 
 
 def _file(tmp_path, n=40):

@@ -9,8 +9,8 @@ import torch
 from dlmrt.cli import main
 from dlmrt.llm import LLM
 from dlmrt.models.residual import ResidualAdapter
+from dlmrt.tasks import get_task
 from dlmrt.train.evaluate import evaluate
-from dlmrt.train.tasks import get_task
 
 GENERATE = LLM.generate
 FLAGS = ["--problems", "2", "--max-new-tokens", "24", "--device", "cpu", "--dtype", "float32"]

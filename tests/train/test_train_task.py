@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from dlmrt.train.tasks import arithmetic as task
-from dlmrt.train.tasks import get_task
-from dlmrt.train.tasks.sum_set import MAX_RESPONSE_CHARS
+from dlmrt.tasks import arithmetic as task
+from dlmrt.tasks import get_task
+from dlmrt.tasks.sum_set import MAX_RESPONSE_CHARS
 
 
 def _eval_chain(solution: str) -> int:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from dlmrt.tasks import arithmetic
 from dlmrt.tokenizer import Tokenizer
-from dlmrt.train.tasks import arithmetic
 from dlmrt.train.tokenizer import SPECIALS, save_tokenizer, task_corpus, train_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""ORL's tasks: the procedural ones (`dlmrt/train/tasks/`), and `math` and `code` from a file.
+"""ORL's tasks: the procedural ones (`dlmrt/tasks/`), and `math` and `code` from a file.
 
 `--data FILE` is read as `dlmrt bench` reads its datasets (`dlmrt/bench/datasets.py`):
   math  GSM8K rows {"question", "answer" ending "#### N"} or {"prompt", "answer"}; verified by
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from dlmrt.train.tasks import TASKS, arithmetic, get_task
+from dlmrt.tasks import TASKS, arithmetic, get_task
 
 MATH, CODE = "math", "code"
 FILE_TASKS = (MATH, CODE)
@@ -32,7 +32,7 @@ class FileProblem:
 
 
 class FileTask:
-    """A task over a file of math or code problems (the interface of `dlmrt.train.tasks`)."""
+    """A task over a file of math or code problems (the interface of `dlmrt.tasks`)."""
 
     def __init__(self, kind: str, path: str) -> None:
         from dlmrt.bench.datasets import TEMPLATES, load_problems

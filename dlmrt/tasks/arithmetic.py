@@ -192,7 +192,7 @@ def _expression(rng: random.Random, start: int, steps: list) -> str:
 def generate(seed: int, ops: tuple[int, int] = OPS) -> Problem:
     """The problem of `seed` (any int): same seed, same problem, on every machine. `ops`: the
     inclusive range of the number of operations (uniform), 1-4 here; longer chains: a variant task
-    (`dlmrt/train/tasks/arithmetic_chain.py`)."""
+    (`dlmrt/tasks/arithmetic_chain.py`)."""
     rng = random.Random(seed)
     num_ops = rng.randint(*ops)
     framing = rng.choices([f for f, _ in FRAMINGS], [w for _, w in FRAMINGS])[0]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dlmrt.train.tasks import arithmetic
-from dlmrt.train.tasks.arithmetic import Problem, extract_answer, is_test, verify
+from dlmrt.tasks import arithmetic
+from dlmrt.tasks.arithmetic import Problem, extract_answer, is_test, verify
 
 NAME = "arithmetic_chain"
 OPS = (3, 8)

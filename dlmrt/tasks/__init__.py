@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlmrt.train.tasks import arithmetic, arithmetic_chain
-from dlmrt.train.tasks.sum_set import SUM_SET, SUM_SET_SMALL
+from dlmrt.tasks import arithmetic, arithmetic_chain
+from dlmrt.tasks.sum_set import SUM_SET, SUM_SET_SMALL
 
 TASKS: dict[str, Any] = {
     arithmetic.NAME: arithmetic,
