@@ -151,6 +151,15 @@ def test_parallel_primitives_sit_below_what_shards_and_launches():
     assert _edges_into(g, "dlmrt.parallel", ("dlmrt.models", "dlmrt.engine", "dlmrt.llm")) == []
 
 
+def test_tasks_serve_training_and_the_quantize_tool_from_below():
+    """dlmrt/tasks/ (procedural, verifiable tasks) imports no front end; the quantize tool's
+    calibration reads tasks without importing the trainer."""
+    g = import_graph()
+    fronts = ("dlmrt.train", "dlmrt.bench", "dlmrt.server", "dlmrt.llm", "dlmrt.quant")
+    assert _edges_into(g, "dlmrt.tasks", fronts) == []
+    assert _edges_into(g, "dlmrt.quant", ("dlmrt.train",)) == []
+
+
 def test_kernels_import_nothing_from_dlmrt():
     kernels = import_graph("kernels")
     assert kernels  # the graph was built over real files
