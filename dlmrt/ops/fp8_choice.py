@@ -91,6 +91,9 @@ def measure(
                 )
             except Exception as e:  # noqa: BLE001 (a tile too big for this GPU's shared memory)
                 log.debug("fp8 GEMM config %s skipped: %s", config, str(e).splitlines()[0])
+    if not times:  # pinned to our kernel and no config ran here: bf16 wins by default
+        log.warning("fp8 GEMM %dx%d->%d: no kernel config runs on this GPU", rows, k, n)
+        times[None] = float("inf")
     best = min(times, key=times.__getitem__)
     _MEASURED[key] = (bf16, times[best], best)
     return _MEASURED[key]
