@@ -3,9 +3,12 @@ weights, KV arena), as the markdown table docs/numbers.md shows.
 
     python benchmarks/numbers_table.py [--results benchmarks/results] [--write docs/numbers.md]
 
-Reads every `round_latency_*.json` (block_graph rows only), leaves out the experiment files named
-in `round_history_plot.EXPERIMENTS` (kept here: the FP8 / NVFP4 runs, which are table rows) and
-keeps the newest run of each configuration by the date it was written. `--write` replaces the
+Reads every `round_latency_*.json` (block_graph rows only), leaves out the experiment files whose
+names say so (`EXPERIMENTS`: split-KV at 256 rows, FlashAttention-4 on / auto, LLaDA's all-mask
+canvas, the MoE plan A/B; FP8 / NVFP4 runs are rows of their own) and keeps the newest run of each
+configuration by the date it was written. The floor of an FP8 or NVFP4 row is the file's
+`fp8_floor_ms` (round_latency.py writes the format's own floor there: FP8 weights at 1 byte,
+NVFP4 experts at 0.5625). `--write` replaces the
 table between the `numbers-table` markers of that file; `tests/test_numbers_table.py` checks that
 docs/numbers.md holds exactly what this prints.
 """
@@ -52,8 +55,8 @@ def runs(results: str) -> dict[tuple, dict]:
 def requested(command: str) -> str | None:
     """The weight format a run asked for (`--quantization`; none = bf16): a run whose NVFP4
     layers the start-up choice all dequantized still counts as the NVFP4 configuration."""
-    words = command.split()
-    if "--quantization" not in words:
+    words = command.replace("--quantization=", "--quantization ").split()
+    if "--quantization" not in words[:-1]:
         return None
     fmt = words[words.index("--quantization") + 1]
     return "bf16" if fmt == "none" else fmt

@@ -184,6 +184,19 @@ class _Installer:
         return True
 
 
+def _swap(parent: nn.Module, name: str, new: nn.Module | None) -> None:
+    """parent.name = new (None: keep the old one), with the old module's forward hooks: tensor
+    parallelism hangs its all-reduce on the row-parallel linears (distributed/shard.py)."""
+    if new is None:
+        return
+    old = getattr(parent, name)
+    for hook in old._forward_pre_hooks.values():
+        new.register_forward_pre_hook(hook)
+    for hook in old._forward_hooks.values():
+        new.register_forward_hook(hook)
+    setattr(parent, name, new)
+
+
 def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
     attn = getattr(layer, "self_attn", None) or layer.attention
     if hasattr(attn, "qkv_fp8"):  # QwenDLM: q|k|v as one FP8 GEMM
@@ -198,9 +211,7 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
     layer.input_layernorm.fp8_out = qkv is not None  # the norm's one consumer is FP8
     o_name = "o_proj" if hasattr(attn, "o_proj") else "dense"
     names = [f"{prefix}.{'self_attn' if o_name == 'o_proj' else 'attention'}.{o_name}.weight"]
-    out = ins.linear(names, fused_input=False)  # the attention output: quantized before the GEMM
-    if out is not None:
-        setattr(attn, o_name, out)
+    _swap(attn, o_name, ins.linear(names, fused_input=False))  # input quantized before the GEMM
     mlp = layer.mlp
     if type(mlp) is SwiGLU:  # a dense MLP (never the adapter or shared experts)
         p = f"{prefix}.mlp"
@@ -213,7 +224,8 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
             layer.post_attention_layernorm.fp8_out = True
         down = ins.linear([f"{p}.down_proj.weight"], fused_input=mlp.gate_up_fp8 is not None)
         if down is not None:
-            mlp.down_proj, mlp.down_fp8 = down, mlp.gate_up_fp8 is not None
+            _swap(mlp, "down_proj", down)
+            mlp.down_fp8 = mlp.gate_up_fp8 is not None
     elif hasattr(mlp, "experts"):
         projs = ("gate_proj", "up_proj", "down_proj")
         ins.experts(f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
@@ -233,7 +245,7 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -
             _gemma_layer(ins, prefix, layer)
     head = ins.linear(["lm_head.weight"], fused_input=is_block, w=_tied_head(ins, model))
     if head is not None:
-        model.lm_head = head
+        _swap(model, "lm_head", head)
         if is_block:
             model.model.norm.fp8_out = True
     ins.done = [n for n in ins.done if n in fp8]  # a tied head's copy was never the loader's
@@ -263,7 +275,7 @@ def _gemma_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
     if qkv is not None:
         attn.qkv_fp8, attn.qkv_weight = qkv, None
         _free(*(lin for lin in linears if lin is not None))
-    attn.o_proj = ins.linear([f"{p}.o_proj.weight"], fused_input=False) or attn.o_proj
+    _swap(attn, "o_proj", ins.linear([f"{p}.o_proj.weight"], fused_input=False))
     mlp, p = layer.mlp, f"{prefix}.mlp"
     if type(mlp) is not GeGLU or ins.nvfp4_mlp(p, mlp):
         return
@@ -271,4 +283,4 @@ def _gemma_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
     if gate_up is not None:
         mlp.gate_up_fp8, mlp.gate_up_weight = gate_up, None
         _free(mlp.gate_proj, mlp.up_proj)
-    mlp.down_proj = ins.linear([f"{p}.down_proj.weight"], fused_input=False) or mlp.down_proj
+    _swap(mlp, "down_proj", ins.linear([f"{p}.down_proj.weight"], fused_input=False))

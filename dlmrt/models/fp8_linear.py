@@ -8,6 +8,8 @@ the GEMM at the block rows on kernels/fp8_gemm.py (`ops/fp8_choice.py` picked it
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -21,9 +23,17 @@ class Fp8Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.plan = plan
+        if plan is not None:  # the kernel's counters move with the module (not saved)
+            self.register_buffer("gemm_counts", plan.counts, persistent=False)
         self.register_buffer("qweight", weight.qweight.contiguous())
         self.register_buffer("scale", weight.scale.float().contiguous())
         self.out_dtype = out_dtype
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        if self.plan is not None:  # `.to(device)` moved the counters: the plan follows
+            self.plan = dataclasses.replace(self.plan, counts=self.gemm_counts)
+        return self
 
     @property
     def weight(self) -> Fp8Weight:

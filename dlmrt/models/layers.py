@@ -218,7 +218,7 @@ class GeGLU(SwiGLU):
     """down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma's gated MLP, `gelu_pytorch_tanh`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_fp8 is not None:  # an Nvfp4Linear (models/fp8_install.py)
+        if self.gate_up_fp8 is not None:  # an Fp8Linear or Nvfp4Linear (models/fp8_install.py)
             return self.down_proj(gemma.gelu_mul(self.gate_up_fp8(x)))
         if self.gate_up_weight is None:
             return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))

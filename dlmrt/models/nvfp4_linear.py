@@ -3,7 +3,7 @@ scales), run by `ops.nvfp4.linear_nvfp4` (the W4A16 kernel on CUDA, dequantize +
 otherwise).
 
 It is built from one or more projections stacked along N (gate|up: one GEMM); each keeps its own
-global scale, held per output row (`quant.nvfp4.cat_rows`). The codes and scales are buffers, so
+global scale, held per output row (`formats.nvfp4.cat_rows`). The codes and scales are buffers, so
 `.to(device)` and the state dict carry them. `emulate_w4a4()` (activations="nvfp4") makes the input
 NVFP4 quantize-dequantized first, with the projections' largest input scale (one shared input,
 one quantizer, as the routed experts' `act_quantizers`).

@@ -27,8 +27,8 @@ from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.timing import graph_time_us
 
 log = logging.getLogger("dlmrt")
-# (rows, n, k, fused_input) -> (bf16 µs, best FP8 µs, the FP8 GEMM's config: None = cuBLAS)
-_MEASURED: dict[tuple[int, int, int, bool], tuple[float, float, tuple | None]] = {}
+# (rows, n, k, fused_input, pinned GEMM) -> (bf16 µs, best FP8 µs, its config: None = cuBLAS)
+_MEASURED: dict[tuple, tuple[float, float, tuple | None]] = {}
 
 
 COPIES = 32  # at most this many weight copies in one timing
@@ -55,7 +55,7 @@ def candidates(rows: int, n: int, k: int, sms: int) -> list[tuple[int, ...]]:
     for bm, bn, big in tiles:
         count = -(-rows // bm) * -(-n // bn)
         warps, stages = (8, 3) if big else (8 if bm * bn >= 128 * 128 else 4, 4)
-        for split in (1, 2, 3, 4, 6, 8):
+        for split in sorted({effective_split(k, 128, s) for s in (1, 2, 3, 4, 6, 8)}):
             if split == 1 or (k // split >= 256 and count * split <= 4 * sms):
                 out += [
                     (bm, bn, 128, split, stages, warps, tma) for tma in ((1,) if big else (0, 1))
@@ -63,12 +63,21 @@ def candidates(rows: int, n: int, k: int, sms: int) -> list[tuple[int, ...]]:
     return out
 
 
+def effective_split(k: int, bk: int, split: int) -> int:
+    """The K slices kernels/fp8_gemm.py runs when asked for `split` (whole BK steps a slice, no
+    empty slice: K = 2,112 asked in 8 runs 6 slices of 384)."""
+    steps = -(-k // bk)  # ceil: BK steps of K
+    k_slice = -(-steps // split) * bk
+    return -(-k // k_slice)
+
+
 def measure(
     rows: int, n: int, k: int, device: torch.device, fused_input: bool
 ) -> tuple[float, float, tuple | None]:
     """(bf16 µs, fastest FP8 µs, its config or None for cuBLAS) of one [rows, k] x [k, n] GEMM
     on `device` (cached per shape)."""
-    key = (rows, n, k, fused_input)
+    pinned = envs.fp8_gemm_kernel()
+    key = (rows, n, k, fused_input, pinned)
     if key in _MEASURED:
         return _MEASURED[key]
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
@@ -77,7 +86,6 @@ def measure(
     wqs, xq = [quantize_per_channel(w) for w in ws], fp8_ops.quant_rows(x)
     arg = xq if fused_input else x
     bf16 = cold_time_us(lambda w: F.linear(x, w), ws)
-    pinned = envs.fp8_gemm_kernel()
     times: dict[tuple | None, float] = {}
     if pinned != "triton":
         times[None] = cold_time_us(lambda w: fp8_ops.fp8_linear(arg, w), wqs)
@@ -91,9 +99,10 @@ def measure(
                 )
             except Exception as e:  # noqa: BLE001 (a tile too big for this GPU's shared memory)
                 log.debug("fp8 GEMM config %s skipped: %s", config, str(e).splitlines()[0])
-    if not times:  # pinned to our kernel and no config ran here: bf16 wins by default
-        log.warning("fp8 GEMM %dx%d->%d: no kernel config runs on this GPU", rows, k, n)
-        times[None] = float("inf")
+    if not times:  # pinned to our kernel and no config of it runs here: the linear stays bf16
+        log.warning("fp8 GEMM %dx%d->%d: no config of kernels/fp8_gemm.py runs here", rows, k, n)
+        _MEASURED[key] = (bf16, float("inf"), None)
+        return _MEASURED[key]
     best = min(times, key=times.__getitem__)
     _MEASURED[key] = (bf16, times[best], best)
     return _MEASURED[key]
@@ -121,6 +130,6 @@ def use_fp8_gemm(
         return False, "DLMRT_FP8_GEMMS=none", None
     bf16, fp8, config = measure(rows, n, k, device, fused_input)
     why = f"{rows}x{k}->{n}: bf16 {bf16:.1f} us, fp8 {fp8:.1f} us on {describe(config)}"
-    if policy == "all":
+    if policy == "all" and fp8 < float("inf"):
         return True, f"DLMRT_FP8_GEMMS=all; {why}", config
     return fp8 < bf16, why, config

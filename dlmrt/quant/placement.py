@@ -53,7 +53,9 @@ def collect_fp8(
         if pattern is not None:
             why[name] = f"in the checkpoint's ignore list ('{pattern}')"
         elif param.data_ptr() in shared:
-            why[name] = "tied to the embeddings"
+            why[name] = (
+                "tied to the embeddings (on CUDA its GEMM may run an FP8 copy: fp8_install.py)"
+            )
         elif quantization != "fp8":
             why[name] = "stored unquantized"
         else:
@@ -132,9 +134,9 @@ def place_fp8(
         running, declined = install(model, fp8, emulate=activations == "nvfp4")
         for name in declined:
             why[name] = (
-                "kept by the model (dlmrt/models/fp8_install.py: no fused input quantizer, "
-                "NVFP4 outside an all-NVFP4 gated MLP, a dense MLP faster dequantized than on the "
-                "NVFP4 kernel, or slower in FP8 at its shape)"
+                "kept by the model (dlmrt/models/fp8_install.py: slower in FP8 at its shape, "
+                "dims not multiples of 16, DLMRT_FP8_GEMMS=none, a shared expert, NVFP4 outside "
+                "an all-NVFP4 gated MLP, or a dense MLP faster dequantized than on the NVFP4 kernel)"
             )
         if activations == "nvfp4":
             emulate_w4a4(model)

@@ -41,8 +41,12 @@ class Hooks:
 
 class Style(Protocol):
     engine: Any
+    cfg: Any  # the model's parsed config (requests are checked against it)
+    stop_ids: set[int]
     default_rule: str
     mask_id: int | None  # the block style's mask token (None: a canvas has its own)
+    decoder: Any  # the block style's DecoderDefaults (None for canvases)
+    canvas_settings: Any  # the canvas style's CanvasSettings (None for blocks)
 
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> Style: ...

@@ -194,3 +194,21 @@ def test_quantizing_in_chunks_gives_the_same_codes(monkeypatch):
     for q in (whole, chunked):
         assert torch.equal(q.qweight.view(torch.uint8), codes.view(torch.uint8))
         assert torch.equal(q.scale, scale) and q.qweight.shape == w.shape
+
+
+def test_a_replaced_linear_keeps_its_forward_hooks(ckpts):
+    """Tensor parallelism's all-reduce hangs on the row-parallel linears as a forward hook
+    (distributed/shard.py): the FP8 linear that replaces one keeps it."""
+    model = LLM(ckpts["qwen"], device="cpu").engine.model
+    calls = []
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.register_forward_hook(lambda m, i, o: calls.append(1))
+        layer.mlp.down_proj.register_forward_hook(lambda m, i, o: calls.append(2))
+    quantize_model(model)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.o_proj, Fp8Linear) and isinstance(
+        layer.mlp.down_proj, Fp8Linear
+    )
+    layer.self_attn.o_proj(torch.randn(3, layer.self_attn.o_proj.qweight.shape[1]))
+    layer.mlp.down_proj(torch.randn(3, layer.mlp.down_proj.qweight.shape[1]))
+    assert calls == [1, 2]

@@ -70,3 +70,11 @@ def test_a_plan_sizes_its_counters_and_the_cpu_twin_ignores_it():
     planned, plain = Fp8Linear(w, torch.float32, plan), Fp8Linear(w, torch.float32)
     assert torch.equal(planned(x), plain(x))
     assert "kernel (128, 64, 128, 3, 4, 4, 0) at 256 rows" in repr(planned)
+
+
+def test_the_plan_moves_with_its_linear():
+    plan = fp8_ops.GemmPlan.new(64, 48, (64, 64, 128, 1, 4, 4, 0), torch.device("cpu"))
+    lin = Fp8Linear(quantize_per_channel(torch.randn(48, 64)), torch.float32, plan)
+    assert "gemm_counts" not in lin.state_dict()  # scratch, not a weight
+    lin.to(torch.float64)  # any _apply: the plan's counters stay the module's buffer
+    assert lin.plan.counts is lin.gemm_counts and lin.gemm_counts.dtype == torch.int32
