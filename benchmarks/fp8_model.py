@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dlmrt.quant.placement import install, quantize_candidates
+from dlmrt.loading.placement import install, quantize_candidates
 
 PEAK_FP8_FLOPS = 1580e12  # dense e4m3 on the H200 (2x bf16)
 

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from dlmrt import models
-from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.config import EngineConfig, torch_dtypes
 from dlmrt.distributed import requests as tp_requests
 from dlmrt.distributed import setup as tp_setup
@@ -25,6 +24,7 @@ from dlmrt.draft_stream import DraftStream
 from dlmrt.drafts import DraftBuilder, DraftCallback, chain
 from dlmrt.engine import select_mode
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.outputs import BlockCallback, CanvasRecorder, GenerationOutput, Recorder, StopCheck
 from dlmrt.params import DecodeParams
 from dlmrt.request_checks import check_callbacks, check_not_empty, check_rule_style, prompt_ids

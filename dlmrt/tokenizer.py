@@ -14,8 +14,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from dlmrt.checkpoint import read_json
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import read_json
 from dlmrt.models.config import eos_ids
 
 MASK_TOKEN_NAMES = ("<|MASK|>", "<|mask|>", "[MASK]", "<mask>")

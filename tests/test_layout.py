@@ -137,8 +137,9 @@ def test_weight_formats_are_the_bottom_layer():
     outside = [f"{m} -> {t}" for m, ts in g.items() if m.startswith("dlmrt.formats")
                for t in ts if not t.startswith("dlmrt.formats")]  # fmt: skip
     assert outside == []
-    assert _edges_into(g, "dlmrt.ops", ("dlmrt.quant",)) == []
-    assert _edges_into(g, "dlmrt.models", ("dlmrt.quant",)) == []
+    assert _edges_into(g, "dlmrt.ops", ("dlmrt.quant", "dlmrt.loading")) == []
+    assert _edges_into(g, "dlmrt.models", ("dlmrt.quant", "dlmrt.loading")) == []
+    assert _edges_into(g, "dlmrt.loading", ("dlmrt.quant",)) == []  # writing sits above reading
 
 
 def test_parallel_primitives_sit_below_what_shards_and_launches():

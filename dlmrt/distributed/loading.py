@@ -1,6 +1,6 @@
 """Sliced loading: each rank reads only its slices of the safetensors files.
 
-`sliced_loader(group)` is the `shard` hook of `dlmrt.checkpoint.load_checkpoint`: it shards the
+`sliced_loader(group)` is the `shard` hook of `dlmrt.loading.checkpoint.load_checkpoint`: it shards the
 model while it is still on the meta device (shapes only; the loader's strict check has taken the
 full shapes before), recording every cut `shard.py` makes, and returns the reader the loader then
 uses: each tensor is read with `safe_open(...).get_slice(name)[...]` over the rank's contiguous

@@ -20,8 +20,8 @@ def join(config: EngineConfig) -> tuple[EngineConfig, TPGroup | None]:
     """(config on this rank's device, the group) or (config, None) when not tensor parallel."""
     procs = None
     if (config.tensor_parallel_size or 1) > 1 and launched_world_size() == 1:
-        from dlmrt.checkpoint import resolve_model_path
         from dlmrt.distributed.spawn import spawn_followers
+        from dlmrt.loading.checkpoint import resolve_model_path
 
         if config.model is not None:  # a bad path or an unshardable model: named here, at once
             check_shardable(resolve_model_path(config.model), config.tensor_parallel_size)

@@ -1,4 +1,4 @@
-"""Model families: one registry entry per family drives loading (`dlmrt/checkpoint.py`) and `LLM`.
+"""Model families: one registry entry per family drives loading (`dlmrt/loading/checkpoint.py`) and `LLM`.
 
 A `Family` names its model class and config parser (imported lazily), its decoding style
 (`dlmrt/rules.py`: which engine runs it), whether it routes through the MoE ops (graph modes then

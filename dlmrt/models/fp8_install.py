@@ -17,7 +17,7 @@ those into their bf16 parameters). What runs FP8, and why:
   gated MLPs (QwenDLM, LLaDA2's first dense layers, DiffusionGemma's dense GeGLU) whose gate, up and
   down are all NVFP4 as `Nvfp4Linear`s (models/nvfp4_linear.py: gate|up one GEMM, the dense W4A16
   kernel). The loader calls this on CUDA, and on the CPU only for W4A4 emulation
-  (quant/placement.py): the CPU path otherwise dequantizes NVFP4 weights at load.
+  (loading/placement.py): the CPU path otherwise dequantizes NVFP4 weights at load.
 - Never: shared experts (their input is shared with the router), embeddings, norms, routers, the ORL
   adapter and DiffusionGemma's self-conditioning MLP (as in the ORL paper).
 """

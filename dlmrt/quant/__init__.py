@@ -1,8 +1,8 @@
-"""Quantized checkpoints: FP8 (e4m3, per-output-channel scales), NVFP4 (E2M1 + per-16 e4m3 scales).
+"""Writing quantized checkpoints (`dlmrt quantize`): FP8 (e4m3, per-output-channel or per-tensor
+scales) and NVFP4 (E2M1 + per-16 e4m3 scales), in compressed-tensors or ModelOpt form.
 
-The formats themselves live in `dlmrt/formats/` (below ops and models); here: `policy.py` which parameters may be quantized; `config.py`,
-`reader.py`, `nvfp4_reader.py`, `writer.py`, `nvfp4_writer.py` the checkpoint formats
-(compressed-tensors, ModelOpt); `placement.py` the load-time hand-off to the models' `use_fp8`;
-`quantize.py` (+ `calibration.py`, `nvfp4_scales.py`, `cli.py`) `dlmrt quantize`.
+`quantize.py` (+ `calibration.py`, `nvfp4_scales.py`, `quantize_config.py`, `cli.py`) the tool;
+`writer.py`, `nvfp4_writer.py`, `per_tensor.py` the stored forms. Reading them back, and which
+parameters may be quantized, is `dlmrt/loading/`; the formats themselves `dlmrt/formats/`.
 docs/quantization.md describes them.
 """

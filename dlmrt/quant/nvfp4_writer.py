@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save_file
 from dlmrt.formats.fp8 import FP8_MAX
 from dlmrt.formats.nvfp4 import BLOCK, E2M1_MAX, MIN_GLOBAL, Nvfp4Weight, quantize_nvfp4
 from dlmrt.json_file import read_json
-from dlmrt.quant.config import COMPRESSED_TENSORS, CT_NVFP4, MODELOPT, read_quant_config
-from dlmrt.quant.nvfp4_reader import stored_names
-from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
+from dlmrt.loading.nvfp4_reader import stored_names
+from dlmrt.loading.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
+from dlmrt.loading.quant_config import COMPRESSED_TENSORS, CT_NVFP4, MODELOPT, read_quant_config
 from dlmrt.quant.writer import FORMATS, INDEX
 
 Quantizer = Callable[[str, torch.Tensor], Nvfp4Weight]

@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from dlmrt.formats.block_fp8 import quantize_blocks
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.json_file import read_json
-from dlmrt.quant.block_fp8 import quantize_blocks
-from dlmrt.quant.config import (
+from dlmrt.loading.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
+from dlmrt.loading.quant_config import (
     COMPRESSED_TENSORS,
     FINEGRAINED,
     MODELOPT,
@@ -33,7 +34,6 @@ from dlmrt.quant.config import (
     read_quant_config,
 )
 from dlmrt.quant.per_tensor import quantize_per_tensor
-from dlmrt.quant.policy import UNQUANTIZED_LINEARS, classify, matches, module_names
 
 FORMATS = (COMPRESSED_TENSORS, MODELOPT)
 INDEX = "model.safetensors.index.json"

@@ -10,8 +10,8 @@ from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.quant.config import kv_cache_dtype_for
 from dlmrt.request_checks import check_block_length
 from dlmrt.styles.base import Hooks, Setup
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
+from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.quant.config import kv_cache_dtype_for
 from dlmrt.request_checks import check_canvas_request
 from dlmrt.styles.base import Hooks, Setup
 

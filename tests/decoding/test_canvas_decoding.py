@@ -19,8 +19,8 @@ from dg_helpers import (
 
 from dlmrt import LLM
 from dlmrt.attention import AttnContext
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.decoding import entropy_bound_canvas as ebc
+from dlmrt.loading.checkpoint import load_checkpoint
 
 dg = pytest.importorskip("transformers.models.diffusion_gemma")
 gen_mod = pytest.importorskip("transformers.models.diffusion_gemma.generation_diffusion_gemma")

@@ -11,10 +11,10 @@ from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 from tp_helpers import generate_sharded, one_rank_group, sharded_llm
 
 from dlmrt import LLM
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.distributed.loading import sliced_loader
 from dlmrt.distributed.shard import shard_model
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.parallel.group import TPGroup
 from dlmrt.parallel.linear import ShardError, VocabParallelEmbedding
 

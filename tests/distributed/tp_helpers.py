@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from dlmrt import LLM
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.distributed.loading import sliced_loader
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.parallel.group import TPGroup, set_active
 from dlmrt.tokenizer import Tokenizer
 

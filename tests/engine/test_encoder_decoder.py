@@ -15,12 +15,12 @@ from dg_helpers import SETTINGS, STOPS, VOCAB, _prompt, ckpt  # noqa: F401
 
 from dlmrt import LLM, reference
 from dlmrt.attention import AttnContext
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine import EncoderDecoderEngine
 from dlmrt.engine.graph import workspace
 from dlmrt.engine.kv_cache import ContextArena
 from dlmrt.errors import GenerationCancelled
+from dlmrt.loading.checkpoint import load_checkpoint
 
 CPU = torch.device("cpu")
 CASES = [(3, 20), (13, 8), (5, 30)]  # prompt 13 > sliding window 5; 20, 30: not whole canvases

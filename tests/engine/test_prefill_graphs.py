@@ -89,12 +89,12 @@ def test_padded_prefill_gives_the_same_tokens(llm, monkeypatch, prompt_len, max_
 def test_padded_encoder_pass_gives_the_same_context_and_tokens(ckpt, monkeypatch):  # noqa: F811
     """DiffusionGemma: the prompt's encoder pass padded to ENCODE_GRANULE writes the same context
     K/V (prompt 13 > the sliding window), and a padded, chunked one decodes the same tokens."""
-    from dlmrt.checkpoint import load_checkpoint
     from dlmrt.decoding import entropy_bound_canvas as ebc
     from dlmrt.engine import EncoderDecoderEngine
     from dlmrt.engine.encoder_decoder.engine import ENCODE_GRANULE
     from dlmrt.engine.encoder_decoder.step import encode
     from dlmrt.engine.kv_cache import ContextArena
+    from dlmrt.loading.checkpoint import load_checkpoint
 
     model = load_checkpoint(ckpt[0], torch.float32, torch.device("cpu")).model
     engine = EncoderDecoderEngine(model, torch.device("cpu"), "eager")

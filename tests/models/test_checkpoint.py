@@ -13,8 +13,8 @@ import torch
 from conftest import residual_config, write_checkpoint
 from safetensors.torch import load_file, save_file
 
-from dlmrt.checkpoint import load_checkpoint, resolve_model_path
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint, resolve_model_path
 
 CPU = torch.device("cpu")
 WEIGHTS = "model.safetensors"

@@ -10,9 +10,9 @@ from conftest import write_checkpoint
 from safetensors.torch import load_file, save_file
 
 import dlmrt
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.cli import main
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint
 
 CPU = torch.device("cpu")
 BAD = "model.layers.1.mlp.up_proj.weight"

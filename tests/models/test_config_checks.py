@@ -12,8 +12,8 @@ import torch
 from conftest import VOCAB, write_checkpoint, write_llada2_checkpoint
 from safetensors.torch import load_file, save_file
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint
 
 CPU = torch.device("cpu")
 SIZES = [

@@ -11,8 +11,8 @@ from dg_helpers import CANVAS, F_, VOCAB, WINDOW, S, _config, _randomise  # noqa
 from safetensors.torch import load_file, save_file
 
 from dlmrt.attention import AttnContext
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint
 
 dg = pytest.importorskip("transformers.models.diffusion_gemma")
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.models.llada2_config import DEFAULT_BLOCK_LENGTH, llada2_config_from_hf
 
 CPU = torch.device("cpu")

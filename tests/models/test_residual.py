@@ -7,7 +7,7 @@ import torch
 from conftest import residual_config, write_checkpoint
 
 from dlmrt.attention import AttnContext
-from dlmrt.checkpoint import load_checkpoint
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.models.residual import (
     ResidualAdapter,
     ResidualConfig,

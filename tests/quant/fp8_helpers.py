@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlmrt.quant.placement import install, quantize_candidates
+from dlmrt.loading.placement import install, quantize_candidates
 
 
 def quantize_model(model: torch.nn.Module) -> tuple[dict, list[str]]:

@@ -12,12 +12,12 @@ import pytest
 import torch
 from fp8_helpers import fp8_sources
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
+from dlmrt.formats.block_fp8 import block_grid, dequantize_blocks, quantize_blocks, to_per_channel
 from dlmrt.formats.fp8 import FP8, FP8_MAX
-from dlmrt.quant.block_fp8 import block_grid, dequantize_blocks, quantize_blocks, to_per_channel
-from dlmrt.quant.config import read_quant_config
-from dlmrt.quant.policy import classify
+from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.policy import classify
+from dlmrt.loading.quant_config import read_quant_config
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 CPU = torch.device("cpu")

@@ -10,10 +10,10 @@ import pytest
 import torch
 from fp8_helpers import fp8_sources
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
+from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.policy import classify
 from dlmrt.quant.per_tensor import quantize_per_tensor
-from dlmrt.quant.policy import classify
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 CPU = torch.device("cpu")

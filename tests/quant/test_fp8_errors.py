@@ -11,9 +11,9 @@ import torch
 from conftest import write_checkpoint, write_llada2_checkpoint
 from safetensors.torch import load_file, save_file
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
-from dlmrt.quant.config import read_quant_config
+from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.quant_config import read_quant_config
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 CPU = torch.device("cpu")

@@ -13,10 +13,10 @@ from dlmrt import LLM
 from dlmrt.attention import AttnContext
 from dlmrt.engine.kv_cache import arena_dtype
 from dlmrt.formats.fp8 import FP8, quantize_per_channel, quantize_rows
+from dlmrt.loading.placement import install, quantize_candidates
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import reference
-from dlmrt.quant.placement import install, quantize_candidates
 
 
 @pytest.fixture(scope="module")

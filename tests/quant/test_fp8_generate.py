@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
-from dlmrt.quant import placement
+from dlmrt.loading import placement
+from dlmrt.loading.policy import classify
 from dlmrt.quant.per_tensor import quantize_per_tensor
-from dlmrt.quant.policy import classify
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 QUANTIZE = {"channel": quantize_per_channel, "tensor": quantize_per_tensor}

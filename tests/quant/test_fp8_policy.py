@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlmrt.quant.policy import classify, matches
+from dlmrt.loading.policy import classify, matches
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import torch
 from conftest import write_llada2_checkpoint
 
 from dlmrt import LLM
+from dlmrt.loading import placement
 from dlmrt.ops import moe_fp8_choice
-from dlmrt.quant import placement
 
 
 class _CudaTensor:

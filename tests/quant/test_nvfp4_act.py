@@ -9,9 +9,9 @@ import torch
 from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file, save_file
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.config import EngineConfig
 from dlmrt.formats.nvfp4 import BLOCK, E2M1_MAX, E2M1_VALUES, encode, quantize_nvfp4
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import act_quantizers, fake_quant_act, moe_mlp_nvfp4
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint

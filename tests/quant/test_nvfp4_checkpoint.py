@@ -12,10 +12,10 @@ import torch
 from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file, save_file
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
-from dlmrt.quant.config import read_quant_config
+from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.quant_config import read_quant_config
 from dlmrt.quant.nvfp4_writer import is_nvfp4_target, write_nvfp4_checkpoint
 
 CPU = torch.device("cpu")

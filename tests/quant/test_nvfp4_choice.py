@@ -11,10 +11,10 @@ import torch
 from nvfp4_helpers import nvfp4_sources
 
 from dlmrt import LLM
+from dlmrt.loading import placement
 from dlmrt.models import fp8_install
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import nvfp4_choice
-from dlmrt.quant import placement
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
 CUDA = torch.device("cuda")  # never touched: `measure` is faked

@@ -14,12 +14,12 @@ from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
-from dlmrt.checkpoint import load_checkpoint
+from dlmrt.loading import placement
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import fake_quant_act
-from dlmrt.quant import placement
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
 CPU = torch.device("cpu")

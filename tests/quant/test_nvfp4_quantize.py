@@ -9,10 +9,10 @@ import torch
 from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file
 
-from dlmrt.checkpoint import load_checkpoint
 from dlmrt.cli import main
 from dlmrt.demo import demo_model_path
 from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
+from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
 from dlmrt.quant.quantize import QuantizeConfig
 

@@ -21,10 +21,10 @@ import torch
 from safetensors import safe_open
 
 from dlmrt.errors import CheckpointError
+from dlmrt.formats.block_fp8 import block_grid, to_per_channel
 from dlmrt.formats.fp8 import FP8, Fp8Weight
-from dlmrt.quant.block_fp8 import block_grid, to_per_channel
-from dlmrt.quant.config import QuantConfig
-from dlmrt.quant.policy import matches
+from dlmrt.loading.policy import matches
+from dlmrt.loading.quant_config import QuantConfig
 
 KV_SCALES = (".k_scale", ".v_scale", ".q_scale", ".prob_scale")
 Found = dict[str, tuple[Path, tuple[int, ...]]]
@@ -59,7 +59,7 @@ class Fp8Reader:
         if qcfg is None:
             return found, cls(None, {}, source, slices)
         if qcfg.scheme == "nvfp4":
-            from dlmrt.quant.nvfp4_reader import Nvfp4Reader  # same interface: take, weights
+            from dlmrt.loading.nvfp4_reader import Nvfp4Reader  # same interface: take, weights
 
             return Nvfp4Reader.split(found, source, qcfg, slices)  # type: ignore[return-value]
         rest, scale_names, dropped = {}, {}, 0

@@ -23,10 +23,10 @@ from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import Fp8Weight
 from dlmrt.json_file import read_json
+from dlmrt.loading.placement import collect_fp8, place_fp8
+from dlmrt.loading.quant_config import read_quant_config
+from dlmrt.loading.reader import Fp8Reader
 from dlmrt.models.config import eos_ids
-from dlmrt.quant.config import read_quant_config
-from dlmrt.quant.placement import collect_fp8, place_fp8
-from dlmrt.quant.reader import Fp8Reader
 from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")
@@ -174,7 +174,7 @@ def load_checkpoint(
     NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check.
     quantization: None runs an FP8 checkpoint's FP8 weights in FP8, "fp8" also quantizes the other
     candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md).
-    activations: "nvfp4" emulates W4A4 on the NVFP4 experts and dense MLPs (quant/placement.py)."""
+    activations: "nvfp4" emulates W4A4 on the NVFP4 experts and dense MLPs (loading/placement.py)."""
     root = _directory(Path(path))
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)

@@ -18,8 +18,8 @@ import torch
 from dlmrt.config import QUANTIZATIONS
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.formats.nvfp4 import Nvfp4Weight
-from dlmrt.quant.policy import classify, matches
-from dlmrt.quant.reader import Fp8Reader
+from dlmrt.loading.policy import classify, matches
+from dlmrt.loading.reader import Fp8Reader
 
 log = logging.getLogger("dlmrt")
 
@@ -182,4 +182,4 @@ def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
         example = next(n for n, r in why.items() if r == reason)
         log.info("compute dtype: %d FP8 candidate(s): %s (e.g. %s)", count, reason, example)
     log.info("compute dtype always: embeddings, norms, routers, the ORL residual adapter and "
-             "the self-conditioning MLP (dlmrt/quant/policy.py)")  # fmt: skip
+             "the self-conditioning MLP (dlmrt/loading/policy.py)")  # fmt: skip

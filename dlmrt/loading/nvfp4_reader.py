@@ -27,8 +27,8 @@ from safetensors import safe_open
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import FP8
 from dlmrt.formats.nvfp4 import BLOCK, Nvfp4Weight
-from dlmrt.quant.config import MODELOPT, QuantConfig
-from dlmrt.quant.policy import matches
+from dlmrt.loading.policy import matches
+from dlmrt.loading.quant_config import MODELOPT, QuantConfig
 
 Found = dict[str, tuple[Path, tuple[int, ...]]]
 INPUT_SCALES = (".input_scale", "_input_scale", ".input_global_scale", "_input_global_scale")
