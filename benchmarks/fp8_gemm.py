@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from common import write_result
 
-from dlmrt.formats.fp8 import quantize_per_channel
 from dlmrt.ops import fp8 as fp8_ops
-from dlmrt.ops.fp8_choice import COPIES, L2_BYTES, candidates, cold_time_us
+from dlmrt.ops.fp8_choice import cold_time_us, cold_weights, kernel_times
 from dlmrt.ops.timing import graph_time_us
 
 SHAPES = {
@@ -40,29 +39,18 @@ SHAPES = {
 def one(rows: int, n: int, k: int) -> dict:
     dev = torch.device("cuda")
     x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
-    copies = min(COPIES, -(-L2_BYTES // (n * k)))  # weights from HBM, as in a round
-    ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
-    wqs, xq = [quantize_per_channel(w) for w in ws], fp8_ops.quant_rows(x)
-    wq = wqs[0]
+    ws, wqs = cold_weights(n, k, dev)  # weights from HBM, as in a round
+    xq, wq = fp8_ops.quant_rows(x), wqs[0]
     twin = xq.dequantize(torch.float32) @ wq.dequantize(torch.float32).t()
     out = {"rows": rows, "n": n, "k": k, "bf16_us": cold_time_us(lambda w: F.linear(x, w), ws)}
     out["quant_rows_us"] = graph_time_us(lambda: fp8_ops.quant_rows(x))
     out["cublas_fp8_us"] = cold_time_us(lambda w: fp8_ops.fp8_linear(xq, w), wqs)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    kernel = {}
-    for config in candidates(rows, n, k, sms):
-        plan = fp8_ops.GemmPlan.new(rows, n, config, dev)
-        try:
-            kernel[str(config)] = cold_time_us(
-                lambda w, p=plan: fp8_ops.fp8_linear(xq, w, plan=p), wqs
-            )
-        except Exception as e:  # noqa: BLE001 (out of shared memory: say so)
-            kernel[str(config)] = f"{type(e).__name__}"
-    kernel_ok = {c: t for c, t in kernel.items() if isinstance(t, float)}
-    best = min(kernel_ok, key=kernel_ok.__getitem__)
-    plan = fp8_ops.GemmPlan.new(rows, n, eval(best), dev)  # noqa: S307 (our own tuple's repr)
+    kernel = kernel_times(rows, n, k, xq, wqs, dev)
+    best = min((c for c, t in kernel.items() if isinstance(t, float)), key=kernel.__getitem__)
+    plan = fp8_ops.GemmPlan.new(rows, n, best, dev)
     err = (fp8_ops.fp8_linear(xq, wq, plan=plan).float() - twin).norm() / twin.norm()
-    out |= {"kernel_us": kernel[best], "kernel_config": best, "kernel_rel_error": float(err)}
+    out |= {"kernel_us": kernel[best], "kernel_config": str(best), "kernel_rel_error": float(err)}
+    kernel = {str(c): t for c, t in kernel.items()}
     out |= {
         "kernel_all_us": kernel,
         "floor_us": max(2 * rows * n * k / 1580e12, n * k / 4.3e12) * 1e6,

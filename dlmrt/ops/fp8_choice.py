@@ -71,6 +71,32 @@ def effective_split(k: int, bk: int, split: int) -> int:
     return -(-k // k_slice)
 
 
+def cold_weights(n: int, k: int, device: torch.device) -> tuple[list, list]:
+    """(bf16 weights, their FP8 codes): enough [n, k] copies that the FP8 ones exceed the L2
+    (`cold_time_us` cycles over them)."""
+    copies = min(COPIES, -(-L2_BYTES // (n * k)))
+    ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+    return ws, [quantize_per_channel(w) for w in ws]
+
+
+def kernel_times(
+    rows: int, n: int, k: int, arg, wqs: list, device: torch.device
+) -> dict[tuple, float | str]:
+    """µs of kernels/fp8_gemm.py per candidate config over `arg` (codes or a plain activation)
+    and the cold weights `wqs`; a config that does not run here (a tile too big for this GPU's
+    shared memory) maps to its error's name."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    out: dict[tuple, float | str] = {}
+    for config in candidates(rows, n, k, sms):
+        plan = fp8_ops.GemmPlan.new(rows, n, config, device)
+        try:
+            out[config] = cold_time_us(lambda w, p=plan: fp8_ops.fp8_linear(arg, w, plan=p), wqs)
+        except Exception as e:  # noqa: BLE001 (recorded, never fatal: the choice skips it)
+            log.debug("fp8 GEMM config %s skipped: %s", config, str(e).splitlines()[0])
+            out[config] = type(e).__name__
+    return out
+
+
 def measure(
     rows: int, n: int, k: int, device: torch.device, fused_input: bool
 ) -> tuple[float, float, tuple | None]:
@@ -81,24 +107,16 @@ def measure(
     if key in _MEASURED:
         return _MEASURED[key]
     x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
-    copies = min(COPIES, -(-L2_BYTES // (n * k)))  # FP8 copies (bf16: twice the bytes)
-    ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
-    wqs, xq = [quantize_per_channel(w) for w in ws], fp8_ops.quant_rows(x)
+    ws, wqs = cold_weights(n, k, device)
+    xq = fp8_ops.quant_rows(x)
     arg = xq if fused_input else x
     bf16 = cold_time_us(lambda w: F.linear(x, w), ws)
     times: dict[tuple | None, float] = {}
     if pinned != "triton":
         times[None] = cold_time_us(lambda w: fp8_ops.fp8_linear(arg, w), wqs)
     if pinned != "cublas":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        for config in candidates(rows, n, k, sms):
-            plan = fp8_ops.GemmPlan.new(rows, n, config, device)
-            try:
-                times[config] = cold_time_us(
-                    lambda w, p=plan: fp8_ops.fp8_linear(arg, w, plan=p), wqs
-                )
-            except Exception as e:  # noqa: BLE001 (a tile too big for this GPU's shared memory)
-                log.debug("fp8 GEMM config %s skipped: %s", config, str(e).splitlines()[0])
+        ran = kernel_times(rows, n, k, arg, wqs, device)
+        times |= {config: t for config, t in ran.items() if isinstance(t, float)}
     if not times:  # pinned to our kernel and no config of it runs here: the linear stays bf16
         log.warning("fp8 GEMM %dx%d->%d: no config of kernels/fp8_gemm.py runs here", rows, k, n)
         _MEASURED[key] = (bf16, float("inf"), None)

@@ -78,3 +78,32 @@ def test_the_plan_moves_with_its_linear():
     assert "gemm_counts" not in lin.state_dict()  # scratch, not a weight
     lin.to(torch.float64)  # any _apply: the plan's counters stay the module's buffer
     assert lin.plan.counts is lin.gemm_counts and lin.gemm_counts.dtype == torch.int32
+
+
+def test_measure_times_bf16_cublas_and_every_config_and_skips_one_that_fails(monkeypatch):
+    """The start-up choice's bookkeeping (the timer faked; the calls run the CPU twin): the
+    fastest FP8 GEMM wins, a config that raises is recorded by its error and never picked."""
+    from types import SimpleNamespace
+
+    props = SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(fp8_choice, "COPIES", 2)
+    calls = []
+
+    def fake_time(fn, weights):
+        fn(weights[0])  # the call itself runs (the CPU twin ignores the plan)
+        calls.append(len(calls))
+        if len(calls) == 4:
+            raise RuntimeError("out of shared memory")
+        return 100.0 - len(calls)  # later calls faster: the last config wins
+
+    monkeypatch.setattr(fp8_choice, "cold_time_us", fake_time)
+    monkeypatch.setattr(fp8_choice, "_MEASURED", {})
+    device = torch.device("cpu")
+    configs = fp8_choice.candidates(32, 48, 512, 132)
+    bf16, fp8, best = fp8_choice.measure(32, 48, 512, device, fused_input=True)
+    assert len(calls) == 2 + len(configs)  # bf16, cuBLAS, then every config
+    assert (bf16, fp8, best) == (99.0, 100.0 - len(calls), configs[-1])
+    ws, wqs = fp8_choice.cold_weights(48, 512, device)
+    times = fp8_choice.kernel_times(32, 48, 512, torch.randn(32, 512), wqs, device)
+    assert len(ws) == 2 and set(times) == set(configs)
