@@ -33,6 +33,11 @@ class Layout:
         return self.prompt_len - self.first_block * self.block_length
 
 
+def room(max_positions: int, prompt_len: int, block_length: int) -> int:
+    """The most new tokens whose whole blocks, after the prompt, fit `max_positions`."""
+    return max_positions // block_length * block_length - prompt_len
+
+
 def layout(prompt_len: int, max_new_tokens: int, block_length: int) -> Layout:
     num_blocks = -(-(prompt_len + max_new_tokens) // block_length)
     first = prompt_len // block_length

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from dlmrt.blocks import layout
+from dlmrt.blocks import layout, room
 from dlmrt.params import CANVAS_FIELDS, DecodeParams
 from dlmrt.server.errors import APIError, check_prompt_chars, error_body  # noqa: F401
 from dlmrt.server.messages import include_usage, message_text
@@ -165,8 +165,7 @@ class ModelInfo:
         """The most new tokens that fit the context after the prompt."""
         if self.style is not None:
             return self.style.room(prompt_len, block_length)
-        block = block_length or self.block_size
-        return self.max_positions // block * block - prompt_len
+        return room(self.max_positions, prompt_len, block_length or self.block_size)
 
 
 def completion_spec(req: CompletionRequest, info: ModelInfo) -> RequestSpec:

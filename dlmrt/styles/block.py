@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from dlmrt.blocks import layout
+from dlmrt.blocks import layout, room
 from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
@@ -59,8 +59,7 @@ class BlockStyle:
         return layout(prompt_len, max_new_tokens, self._block(block_length)).max_len
 
     def room(self, prompt_len: int, block_length: int | None) -> int:
-        block = self._block(block_length)
-        return self.cfg.max_position_embeddings // block * block - prompt_len
+        return room(self.cfg.max_position_embeddings, prompt_len, self._block(block_length))
 
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
         name, tau, gamma = self.decoder.resolve(params)  # the request's knobs, else the defaults
