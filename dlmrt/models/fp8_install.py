@@ -67,15 +67,17 @@ class _Installer:
                ) -> Fp8Linear | None:  # fmt: skip
         """An Fp8Linear of the concatenated weights of `names` (or of `w`) if all are FP8 and
         the FP8 GEMM wins at the block rows, else None."""
-        if w is None and not all(n in self.fp8 for n in names):
+        given = w
+        if given is None and not all(n in self.fp8 for n in names):
             return None
-        w = w or _cat([self.fp8[n] for n in names])
+        w = given or _cat([self.fp8[n] for n in names])
         n_out, k = w.shape
         ok, why, config = use_fp8_gemm(self.rows, n_out, k, self.device, fused_input)
         log.info("fp8 %s: %s (%s)", names[0].rsplit(".", 2)[0], "FP8" if ok else "bf16", why)
         if not ok:
             return None
-        self.done += names
+        if given is None:  # a weight passed in (a tied head's copy) was never the loader's
+            self.done += names
         plan = None
         if config is not None:
             plan = fp8_ops.GemmPlan.new(self.rows, n_out, config, self.device)
@@ -248,7 +250,6 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -
         _swap(model, "lm_head", head)
         if is_block:
             model.model.norm.fp8_out = True
-    ins.done = [n for n in ins.done if n in fp8]  # a tied head's copy was never the loader's
     return [n for n in fp8 if n not in set(ins.done)]
 
 
