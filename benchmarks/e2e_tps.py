@@ -1,11 +1,14 @@
 """End-to-end tokens/s of one request, QwenDLM-4B shape, random bf16 weights, in each mode.
 
-    python benchmarks/e2e_tps.py [--rounds 23] [--new-tokens 1024] [--out benchmarks/results/e2e_tps.json]
+    python benchmarks/e2e_tps.py [--rounds 23] [--new-tokens 1024] [--quantization fp8]
+        [--out benchmarks/results/e2e_tps.json]
 
 Random weights accept ~1 token per round, so the block schedule is forced with `fixed_steps`
 (23 rounds per 256-token block ~ the paper's 11 tokens per forward on HumanEval). Request time
 covers prefill, every block's rounds and commit pass, and the host loop (not graph capture: one
 warm-up request runs first). Each mode runs with commit folding on and off (`--fold`).
+--quantization fp8: the model's FP8 candidates quantized and installed as the loader does
+(`fp8_model.quantize`: FP8 GEMMs where they measure faster at the block rows).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import fp8_model
 import torch
 from common import qwen_dlm_4b, random_model, wall_time, write_result
 
@@ -29,6 +33,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=1024)
     ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
     ap.add_argument("--fold", nargs="+", choices=["on", "off"], default=["on", "off"])
+    ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
     ap.add_argument("--out", default="benchmarks/results/e2e_tps.json")
     ap.add_argument("--git-revision", default=None)
     return ap.parse_args()
@@ -72,6 +77,8 @@ def main() -> None:
     args = _args()
     cfg = qwen_dlm_4b()
     model = random_model(cfg, torch.device("cuda"))
+    if args.quantization == "fp8":
+        fp8_model.quantize(model)
     prompt = torch.randint(
         0, 150000, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0)
     ).tolist()
@@ -101,6 +108,7 @@ def main() -> None:
             "benchmark": "e2e_tps",
             "command": " ".join(sys.argv),
             "rounds_per_block": args.rounds,
+            "weights": "fp8" if args.quantization == "fp8" else "bf16",
             "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens,
             "tokens_identical_across_modes": same,

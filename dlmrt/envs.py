@@ -50,6 +50,16 @@ def fp8_gemm_kernel() -> str:
     return value
 
 
+def fp8_glu() -> str:
+    """DLMRT_FP8_GLU: whether an FP8 gated MLP runs gate|up and its activation as one kernel
+    (kernels/fp8_glu_gemm.py, `ops/fp8_glu_choice.py`): "measured" (default: where it times
+    faster than the separate GEMM and activation), "on" or "off"."""
+    value = os.environ.get("DLMRT_FP8_GLU", "measured").lower()
+    if value not in ("measured", "on", "off"):
+        raise ValueError(f"DLMRT_FP8_GLU={value!r}: expected 'measured', 'on' or 'off'")
+    return value
+
+
 def fp8_experts() -> str:
     """DLMRT_FP8_EXPERTS: how FP8 routed experts run on CUDA: "measured" (default: W8A8, the
     activations quantized too, unless weight-only W8A16 times faster at the block rows), "w8a8"

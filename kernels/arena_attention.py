@@ -59,6 +59,7 @@ def _arena_attention_kernel(
     rows,
     GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     IEEE: tl.constexpr, WHILE: tl.constexpr = False, PDL: tl.constexpr = False,
+    WS: tl.constexpr = False,
 ):  # fmt: skip
     if PDL:  # programmatic dependent launch: wait for the producer of q/k/v before reading them
         tl.extra.cuda.gdc_wait()
@@ -84,7 +85,7 @@ def _arena_attention_kernel(
     v_rows = v_ptr + kv_head * stride_vh + offs_d[None, :]
     acc, m_i, l_i = key_range(acc, m_i, l_i, 0, full_end, q, k_rows, v_rows,
                               stride_kn, stride_vn, row_end, tile_end, qk_scale, False, BLOCK_N,
-                              IEEE, WHILE)  # fmt: skip
+                              IEEE, WHILE, WS)  # fmt: skip
     acc, m_i, l_i = key_range(acc, m_i, l_i, full_end, tile_end, q, k_rows, v_rows, stride_kn,
                               stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N, IEEE,
                               WHILE)  # fmt: skip
@@ -116,10 +117,12 @@ def arena_attention(
     scale: float,
     splits: int | None = None,
     tiles: tuple[int, int, int, int] | None = None,
+    ws: bool = False,
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     """`splits` None: picked by shape (`pick_splits`: few rows over a long arena split the keys
     across programs, kernels/arena_attention_split.py); 1: this one-pass kernel. `tiles`
-    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides `tile_config` (benchmarks/attention_tiles.py)."""
+    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides `tile_config` (benchmarks/attention_tiles.py);
+    `ws`: Triton's warp-specialized key loop (benchmarks/attention_peers.py)."""
     heads, rows, head_dim = q.shape
     if splits is None:
         splits = pick_splits(rows, heads, k.shape[1], _sms(q.device) if q.is_cuda else 132)
@@ -137,6 +140,7 @@ def arena_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), rows,
         GROUPS=heads // k.shape[0], BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        IEEE=ieee, WHILE=not q.is_cuda, num_warps=warps, num_stages=stages, **pdl.launch(),
+        IEEE=ieee, WHILE=not q.is_cuda, WS=ws, num_warps=warps, num_stages=stages,
+        **pdl.launch(),
     )  # fmt: skip
     return out

@@ -3,6 +3,10 @@ tiles to fill the GPU; deterministic.
 
 out [M, N] = (a [M, K] e4m3 x row scale [M]) @ (w [N, K] e4m3 x channel scale [N])^T, fp32 sums,
 one rounding to the output dtype (the twin: `dlmrt.ops.fp8.fp8_linear` on dequantized operands).
+With `amax` the input is instead a plain activation [M, K] (bf16) and its rows' amax [M]: each
+tile is quantized as it is loaded, exactly as `fp8_quant.quant_rows` would (scale = amax / 448,
+codes = clamp(x / scale)), so a producer that cannot see whole rows (kernels/fp8_glu_gemm.py)
+needs no quantize pass of its own.
 
 Why beside cuBLAS (`torch._scaled_mm`, row-wise scales): at 256 rows its kernels give each
 128 x 128 output tile to one SM and never split K. QwenDLM-4B's down projection (2560 x 9728)
@@ -29,6 +33,7 @@ def _fp8_gemm_kernel(
     a_ptr, sa_ptr, w_ptr, sw_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, k_slice, split, stride_am, stride_wn, stride_om,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    AMAX: tl.constexpr = False,
 ):  # fmt: skip
     tile = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
@@ -40,6 +45,7 @@ def _fp8_gemm_kernel(
     a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + (k0 + rk)[None, :]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k0 + rk)[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    sa = _row_scale(sa_ptr, rm, M, AMAX)
     for kk in range(0, k_slice, BK):
         if EVEN_K:  # K is whole slices of whole BK steps: rows masked only
             a = tl.load(a_ptrs, mask=rm[:, None] < M, other=0.0)
@@ -48,18 +54,35 @@ def _fp8_gemm_kernel(
             kmask = (k0 + kk + rk)[None, :] < K
             a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask, other=0.0)
             w = tl.load(w_ptrs, mask=(rn[:, None] < N) & kmask, other=0.0)
+        if AMAX:
+            a = _codes(a, sa, w.dtype)
         acc = tl.dot(a, tl.trans(w), acc)
         a_ptrs += BK
         w_ptrs += BK
-    _finish(acc, tile, pid_m, pid_n, s, sa_ptr, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
+    _finish(acc, tile, pid_m, pid_n, s, sa, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
             stride_om, BM, BN)  # fmt: skip
+
+
+@triton.jit
+def _row_scale(sa_ptr, rm, M, AMAX: tl.constexpr):
+    """The rows' fp32 scales: given, or from their amax (`fp8_quant._store_fp8_row`'s rule)."""
+    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+    if AMAX:
+        sa = tl.maximum(sa / 448.0, 1e-12)
+    return sa
+
+
+@triton.jit
+def _codes(a, sa, code_dtype):
+    """A plain activation tile as the e4m3 codes `quant_rows` gives it (rows' scales `sa`)."""
+    return tl.minimum(tl.maximum(a.to(tl.float32) / sa[:, None], -448.0), 448.0).to(code_dtype)
 
 
 @triton.jit
 def _fp8_gemm_tma_kernel(
     a_desc, sa_ptr, w_desc, sw_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, k_slice, split, stride_om,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, AMAX: tl.constexpr = False,
 ):  # fmt: skip
     """The same GEMM with operands loaded by TMA (tensor descriptors: the copy engine fetches the
     tiles, rows and K past the tensor's end read as zeros, no masks in the loop)."""
@@ -68,24 +91,26 @@ def _fp8_gemm_tma_kernel(
     pid_m, pid_n, s = tile % tiles_m, tile // tiles_m, tl.program_id(1)
     k0 = s * k_slice
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    sa = _row_scale(sa_ptr, pid_m * BM + tl.arange(0, BM), M, AMAX)
     for kk in range(0, k_slice, BK):  # a slice never reads into the next (k_slice: whole BKs)
         a = a_desc.load([pid_m * BM, k0 + kk])
         w = w_desc.load([pid_n * BN, k0 + kk])
+        if AMAX:
+            a = _codes(a, sa, w.dtype)
         acc = tl.dot(a, w.T, acc)
-    _finish(acc, tile, pid_m, pid_n, s, sa_ptr, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
+    _finish(acc, tile, pid_m, pid_n, s, sa, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
             stride_om, BM, BN)  # fmt: skip
 
 
 @triton.jit
 def _finish(
-    acc, tile, pid_m, pid_n, s, sa_ptr, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
+    acc, tile, pid_m, pid_n, s, sa, sw_ptr, out_ptr, part_ptr, count_ptr, M, N, split,
     stride_om, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
-    """Scale a tile's fp32 sums by its row and channel scales and store it (split 1), or store
-    the slice's partial and, in the tile's last slice to arrive, sum all in slice order."""
+    """Scale a tile's fp32 sums by its row scales `sa` and channel scales and store it (split 1),
+    or store the slice's partial and, in the tile's last slice to arrive, sum all in slice order."""
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
     sw = tl.load(sw_ptr + rn, mask=rn < N, other=0.0)
     acc = acc * sa[:, None] * sw[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -121,6 +146,7 @@ def fp8_gemm(
     out_dtype: torch.dtype = torch.bfloat16,
     config: tuple[int, ...] = (128, 128, 128, 1, 4, 8, 0),  # bm, bn, bk, split, stages, warps,
     # tma (1: the TMA kernel)
+    amax: bool = False,  # a: a plain activation, a_scale: its rows' amax [M] (quantized here)
 ) -> torch.Tensor:
     """(a x a_scale) @ (w x w_scale)^T in `out_dtype`; see the module docstring."""
     m, k = a.shape
@@ -137,14 +163,14 @@ def fp8_gemm(
         _fp8_gemm_tma_kernel[(tiles(m, n, bm, bn), split)](
             TensorDescriptor.from_tensor(a, [bm, bk]), a_scale,
             TensorDescriptor.from_tensor(w, [bn, bk]), w_scale, out, part, counts,
-            m, n, k, k_slice, split, out.stride(0), BM=bm, BN=bn, BK=bk,
+            m, n, k, k_slice, split, out.stride(0), BM=bm, BN=bn, BK=bk, AMAX=amax,
             num_stages=stages, num_warps=warps,
         )  # fmt: skip
         return out
     _fp8_gemm_kernel[(tiles(m, n, bm, bn), split)](
         a, a_scale, w, w_scale, out, part, counts, m, n, k, k_slice, split,
         a.stride(0), w.stride(0), out.stride(0),
-        BM=bm, BN=bn, BK=bk, EVEN_K=k % k_slice == 0,
+        BM=bm, BN=bn, BK=bk, EVEN_K=k % k_slice == 0, AMAX=amax,
         num_stages=stages, num_warps=warps,
     )  # fmt: skip
     return out

@@ -73,10 +73,12 @@ def key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn, stride_vn, row_
 @triton.jit
 def key_range(acc, m_i, l_i, lo, hi, q, k_rows, v_rows, stride_kn, stride_vn, row_end, end,
               qk_scale, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
-              WHILE: tl.constexpr):  # fmt: skip
+              WHILE: tl.constexpr, WS: tl.constexpr = False):  # fmt: skip
     """Key tiles [lo, hi) (lo on the tile grid; lo >= hi: none), each through `key_tile` with
     its load bound `end`. WHILE: the interpreter's loop form (it cannot range() over tensor
-    bounds; a while loop is not software-pipelined on the GPU, so CUDA keeps the for loop)."""
+    bounds; a while loop is not software-pipelined on the GPU, so CUDA keeps the for loop).
+    WS: the loop warp-specialized by Triton (loads and MMAs in their own warps; measured by
+    benchmarks/attention_peers.py, not shipped: see docs/kernels.md)."""
     if WHILE:
         first = lo
         while first < hi:
@@ -84,6 +86,11 @@ def key_range(acc, m_i, l_i, lo, hi, q, k_rows, v_rows, stride_kn, stride_vn, ro
                                      stride_vn, row_end, end, qk_scale, MASKED, BLOCK_N,
                                      IEEE)  # fmt: skip
             first += BLOCK_N
+    elif WS:
+        for first in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
+            acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,
+                                     stride_vn, row_end, end, qk_scale, MASKED, BLOCK_N,
+                                     IEEE)  # fmt: skip
     else:
         for first in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = key_tile(acc, m_i, l_i, first, q, k_rows, v_rows, stride_kn,

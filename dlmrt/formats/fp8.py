@@ -56,6 +56,18 @@ class QuantAct(NamedTuple):
         return (self.q.float() * self.scale).to(dtype)
 
 
+class AmaxAct(NamedTuple):
+    """An activation x [M, K] in the model dtype with its rows' amax [M] fp32, for a consumer that
+    quantizes it while loading it (kernels/fp8_gemm.py's `amax` form): made by a producer that
+    sees only tiles of a row (kernels/fp8_glu_gemm.py). `quantize()` gives the same codes."""
+
+    x: torch.Tensor
+    amax: torch.Tensor
+
+    def quantize(self) -> QuantAct:
+        return quantize_rows(self.x)
+
+
 CHUNK = (
     1 << 24
 )  # weights quantized at a time: fp32 temporaries of ~64 MB each, not of a whole stack

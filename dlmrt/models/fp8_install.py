@@ -32,6 +32,7 @@ from torch import nn
 from dlmrt import envs
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.formats.nvfp4 import Nvfp4Weight
+from dlmrt.models.fp8_glu_install import install_glu
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
@@ -228,6 +229,7 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         if down is not None:
             _swap(mlp, "down_proj", down)
             mlp.down_fp8 = mlp.gate_up_fp8 is not None
+            install_glu(p, mlp, ins.rows, gelu=False)
     elif hasattr(mlp, "experts"):
         projs = ("gate_proj", "up_proj", "down_proj")
         ins.experts(f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
@@ -285,3 +287,4 @@ def _gemma_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         mlp.gate_up_fp8, mlp.gate_up_weight = gate_up, None
         _free(mlp.gate_proj, mlp.up_proj)
     _swap(mlp, "down_proj", ins.linear([f"{p}.down_proj.weight"], fused_input=False))
+    install_glu(p, mlp, ins.rows, gelu=True)

@@ -35,6 +35,11 @@ class Fp8Linear(nn.Module):
             self.plan = dataclasses.replace(self.plan, counts=self.gemm_counts)
         return self
 
+    def set_plan(self, plan: fp8_ops.GemmPlan) -> None:
+        """Run the block rows on kernels/fp8_gemm.py with `plan` (its counters move with us)."""
+        self.plan = plan
+        self.register_buffer("gemm_counts", plan.counts, persistent=False)
+
     @property
     def weight(self) -> Fp8Weight:
         return Fp8Weight(self.qweight, self.scale)

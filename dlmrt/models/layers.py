@@ -200,11 +200,16 @@ class SwiGLU(nn.Module):
         # an Fp8Linear or Nvfp4Linear of gate|up (models/fp8_install.py; down_proj is then one too)
         self.gate_up_fp8: nn.Module | None = None
         self.down_fp8 = False  # down_proj is an Fp8Linear: SiLU·up quantizes its own output
+        # gate|up and the activation as one kernel at the block rows (models/fp8_glu_install.py)
+        self.glu_plan: fp8_ops.GluPlan | None = None
 
     def fuse(self) -> None:
         self.gate_up_weight = fuse_weights(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.glu_plan is not None:
+            lin = self.gate_up_fp8
+            return self.down_proj(fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan))
         if self.gate_up_fp8 is not None:
             gate_up = self.gate_up_fp8(x)
             act = fp8_ops.silu_mul_fp8(gate_up) if self.down_fp8 else ops.silu_mul(gate_up)
@@ -218,6 +223,10 @@ class GeGLU(SwiGLU):
     """down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma's gated MLP, `gelu_pytorch_tanh`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.glu_plan is not None:
+            lin = self.gate_up_fp8
+            act = fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan, gelu=True)
+            return self.down_proj(act)
         if self.gate_up_fp8 is not None:  # an Fp8Linear or Nvfp4Linear (models/fp8_install.py)
             return self.down_proj(gemma.gelu_mul(self.gate_up_fp8(x)))
         if self.gate_up_weight is None:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dlmrt.formats.fp8 import Fp8Weight, QuantAct, quantize_rows
-from dlmrt.ops import implementation, reference
+from dlmrt.formats.fp8 import AmaxAct, Fp8Weight, QuantAct, quantize_rows
+from dlmrt.ops import gemma, implementation, reference
 
 
 def _kernels():
@@ -26,6 +26,10 @@ def _kernels():
 
 def _gemm_kernel():
     return importlib.import_module("dlmrt._kernels.fp8_gemm")
+
+
+def _glu_kernel():
+    return importlib.import_module("dlmrt._kernels.fp8_glu_gemm")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,16 @@ class GemmPlan:
         tiles = -(-rows // config[0]) * -(-n // config[1])  # kernels/fp8_gemm.py: tiles(); no
         # Triton import here: a CPU install has none, and the CPU twin ignores the plan
         return GemmPlan(rows, config, torch.zeros(tiles, dtype=torch.int32, device=device))
+
+
+@dataclass(frozen=True)
+class GluPlan:
+    """Run a gated MLP's gate|up GEMM and its activation as kernels/fp8_glu_gemm.py at `rows`
+    rows, with the tile `config` (bm, bn, bk, stages, warps) the start-up measurement picked
+    (`ops/fp8_glu_choice.py`); other row counts take the unfused path."""
+
+    rows: int
+    config: tuple[int, ...]
 
 
 def _fast(x: torch.Tensor) -> bool:
@@ -75,6 +89,29 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> QuantAct:
     return quantize_rows(reference.silu_mul(gate_up))
 
 
+def glu_fp8(
+    x: QuantAct | torch.Tensor,
+    w: Fp8Weight,
+    out_dtype: torch.dtype,
+    plan: GluPlan | None,
+    gelu: bool = False,
+) -> AmaxAct | QuantAct:
+    """act(x @ gate^T) * (x @ up^T) (w = gate|up [2I, K]; act: SiLU, or gelu_tanh with `gelu`)
+    as the down projection's FP8 input: on CUDA at `plan.rows` rows one kernel
+    (kernels/fp8_glu_gemm.py) giving the dtype result and its rows' amax; else the gate|up GEMM
+    and the fused activation-quantizer. Same codes either way, up to the GEMMs' summation order."""
+    act = x if isinstance(x, QuantAct) else quant_rows(x)
+    if plan is not None and _fast(act.q) and act.q.shape[0] == plan.rows:
+        y, amax = _glu_kernel().fp8_glu_gemm(
+            act.q, act.scale, w.qweight, w.scale, out_dtype, plan.config, gelu
+        )
+        return AmaxAct(y, amax)
+    gate_up = fp8_linear(act, w, out_dtype)
+    if gelu:
+        return quant_rows(gemma.gelu_mul(gate_up))
+    return silu_mul_fp8(gate_up)
+
+
 def quant_rows(x: torch.Tensor) -> QuantAct:
     """Per-row e4m3 codes and scales of x [M, K] (for a consumer whose producer is not fused)."""
     if _fast(x):
@@ -83,13 +120,20 @@ def quant_rows(x: torch.Tensor) -> QuantAct:
 
 
 def fp8_linear(
-    x: QuantAct | torch.Tensor,
+    x: QuantAct | AmaxAct | torch.Tensor,
     w: Fp8Weight,
     out_dtype: torch.dtype = torch.bfloat16,
     plan: GemmPlan | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (codes + row scales, or a plain tensor quantized here) @ w [N, K]^T -> [M, N]:
-    on CUDA kernels/fp8_gemm.py where `plan` covers M rows, else `torch._scaled_mm`."""
+    """x [M, K] (codes + row scales, a dtype tensor + row amax, or a plain tensor quantized here)
+    @ w [N, K]^T -> [M, N]: on CUDA kernels/fp8_gemm.py where `plan` covers M rows, else
+    `torch._scaled_mm`."""
+    if isinstance(x, AmaxAct):
+        if plan is not None and _fast(x.x) and x.x.shape[0] == plan.rows:
+            return _gemm_kernel().fp8_gemm(
+                x.x, x.amax, w.qweight, w.scale, plan.counts, out_dtype, plan.config, amax=True
+            )
+        x = x.x  # quantized below: the same codes (kernels/fp8_gemm.py's docstring)
     act = x if isinstance(x, QuantAct) else quant_rows(x)
     if act.q.is_cuda and implementation("fp8") == "triton":
         if plan is not None and act.q.shape[0] == plan.rows:

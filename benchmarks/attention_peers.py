@@ -1,0 +1,110 @@
+"""Block-row arena attention beside its peers at the models' round shapes (one H200, bf16).
+
+python benchmarks/attention_peers.py [--iters 30] [--out results/attention_peers_h200_DATE.json]
+
+A round's attention: `rows` query rows of one block, all seeing the same keys (the prefix and
+the whole block: non-causal over context + rows keys). Per case, us per layer (`LAYERS` calls on
+distinct arena layers in one CUDA graph, as in attention_tiles.py) of:
+- `triton`: our one-pass kernel as shipped (kernels/arena_attention.py, `tile_config`);
+- `triton_ws`: the same with Triton's warp-specialized key loop (`tl.range(warp_specialize=True)`);
+- `flashinfer_fa2` / `flashinfer_fa3`: FlashInfer's `single_prefill_with_kv_cache` (non-causal,
+  K / V in the arena's [kv_heads, keys, dim] layout, "HND"; q as [rows, heads, dim]), on its FA2
+  and its SM90 FA3 backend (JIT-compiled on first use). FlashInfer is optional: without it those
+  entries say so. FlashAttention-4's numbers at these shapes: docs/kernels.md.
+Floors: FLOPs (4 rows keys heads dim at 790 TFLOP/s) and bytes (the visible K and V at 4.3 TB/s);
+`max_abs_diff` of each against ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
+
+LAYERS, PEAK_FLOPS, DIM = 16, 790e12, 128
+SHAPES = {"qwen_dlm_256": (256, 32, 8), "llada2_32": (32, 16, 4)}  # rows, heads, kv heads
+
+
+def _per_call_us(call, iters: int) -> float:
+    def fn():
+        for layer in range(LAYERS):
+            call(layer)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # JIT and workspaces outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return cuda_time(graph.replay, iters) * 1e6 / LAYERS
+
+
+def _flashinfer():
+    try:
+        from flashinfer.prefill import single_prefill_with_kv_cache
+    except Exception as exc:  # noqa: BLE001 (optional peer: recorded)
+        return None, f"not installed ({type(exc).__name__}: {str(exc)[:80]})"
+    return single_prefill_with_kv_cache, None
+
+
+def case(name: str, context: int, iters: int) -> dict:
+    from dlmrt._kernels.arena_attention import arena_attention
+
+    rows, heads, kv_heads = SHAPES[name]
+    keys = context + rows
+    gen = torch.Generator("cuda").manual_seed(context + rows)
+    q = torch.randn(heads, rows, DIM, device="cuda", generator=gen, dtype=torch.bfloat16)
+    kv = torch.randn(2, LAYERS, kv_heads, keys, DIM, device="cuda", generator=gen,
+                     dtype=torch.bfloat16)  # fmt: skip
+    pos = torch.arange(context, context + rows, device="cuda")
+    scale = DIM**-0.5
+    ref = arena_attention(q, kv[0, 0], kv[1, 0], pos, rows, scale, splits=1)
+    q_nhd = q.transpose(0, 1).contiguous()
+    prefill, missing = _flashinfer()
+    calls = {
+        "triton": lambda i: arena_attention(q, kv[0, i], kv[1, i], pos, rows, scale, splits=1),
+        "triton_ws": lambda i: arena_attention(q, kv[0, i], kv[1, i], pos, rows, scale,
+                                               splits=1, ws=True),  # fmt: skip
+    }
+    for backend in ("fa2", "fa3"):
+        if prefill is not None:
+            calls[f"flashinfer_{backend}"] = lambda i, b=backend: prefill(
+                q_nhd, kv[0, i], kv[1, i], causal=False, kv_layout="HND", sm_scale=scale,
+                backend=b).transpose(0, 1)  # fmt: skip
+    row = {
+        "case": name, "context": context, "keys": keys,
+        "floor_flops_us": round(4 * rows * keys * heads * DIM / PEAK_FLOPS * 1e6, 2),
+        "floor_bytes_us": round(2 * kv_heads * keys * DIM * 2 / PEAK_BYTES * 1e6, 2),
+        "us": {}, "max_abs_diff": {},
+    }  # fmt: skip
+    if missing:
+        row["flashinfer"] = missing
+    for label, call in calls.items():
+        try:
+            out = call(0)
+            row["max_abs_diff"][label] = float((out.float() - ref.float()).abs().max())
+            row["us"][label] = round(_per_call_us(call, iters), 2)
+        except Exception as exc:  # noqa: BLE001 (a variant that does not build here: recorded)
+            row["us"][label] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = [case(name, ctx, args.iters) for name in SHAPES for ctx in (1024, 4096)]
+    if args.out:
+        write_result(args.out, {"rows": rows}, None)
+
+
+if __name__ == "__main__":
+    main()
