@@ -69,8 +69,9 @@ def case(name: str, context: int, iters: int) -> dict:
     prefill, missing = _flashinfer()
     calls = {
         "triton": lambda i: arena_attention(q, kv[0, i], kv[1, i], pos, rows, scale, splits=1),
-        "triton_ws": lambda i: arena_attention(q, kv[0, i], kv[1, i], pos, rows, scale,
-                                               splits=1, ws=True),  # fmt: skip
+        "triton_ws": lambda i: arena_attention(
+            q, kv[0, i], kv[1, i], pos, rows, scale, splits=1, ws=True
+        ),  # fmt: skip
     }
     for backend in ("fa2", "fa3"):
         if prefill is not None:

@@ -30,7 +30,7 @@ from .silu_mul import activation  # relative: kernels/ imports nothing from dlmr
 
 @triton.jit
 def _fp8_glu_gemm_kernel(
-    a_desc, sa_ptr, w_desc, sw_ptr, y_ptr, amax_ptr, M, I, K, stride_ym,
+    a_desc, sa_ptr, w_desc, sw_ptr, y_ptr, amax_ptr, M, N_I, K, stride_ym,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GELU: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
@@ -41,16 +41,16 @@ def _fp8_glu_gemm_kernel(
     for kk in range(0, K, BK):
         a = a_desc.load([pid_m * BM, kk])
         acc_g = tl.dot(a, w_desc.load([pid_n * BN, kk]).T, acc_g)
-        acc_u = tl.dot(a, w_desc.load([I + pid_n * BN, kk]).T, acc_u)
+        acc_u = tl.dot(a, w_desc.load([N_I + pid_n * BN, kk]).T, acc_u)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
     dtype = y_ptr.dtype.element_ty
-    g = (acc_g * sa * tl.load(sw_ptr + rn, mask=rn < I, other=0.0)[None, :]).to(dtype)
-    u = (acc_u * sa * tl.load(sw_ptr + I + rn, mask=rn < I, other=0.0)[None, :]).to(dtype)
+    g = (acc_g * sa * tl.load(sw_ptr + rn, mask=rn < N_I, other=0.0)[None, :]).to(dtype)
+    u = (acc_u * sa * tl.load(sw_ptr + N_I + rn, mask=rn < N_I, other=0.0)[None, :]).to(dtype)
     act = activation(g.to(tl.float32), GELU).to(dtype).to(tl.float32)
     y = (act * u.to(tl.float32)).to(dtype)
-    mask = (rm[:, None] < M) & (rn[None, :] < I)
+    mask = (rm[:, None] < M) & (rn[None, :] < N_I)
     tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], y, mask=mask)
     row_max = tl.max(tl.where(mask, tl.abs(y.to(tl.float32)), 0.0), axis=1)
     tl.atomic_max(amax_ptr + rm, row_max, mask=rm < M, sem="relaxed")
