@@ -1,6 +1,7 @@
 """Block-row arena attention beside its peers at the models' round shapes (one H200, bf16).
 
-python benchmarks/attention_peers.py [--iters 30] [--out results/attention_peers_h200_DATE.json]
+python benchmarks/attention_peers.py [--iters 30] [--variants triton flashinfer_fa3 ...]
+    [--out results/attention_peers_h200_DATE.json]
 
 A round's attention: `rows` query rows of one block, all seeing the same keys (the prefix and
 the whole block: non-causal over context + rows keys). Per case, us per layer (`LAYERS` calls on
@@ -9,7 +10,10 @@ distinct arena layers in one CUDA graph, as in attention_tiles.py) of:
 - `triton_ws`: the same with Triton's warp-specialized key loop (`tl.range(warp_specialize=True)`);
 - `flashinfer_fa2` / `flashinfer_fa3`: FlashInfer's `single_prefill_with_kv_cache` (non-causal,
   K / V in the arena's [kv_heads, keys, dim] layout, "HND"; q as [rows, heads, dim]), on its FA2
-  and its SM90 FA3 backend (JIT-compiled on first use). FlashInfer is optional: without it those
+  and its SM90 FA3 backend (JIT-compiled on first use); `flashinfer_fa3_nhd`: FA3 on [keys,
+  kv_heads, dim] copies. A variant whose build or launch kills the process (Triton's Hopper
+  warp-specialization pass asserting, FA3 dying of SIGFPE with FlashInfer 0.7.4 here) is run
+  alone with `--variants`. FlashInfer is optional: without it those
   entries say so. FlashAttention-4's numbers at these shapes: docs/kernels.md.
 Floors: FLOPs (4 rows keys heads dim at 790 TFLOP/s) and bytes (the visible K and V at 4.3 TB/s);
 `max_abs_diff` of each against ours.
@@ -26,6 +30,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
 
 LAYERS, PEAK_FLOPS, DIM = 16, 790e12, 128
+VARIANTS = ["triton", "triton_ws", "flashinfer_fa2", "flashinfer_fa3", "flashinfer_fa3_nhd"]
 SHAPES = {"qwen_dlm_256": (256, 32, 8), "llada2_32": (32, 16, 4)}  # rows, heads, kv heads
 
 
@@ -53,7 +58,7 @@ def _flashinfer():
     return single_prefill_with_kv_cache, None
 
 
-def case(name: str, context: int, iters: int) -> dict:
+def case(name: str, context: int, iters: int, variants: list[str]) -> dict:
     from dlmrt._kernels.arena_attention import arena_attention
 
     rows, heads, kv_heads = SHAPES[name]
@@ -73,6 +78,11 @@ def case(name: str, context: int, iters: int) -> dict:
             q, kv[0, i], kv[1, i], pos, rows, scale, splits=1, ws=True
         ),  # fmt: skip
     }
+    if prefill is not None:  # FA3 with K / V as [keys, kv_heads, dim] copies (its NHD layout)
+        kv_nhd = kv.transpose(2, 3).contiguous()
+        calls["flashinfer_fa3_nhd"] = lambda i: prefill(
+            q_nhd, kv_nhd[0, i], kv_nhd[1, i], causal=False, kv_layout="NHD", sm_scale=scale,
+            backend="fa3").transpose(0, 1)  # fmt: skip
     for backend in ("fa2", "fa3"):
         if prefill is not None:
             calls[f"flashinfer_{backend}"] = lambda i, b=backend: prefill(
@@ -87,6 +97,8 @@ def case(name: str, context: int, iters: int) -> dict:
     if missing:
         row["flashinfer"] = missing
     for label, call in calls.items():
+        if label not in variants:
+            continue
         try:
             out = call(0)
             row["max_abs_diff"][label] = float((out.float() - ref.float()).abs().max())
@@ -100,9 +112,10 @@ def case(name: str, context: int, iters: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    rows = [case(name, ctx, args.iters) for name in SHAPES for ctx in (1024, 4096)]
+    rows = [case(name, ctx, args.iters, args.variants) for name in SHAPES for ctx in (1024, 4096)]
     if args.out:
         write_result(args.out, {"rows": rows}, None)
 
