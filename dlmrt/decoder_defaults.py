@@ -1,12 +1,13 @@
 """DecoderDefaults: the block decoder a request gets for the knobs it leaves unset.
 
-Per knob (`rule`, `threshold`, `entropy_budget`), the first that is set wins:
+Per knob (`rule`, and the block knobs declared `checkpoint` in `dlmrt/rules.py`: `threshold`,
+`entropy_budget`), the first that is set wins:
 
 1. the request's own value (`LLM.generate(threshold=...)`, `--threshold`, the HTTP field);
 2. the checkpoint's default, `generation_config.json`:
    `"dlmrt_decoder": {"rule": "entropy_budget", "entropy_budget": 0.4}`;
 3. dlmrt's: the family's rule for the checkpoint's role (`dlmrt/models/__init__.py`) and the
-   knob defaults `THRESHOLD` / `ENTROPY_BUDGET` of `dlmrt/params.py`.
+   knobs' fallbacks, declared with their rules in `dlmrt/rules.py`.
 
 Why a checkpoint may carry one: a model trained for a decoder setting (an ORL model measured best
 at one entropy budget, say) should decode that way by default, as vLLM applies the sampling
@@ -26,10 +27,12 @@ from typing import Any
 from dlmrt.errors import CheckpointError
 from dlmrt.json_file import read_json
 from dlmrt.params import ENTROPY_BUDGET, THRESHOLD, DecodeParams
-from dlmrt.rules import BLOCK, RULES
+from dlmrt.rules import BLOCK, RULE_OF_KNOB, RULES, style_knobs
 
 KEY = "dlmrt_decoder"  # the generation_config.json entry
-KNOBS = ("rule", "threshold", "entropy_budget")
+# What the entry may set: the rule and the block knobs declared `checkpoint` (dlmrt/rules.py),
+# each a field below (tests/test_knobs.py checks that they agree).
+KNOBS = ("rule", *(k.name for k in style_knobs(BLOCK, checkpoint=True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,17 @@ class DecoderDefaults:
 
     def resolve(self, params: DecodeParams) -> tuple[str, float, float]:
         """(rule, threshold, entropy_budget) of a request: its values where set, else these."""
-        rule = params.rule or ("llada_editing" if params.editing else self.rule)
-        threshold = self.threshold if params.threshold is None else params.threshold
-        budget = self.entropy_budget if params.entropy_budget is None else params.entropy_budget
-        return rule, threshold, budget
+        rule, knobs = self.rule_knobs(params)
+        return rule, knobs["threshold"], knobs["entropy_budget"]
+
+    def rule_knobs(self, params: DecodeParams) -> tuple[str, dict[str, Any]]:
+        """A request's rule (its own; else that of a knob it sets that selects its rule, as
+        `editing`; else this default) and every block knob: the request's value, else this
+        checkpoint's, else None (`make_rule` then applies the knob's declared fallback)."""
+        knobs = {k.name: getattr(params, k.name) for k in style_knobs(BLOCK)}
+        selected = [RULE_OF_KNOB[k.name].name for k in style_knobs(BLOCK)
+                    if k.selects_rule and knobs[k.name] is not None]  # fmt: skip
+        for name in KNOBS[1:]:
+            if knobs[name] is None:
+                knobs[name] = getattr(self, name)
+        return params.rule or (selected[0] if selected else self.rule), knobs

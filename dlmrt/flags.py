@@ -24,9 +24,7 @@ def add_dataclass_flags(
     keep_absent: flags not given stay out of the namespace (argparse.SUPPRESS), so a saved
     config's values survive (training resume).
     """
-    from dlmrt.params import EDITING_PRESETS, RULE_NAMES
-
-    choices = {"rule": RULE_NAMES, "editing": EDITING_PRESETS, **(choices or {})}
+    choices = choices or {}
     group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")

@@ -5,27 +5,32 @@ from __future__ import annotations
 
 from dlmrt.blocks import layout
 from dlmrt.params import DecodeParams
-from dlmrt.rules import BLOCK, RULES
+from dlmrt.rules import BLOCK, ENCODER_DECODER, RULE_OF_KNOB, RULES, style_knobs
 
 
 def check_rule_style(params: DecodeParams, style: str, architecture: str) -> None:
-    """Reject rules and knobs of the other decoding style, naming them."""
+    """Reject rules and knobs of the other decoding style, naming them (a knob counts as set when
+    it differs from its default)."""
     rule = RULES.get(params.rule) if params.rule else None
+    other = style_knobs(ENCODER_DECODER if style == BLOCK else BLOCK)
+    set_ = [k for k in other if getattr(params, k.name) != k.default]
     if style == BLOCK:
-        set_ = [k for k, v in params.canvas_overrides().items() if v is not None]
-        if (rule is not None and rule.style != BLOCK) or set_ or params.rng is not None:
-            what = "rule entropy_bound_canvas" if not set_ else ", ".join(set_)
+        if (rule is not None and rule.style != BLOCK) or set_:
+            what = ", ".join(k.name for k in set_) or "rule entropy_bound_canvas"
             raise ValueError(
                 f"{what}: canvas-decoder settings apply to DiffusionGemma checkpoints only, "
                 f"not {architecture}"
             )
         return
-    if params.editing is not None:
-        raise ValueError("editing: applies to rule 'llada_editing' only, not to canvas decoding")
-    block_knobs = [k for k in ("threshold", "entropy_budget") if getattr(params, k) is not None]
-    if block_knobs:
+    for k in set_:
+        if k.selects_rule:
+            raise ValueError(
+                f"{k.name}: applies to rule {RULE_OF_KNOB[k.name].name!r} only, not to canvas "
+                "decoding"
+            )
+    if set_:
         raise ValueError(
-            f"{', '.join(block_knobs)}: block-rule settings do not apply to {architecture} "
+            f"{', '.join(k.name for k in set_)}: block-rule settings do not apply to {architecture} "
             "(its decoder is entropy_bound_canvas: entropy_bound, confidence_threshold, ...)"
         )
     if rule is not None and rule.style != style:

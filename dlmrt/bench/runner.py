@@ -18,10 +18,11 @@ from dlmrt.bench.checks import check_bench_args
 from dlmrt.bench.datasets import Problem, load_problems, pick_template, render_prompt
 from dlmrt.bench.report import SCHEMA, format_table, summarize, warmup_info, write_json
 from dlmrt.params import DecodeParams
+from dlmrt.rules import BLOCK, RULE_OF_KNOB
 
 log = logging.getLogger("dlmrt")
-RULE_OF_KNOB = {"threshold": "threshold", "entropy_budget": "entropy_budget"}
-RULE_OF_KNOB["denoising_steps"] = "fixed_steps"
+# A block rule's knob swept without --rule selects the rule that declares it (dlmrt/rules.py).
+SWEEP_RULE = {knob: info.name for knob, info in RULE_OF_KNOB.items() if info.style == BLOCK}
 
 
 def bench_command(args: Any) -> int:
@@ -104,8 +105,8 @@ def sweep_points(
         )
     parse = _value_parser(str(fields[knob].type), knob)
     overrides: dict[str, Any] = {}
-    if knob in RULE_OF_KNOB and base.rule is None:
-        overrides["rule"] = RULE_OF_KNOB[knob]
+    if knob in SWEEP_RULE and base.rule is None:
+        overrides["rule"] = SWEEP_RULE[knob]
     points = []
     for text in raw.split(","):
         value = parse(text.strip())

@@ -2,29 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from dlmrt.decoding.base import DecodeRule, Proposal, RuleOutput
 from dlmrt.decoding.entropy_budget import EntropyBudgetRule
 from dlmrt.decoding.fixed_steps import FixedStepsRule
 from dlmrt.decoding.llada_editing import LLaDAEditingRule
 from dlmrt.decoding.proposal import propose
 from dlmrt.decoding.threshold import ThresholdRule
-from dlmrt.params import ENTROPY_BUDGET, THRESHOLD, DecodeParams
-from dlmrt.rules import BLOCK, RULES
+from dlmrt.rules import BLOCK, KNOBS, RULES
 
-_DEFAULTS = DecodeParams()  # the knobs' defaults live in dlmrt/params.py only
+# Each block rule's class (or constructor), called with the rule's declared knobs as keywords.
+BUILDERS: dict[str, Callable[..., DecodeRule]] = {
+    "threshold": ThresholdRule,
+    "entropy_budget": EntropyBudgetRule,
+    "fixed_steps": FixedStepsRule,
+    "llada_editing": LLaDAEditingRule.preset,
+}
 
 
-def make_rule(
-    name: str,
-    *,
-    threshold: float = THRESHOLD,
-    entropy_budget: float = ENTROPY_BUDGET,
-    denoising_steps: int | None = None,
-    editing: str = "quality",
-    max_post_steps: int = _DEFAULTS.max_post_steps,
-) -> DecodeRule:
-    """Build a block-style rule by name from the per-request knobs (validated by `DecodeParams`;
-    `dlmrt/rules.py` lists the names). denoising_steps: `fixed_steps` only, required there."""
+def make_rule(name: str, **knobs: Any) -> DecodeRule:
+    """Build a block-style rule by name (`dlmrt/rules.py` lists the names and each rule's knobs).
+
+    Each of the rule's knobs is passed to its builder under its name: the value given here (None:
+    not given), else the knob's declared fallback; values are validated by `DecodeParams`. Knobs
+    of other rules are ignored, so a caller may pass every knob of a request. A knob without a
+    value or a fallback (`denoising_steps`, the block length by default) is a ValueError."""
     info = RULES.get(name)
     if info is None:
         raise ValueError(f"rule: unknown rule {name!r} (choose from {', '.join(RULES)})")
@@ -33,17 +37,16 @@ def make_rule(
             f"rule: {name!r} is the {info.style}-style decoder ({info.summary}), not a block rule: "
             "it is configured by CanvasSettings"
         )
-    if name == "threshold":
-        return ThresholdRule(threshold)
-    if name == "entropy_budget":
-        return EntropyBudgetRule(entropy_budget)
-    if name == "fixed_steps":
-        if denoising_steps is None:
-            raise ValueError("denoising_steps: rule 'fixed_steps' needs it (rounds per block)")
-        return FixedStepsRule(denoising_steps)
-    if name == "llada_editing":
-        return LLaDAEditingRule.preset(editing, max_post_steps)
-    raise AssertionError(f"rule {name!r} is registered in dlmrt/rules.py but has no builder")
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise TypeError(f"make_rule: no knob(s) {unknown} (declared: {', '.join(KNOBS)})")
+    values = {}
+    for knob in info.knobs:
+        value = knob.fallback if knobs.get(knob.name) is None else knobs[knob.name]
+        if value is None:
+            raise ValueError(f"{knob.name}: rule {name!r} needs it (it has no default)")
+        values[knob.name] = value
+    return BUILDERS[name](**values)
 
 
 __all__ = ["RULES", "DecodeRule", "Proposal", "RuleOutput", "make_rule", "propose"]

@@ -29,10 +29,11 @@ import torch
 
 from dlmrt.decoding.noise import counter_uniform
 from dlmrt.errors import CheckpointError
+from dlmrt.rules import KNOBS
 
 log = logging.getLogger("dlmrt")
 
-RNG_MODES = ("torch", "counter")
+RNG_MODES: tuple[str, ...] = KNOBS["rng"].choices
 # generation_config.json's `sampler_config` is a transformers sampler class's fields plus its name
 # (`_cls_name`): the classes dlmrt runs, each field mapped to the CanvasSettings field it sets.
 SAMPLERS: dict[str, dict[str, str]] = {
@@ -42,14 +43,15 @@ SAMPLERS: dict[str, dict[str, str]] = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CanvasSettings:
-    """The canvas decoder's knobs; defaults are transformers' global defaults."""
+    """The canvas decoder's knobs. Defaults: their fallbacks, declared with the rule in
+    dlmrt/rules.py (transformers' global defaults); a request's `DecodeParams` overrides them."""
 
-    max_denoising_steps: int = 48
-    entropy_bound: float = 0.1
-    t_min: float = 0.4
-    t_max: float = 0.8
-    stability_threshold: int = 1
-    confidence_threshold: float = 0.005
+    max_denoising_steps: int = KNOBS["max_denoising_steps"].fallback
+    entropy_bound: float = KNOBS["entropy_bound"].fallback
+    t_min: float = KNOBS["t_min"].fallback
+    t_max: float = KNOBS["t_max"].fallback
+    stability_threshold: int = KNOBS["stability_threshold"].fallback
+    confidence_threshold: float = KNOBS["confidence_threshold"].fallback
 
     def __post_init__(self) -> None:
         if self.max_denoising_steps < 1:

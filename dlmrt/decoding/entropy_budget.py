@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from dlmrt.decoding.base import DecodeRule, Proposal
-from dlmrt.params import ENTROPY_BUDGET
+from dlmrt.rules import KNOBS
 
 
 @dataclass(frozen=True, slots=True)
 class EntropyBudgetRule(DecodeRule):
-    budget: float = ENTROPY_BUDGET
+    entropy_budget: float = KNOBS["entropy_budget"].fallback  # gamma
     name: str = "entropy_budget"
 
     def accept(
@@ -33,6 +33,6 @@ class EntropyBudgetRule(DecodeRule):
         # Exclusive prefix sum by shifting (not cumsum - h, whose rounding can flip a verdict at the
         # boundary); resolved rows sort last with +inf, so they never lower a sum before them.
         before = torch.cat((sorted_h.new_zeros(1), torch.cumsum(sorted_h, dim=0)[:-1]))
-        ok_sorted = before <= self.budget
+        ok_sorted = before <= self.entropy_budget
         ok = torch.zeros_like(unresolved).scatter_(0, order, ok_sorted)
         return unresolved & ok

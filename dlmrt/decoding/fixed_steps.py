@@ -16,14 +16,14 @@ from dlmrt.decoding.base import DecodeRule, Proposal
 
 @dataclass(frozen=True, slots=True)
 class FixedStepsRule(DecodeRule):
-    steps: int = 23
+    denoising_steps: int = 23
     name: str = "fixed_steps"
 
     def accept(
         self, proposal: Proposal, unresolved: torch.Tensor, step: torch.Tensor
     ) -> torch.Tensor:
         remaining = unresolved.sum()
-        rounds_left = (self.steps - step).clamp(min=1)
+        rounds_left = (self.denoising_steps - step).clamp(min=1)
         k = (remaining + rounds_left - 1) // rounds_left  # ceil, on the device
         conf = proposal.confidence.masked_fill(~unresolved, -1.0)
         order = torch.sort(conf, descending=True, stable=True).indices

@@ -30,9 +30,10 @@ from typing import ClassVar
 import torch
 
 from dlmrt.decoding.base import DecodeRule, Proposal, RuleOutput
+from dlmrt.rules import KNOBS
 
 PRESETS: dict[str, tuple[float, float]] = {"quality": (0.7, 0.5), "speed": (0.5, 0.0)}
-MAX_POST_STEPS = 16
+MAX_POST_STEPS: int = KNOBS["max_post_steps"].default  # declared with the rule in dlmrt/rules.py
 
 
 @dataclass(frozen=True, slots=True)

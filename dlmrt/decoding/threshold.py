@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from dlmrt.decoding.base import DecodeRule, Proposal
-from dlmrt.params import THRESHOLD
+from dlmrt.rules import KNOBS
 
 
 @dataclass(frozen=True, slots=True)
 class ThresholdRule(DecodeRule):
-    threshold: float = THRESHOLD
+    threshold: float = KNOBS["threshold"].fallback
     name: str = "threshold"
 
     def accept(

@@ -1,44 +1,34 @@
 """OpenAI request schemas and their validation into a `RequestSpec` (responses: responses.py).
 
 Bad input raises `APIError` (an HTTP status plus an OpenAI-style error body); nothing here runs the
-engine. Extra body fields `rule`, `threshold`, `entropy_budget`, `denoising_steps`, `editing`,
-`max_post_steps`, `block_length`, `ignore_eos` and DiffusionGemma's canvas-decoder fields
-(`max_denoising_steps`, `entropy_bound`, `t_min`, `t_max`, `stability_threshold`,
-`confidence_threshold`, `rng`) map to the `DecodeParams` fields of the same name. The `dlmrt`
-object holds dlmrt's own options: `{"drafts": true}` (with `stream: true`) adds `event: draft`
-SSE events, one per round (`docs/drafts.md`).
+engine. Extra body fields `rule`, `block_length`, `ignore_eos` and every rule's knobs (`threshold`,
+`entropy_budget`, ..., DiffusionGemma's `entropy_bound`, ...: one optional field per knob declared
+in `dlmrt/rules.py`) map to the `DecodeParams` fields of the same name, which check them. The
+`dlmrt` object holds dlmrt's own options: `{"drafts": true}` (with `stream: true`) adds
+`event: draft` SSE events, one per round (`docs/drafts.md`).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, create_model
 
 from dlmrt.blocks import layout, room
-from dlmrt.params import CANVAS_FIELDS, DecodeParams
+from dlmrt.params import DecodeParams
+from dlmrt.rules import KNOBS
 from dlmrt.server.errors import APIError, check_prompt_chars, error_body  # noqa: F401
 from dlmrt.server.messages import include_usage, message_text
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_STOP_STRINGS = 4
-DECODE_FIELDS = (
-    "temperature",
-    "seed",
-    "rule",
-    "threshold",
-    "entropy_budget",
-    "denoising_steps",
-    "editing",
-    "max_post_steps",
-    "block_length",
-    "ignore_eos",
-    *CANVAS_FIELDS,  # DiffusionGemma's canvas decoder
-    "rng",
-)
+# The body fields passed to DecodeParams when set (max_new_tokens comes from max_tokens).
+DECODE_FIELDS = tuple(f.name for f in fields(DecodeParams) if f.name != "max_new_tokens")
+# Strict: "0.5" is not a number and 1.0 is not an integer. Unknown fields are rejected.
+STRICT = ConfigDict(strict=True, extra="forbid")
 # OpenAI fields the engine cannot honour: accepted only at the value that changes nothing.
 NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
@@ -60,14 +50,19 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
 class DlmrtOptions(BaseModel):
     """The request's `dlmrt` object: options of dlmrt's own (not decoding knobs)."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = STRICT
 
     drafts: bool = False  # stream: true only; `event: draft` SSE events, one per round
 
 
-class _Request(BaseModel):
-    # Strict: "0.5" is not a number and 1.0 is not an integer. Unknown fields are rejected.
-    model_config = ConfigDict(strict=True, extra="forbid")
+# The rules' knobs as body fields, unset by default: their types here, their bounds in DecodeParams.
+_RuleKnobs = create_model(
+    "_RuleKnobs", __config__=STRICT, **{k.name: (k.type | None, None) for k in KNOBS.values()}
+)
+
+
+class _Request(_RuleKnobs):
+    model_config = STRICT
 
     model: str | None = None
     max_tokens: int | None = None
@@ -82,22 +77,10 @@ class _Request(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    # dlmrt extensions (DecodeParams fields)
+    # dlmrt extensions (DecodeParams fields; the rules' knobs come from _RuleKnobs)
     rule: str | None = None
-    threshold: float | None = None
-    entropy_budget: float | None = None
-    denoising_steps: int | None = None
-    editing: str | None = None
-    max_post_steps: int | None = None
     block_length: int | None = None
     ignore_eos: bool | None = None
-    max_denoising_steps: int | None = None
-    entropy_bound: float | None = None
-    t_min: float | None = None
-    t_max: float | None = None
-    stability_threshold: int | None = None
-    confidence_threshold: float | None = None
-    rng: str | None = None
     dlmrt: DlmrtOptions | None = None
 
 

@@ -62,12 +62,10 @@ class BlockStyle:
         return room(self.cfg.max_position_embeddings, prompt_len, self._block(block_length))
 
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
-        name, tau, gamma = self.decoder.resolve(params)  # the request's knobs, else the defaults
+        name, knobs = self.decoder.rule_knobs(params)  # the request's knobs, else the defaults
         block = self._block(params.block_length)
-        rule = make_rule(
-            name, threshold=tau, entropy_budget=gamma, denoising_steps=params.denoising_steps or block,
-            editing=params.editing or "quality", max_post_steps=params.max_post_steps,
-        )  # fmt: skip
+        knobs["denoising_steps"] = knobs["denoising_steps"] or block  # fixed_steps: B by default
+        rule = make_rule(name, **knobs)
         return self.engine.generate(
             ids, rule=rule, block_length=block, max_new_tokens=params.max_new_tokens,
             mask_id=self.mask_id, stop_ids=self.stop_ids, temperature=params.temperature,

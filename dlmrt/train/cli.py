@@ -65,9 +65,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("dest", help="new model directory")
     ex.add_argument("--dtype", default="bfloat16", help="weights dtype (default: bfloat16)")
     ex.add_argument("--rule", help="the model's default decoder rule (generation_config.json "
-                    "'dlmrt_decoder', docs/decoding.md); none of the three: the source's entry, if any, is kept")  # fmt: skip
-    ex.add_argument("--threshold", type=float, help="its default `threshold` tau")
-    ex.add_argument("--entropy-budget", type=float, help="its default `entropy_budget` gamma")
+                    "'dlmrt_decoder', docs/decoding.md); none of these: the source's entry, if any, is kept")  # fmt: skip
+    _decoder_flags(ex, lambda knob: f"its default `{knob.name}` (the rule's knob)")
     ex.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 
 
@@ -132,18 +131,7 @@ def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
         help="share of problems asked through the chat template (default: 0.5)",
     )
     ev.add_argument("--rule", default=None, help="acceptance rule (default: the checkpoint's)")
-    ev.add_argument(
-        "--threshold",
-        type=float,
-        default=None,
-        help="`threshold` rule: accept rows with confidence > tau (default: the checkpoint's, else 0.9)",
-    )
-    ev.add_argument(
-        "--entropy-budget",
-        type=float,
-        default=None,
-        help="`entropy_budget` rule: gamma, in nats (default: the checkpoint's, else 0.8)",
-    )
+    _decoder_flags(ev, lambda k: f"{k.help} (default: the checkpoint's, else {k.fallback})")
     ev.add_argument("--max-new-tokens", type=int, default=128, help="per problem (default: 128)")
     ev.add_argument(
         "--adapter",
@@ -169,6 +157,16 @@ def _add_eval_parser(tsub: argparse._SubParsersAction) -> None:
     ev.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 
 
+def _decoder_flags(parser: argparse.ArgumentParser, help_of: Any) -> None:
+    """A flag per block knob a checkpoint may default (declared in dlmrt/rules.py), its help
+    `help_of(knob)`."""
+    from dlmrt.rules import BLOCK, style_knobs
+
+    for knob in style_knobs(BLOCK, checkpoint=True):
+        flag = "--" + knob.name.replace("_", "-")
+        parser.add_argument(flag, type=knob.type, help=help_of(knob))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if args.train_command == "sft":
         return _sft(args)
@@ -187,10 +185,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         )
         return 0
+    from dlmrt.decoder_defaults import KNOBS
     from dlmrt.train.export import export
 
-    knobs = {"rule": args.rule, "threshold": args.threshold, "entropy_budget": args.entropy_budget}
-    decoder = {k: v for k, v in knobs.items() if v is not None}
+    decoder = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
     print(export(args.src, args.dest, args.dtype, decoder))
     return 0
 
@@ -246,6 +244,7 @@ def _orl(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from dlmrt.decoder_defaults import KNOBS
     from dlmrt.llm import LLM
     from dlmrt.params import DecodeParams
     from dlmrt.tasks import get_task
@@ -259,12 +258,7 @@ def _eval(args: argparse.Namespace) -> int:
         if adapter is None:
             raise ValueError(f"--adapter off: {args.model} has no ORL residual adapter")
         adapter.switch_off()
-    params = {
-        "rule": args.rule,
-        "threshold": args.threshold,
-        "entropy_budget": args.entropy_budget,
-        "max_new_tokens": args.max_new_tokens,
-    }
+    params = {k: getattr(args, k) for k in KNOBS} | {"max_new_tokens": args.max_new_tokens}
     res = evaluate(
         llm,
         get_task(args.task),
@@ -277,7 +271,8 @@ def _eval(args: argparse.Namespace) -> int:
     if adapter is not None:
         res["adapter"] = args.adapter
     if llm.decoder is not None:  # the knobs the flags left unset: the checkpoint's, else dlmrt's
-        _, res["threshold"], res["entropy_budget"] = llm.decoder.resolve(DecodeParams(**params))
+        knobs = llm.decoder.rule_knobs(DecodeParams(**params))[1]
+        res.update({k: knobs[k] for k in KNOBS[1:]})
     text = json.dumps(res)
     if args.out:
         Path(args.out).write_text(text + "\n")

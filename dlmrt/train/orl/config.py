@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dlmrt.rules import KNOBS, RULE_NAMES, knob_help
+
 # Fields that may change on resume: they change neither the rollouts nor the update rule.
 RESUMABLE = (
     "steps",
@@ -32,6 +34,12 @@ RESUMABLE = (
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
+
+
+def _knob(name: str) -> Any:
+    """A rollout decoder knob: its help and (in __post_init__) its checks as declared with its
+    rule in dlmrt/rules.py; None: the model's default."""
+    return _f(None, "rollouts: " + knob_help(KNOBS[name]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,9 +65,15 @@ class ORLConfig:
     prompts_per_step: int = _f(1, "prompts B per step (spread over data-parallel ranks)")
     rollouts_per_prompt: int = _f(8, "rollouts G per prompt")
     temperature: float = _f(1.0, "rollout sampling temperature (0: greedy)")
-    rule: str | None = _f(None, "rollout rule; None: the model's ORL rule (entropy_budget)")
-    entropy_budget: float | None = _f(None, "entropy_budget rule's gamma; None: its default")
-    threshold: float | None = _f(None, "threshold rule's tau; None: its default")
+    rule: str | None = field(
+        default=None,
+        metadata={
+            "help": "rollout rule; None: the model's ORL rule (entropy_budget)",
+            "choices": RULE_NAMES,
+        },
+    )
+    entropy_budget: float | None = _knob("entropy_budget")
+    threshold: float | None = _knob("threshold")
     max_new_tokens: int = _f(96, "generated tokens per rollout at most")
     chat_fraction: float = _f(0.5, "fraction of prompts in the chat template (by problem seed)")
     rollout_mode: str = _f(
@@ -143,6 +157,8 @@ class ORLConfig:
         if self.check_replay and self.rollout_refresh > 1:
             raise ValueError("check_replay: needs rollout_refresh = 1 (a snapshot's rollouts are "
                              "not the trained weights' logits)")  # fmt: skip
+        for name in DECODER_KNOBS:
+            KNOBS[name].check(getattr(self, name))
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
@@ -160,6 +176,8 @@ class ORLConfig:
         return cls(**raw)
 
 
+# The rules' knobs an ORL run sets for its rollouts (fields above, besides `rule`).
+DECODER_KNOBS = tuple(f.name for f in fields(ORLConfig) if f.name in KNOBS)
 CHOICES = {
     "precision": ("auto", "bf16", "fp32"),
     "attention": ("auto", "flex", "dense"),

@@ -21,7 +21,7 @@ from dlmrt.llm import LLM
 from dlmrt.request_checks import prompt_ids
 from dlmrt.train.data import is_chat
 from dlmrt.train.orl.capture import Rollout, StateCapture
-from dlmrt.train.orl.config import ORLConfig
+from dlmrt.train.orl.config import DECODER_KNOBS, ORLConfig
 from dlmrt.train.stop_flag import helper_init
 
 
@@ -52,7 +52,7 @@ def rollout_seed(seed: int, step: int, prompt: int, g: int) -> int:
 
 
 def decode_params(cfg: ORLConfig) -> dict:
-    params = {"rule": cfg.rule, "entropy_budget": cfg.entropy_budget, "threshold": cfg.threshold}
+    params = {"rule": cfg.rule, **{k: getattr(cfg, k) for k in DECODER_KNOBS}}
     return {k: v for k, v in params.items() if v is not None}
 
 
