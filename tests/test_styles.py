@@ -10,7 +10,6 @@ from conftest import write_checkpoint
 
 import dlmrt.llm
 from dlmrt import LLM
-from dlmrt.server.protocol import ModelInfo
 from dlmrt.styles import BlockStyle, CanvasStyle
 
 
@@ -46,6 +45,9 @@ def test_rows_needed_and_room_follow_each_styles_layout(llms):
 
 
 def test_the_server_sizes_a_canvas_request_by_the_canvas(llms):
+    pytest.importorskip("pydantic")  # the server's extra (absent on a bare GPU image)
+    from dlmrt.server.protocol import ModelInfo
+
     _, canvas = llms
     cfg = canvas.model_config
     info = ModelInfo("m", canvas.tokenizer, cfg.vocab_size, cfg.block_size,
