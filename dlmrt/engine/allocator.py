@@ -3,7 +3,7 @@
 A request's transient tensors come in many large sizes (prefill chunks, the round's vocabulary
 passes, the captured graphs' pool); with fixed-size segments the allocator keeps a segment per
 size it has seen, so memory *reserved* runs far above memory *allocated*. Measured on an H200
-(QwenDLM-4B shape, 8k-token prompt, block_graph, `benchmarks/request_overhead.py`): 0.36 GiB
+(QwenDLM-4B shape, 8k-token prompt, block_graph, `benchmarks/rounds/request_overhead.py`): 0.36 GiB
 allocated but 1.26 GiB reserved beyond weights + KV arena with fixed segments, 0.27 / 0.62 GiB with
 expandable ones (segments grow in place by mapping more pages), tokens unchanged. vLLM and
 SGLang users get the same by exporting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True; the engine

@@ -12,14 +12,18 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str):
-    sys.path.insert(0, str(BENCH))
+    """Import benchmarks/<kind>/<name>.py (or a shared module at benchmarks/) as a script would
+    see it: its own folder and benchmarks/ on the path."""
+    path = next(BENCH.glob(f"{name}.py"), None) or next(BENCH.glob(f"*/{name}.py"))
+    sys.path[:0] = [str(path.parent), str(BENCH)]
     try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
     finally:
+        sys.path.remove(str(path.parent))
         sys.path.remove(str(BENCH))
 
 

@@ -1,4 +1,4 @@
-"""The ORL demo's sweep (`benchmarks/orl_demo.py`) and plots on the CPU, on the embedded demo model."""
+"""The ORL demo's sweep (`benchmarks/orl/orl_demo.py`) and plots on the CPU, on the embedded demo model."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_grid_orders_the_points_and_the_sweep_matches_evaluate():
 
 def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
     out = tmp_path / "sweep.json"
-    cmd = [sys.executable, str(BENCH / "orl_demo.py"), "--model", "a=dlmrt/assets/demo",
+    cmd = [sys.executable, str(BENCH / "orl" / "orl_demo.py"), "--model", "a=dlmrt/assets/demo",
            "--model", "b=dlmrt/assets/demo", "--task", "arithmetic", "--problems", "2",
            "--gammas", "0.8", "--taus", "0.9", "--device", "cpu", "--max-new-tokens", "48",
            "--out", str(out)]  # fmt: skip

@@ -1,4 +1,4 @@
-"""`benchmarks/round_profile.py`: every accepted token is counted once, in its round."""
+"""`benchmarks/orl/round_profile.py`: every accepted token is counted once, in its round."""
 
 from __future__ import annotations
 

@@ -4,16 +4,17 @@ weight-only (W4A16) and `torch._scaled_grouped_mm` (W8A8, row-wise scales), at t
 32-row and DiffusionGemma-26B-A4B 256-row shapes (`moe_layer.py`). Each entry: µs per layer,
 achieved TB/s (touched expert bytes / time) and % of the byte floor.
 
-python benchmarks/moe_quant.py [--iters 50] [--out results/moe_quant.json]
+python benchmarks/kernels/moe_quant.py [--iters 50] [--out results/moe_quant.json]
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_fp8 import scaled_grouped  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402

@@ -1,6 +1,6 @@
 """One denoising round at a full model shape (random bf16 weights) in each execution mode.
 
-    python benchmarks/round_latency.py [--model qwen_dlm|llada2] [--contexts 1024 4096]
+    python benchmarks/rounds/round_latency.py [--model qwen_dlm|llada2] [--contexts 1024 4096]
         [--quantization fp8|nvfp4] [--kv-cache-dtype fp8] [--out benchmarks/results/round_latency.json]
 
 qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 import fp8_model
 import torch
 from common import (

@@ -27,7 +27,7 @@ FlashInfer's AOT folder (flashinfer/data/aot/NAME/NAME.so), where later runs loa
 (`--prebuilt SO` puts one there). FlashInfer is optional and not a dependency of dlmrt: without it
 the script exits with a message. `.devrun/flashinfer.sh` installs it on the device and runs this.
 
-python benchmarks/moe_flashinfer.py [--iters 50] [--out results/moe_flashinfer_h200_DATE.json]
+python benchmarks/kernels/moe_flashinfer.py [--iters 50] [--out results/moe_flashinfer_h200_DATE.json]
     [--no-autotune] [--build-only] [--jit trimmed|stock] [--prebuilt SO] [--build-log PATH]
     [--build-deadline SECONDS]
 """
@@ -38,11 +38,12 @@ import argparse
 import datetime
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import cuda_time, graph_ms, write_result  # noqa: E402
 from flashinfer_build import build, log  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402

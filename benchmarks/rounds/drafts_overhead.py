@@ -2,7 +2,7 @@
 (folded and unfolded) and with drafts (`DraftBuilder` fed by the device-side round trace, so the
 request runs unfolded), and whether the drafts' tokens equal the unfolded plain request's.
 
-    python benchmarks/drafts_overhead.py [--rounds 23] [--new-tokens 1024] [--out benchmarks/results/drafts_overhead.json]
+    python benchmarks/rounds/drafts_overhead.py [--rounds 23] [--new-tokens 1024] [--out benchmarks/results/drafts_overhead.json]
 
 The schedule is forced with `fixed_steps` (random weights accept ~1 token per round), as in
 `e2e_tps.py`. One warm-up request per configuration (graph capture) runs first.
@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import qwen_dlm_4b, random_model, wall_time, write_result
 
 from dlmrt.decoding import make_rule

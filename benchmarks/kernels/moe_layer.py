@@ -1,6 +1,6 @@
 """One MoE layer's routed experts (routing + expert MLP) at the real shapes, against the byte floor.
 
-python benchmarks/moe_layer.py [--iters 50] [--out results/moe_layer_h200_DATE.json]
+python benchmarks/kernels/moe_layer.py [--iters 50] [--out results/moe_layer_h200_DATE.json]
 
 Shapes: LLaDA-2.1-mini (hidden 2048, 256 experts x 512, top-8, 32 rows, SwiGLU, sigmoid
 group-limited routing 8 groups / top-4) and DiffusionGemma-26B-A4B (hidden 2816, 128 experts x
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from dlmrt import ops
 from dlmrt.ops import reference
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import PEAK_BYTES, PEAK_FLOPS, cuda_time, write_result  # noqa: E402
 
 

@@ -2,16 +2,17 @@
 against bf16, and against `torch._scaled_grouped_mm` (W8A8, row-wise scales), one MoE layer at
 the LLaDA-2.1-mini and DiffusionGemma-26B shapes (`moe_layer.py`), graph-replayed.
 
-python benchmarks/moe_fp8.py [--iters 50] [--out results/moe_fp8.json]
+python benchmarks/kernels/moe_fp8.py [--iters 50] [--out results/moe_fp8.json]
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 

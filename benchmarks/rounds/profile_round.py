@@ -1,6 +1,6 @@
 """Profile one eager denoising round at a full model shape: top CUDA kernels by total time.
 
-python benchmarks/profile_round.py [--model qwen_dlm|llada2|diffusion_gemma] [--context 1024] [--rows 25]
+python benchmarks/rounds/profile_round.py [--model qwen_dlm|llada2|diffusion_gemma] [--context 1024] [--rows 25]
     [--canvas masks|random] [--quantization none|fp8]
 
 Also prints the number of kernel launches in the round (or DiffusionGemma step) and their total

@@ -1,6 +1,6 @@
 """Issue 14's kernels against the paths they replace, at the real shapes (one H200, bf16).
 
-python benchmarks/round_kernels.py [--iters 50] [--out results/round_kernels_h200_DATE.json]
+python benchmarks/kernels/round_kernels.py [--iters 50] [--out results/round_kernels_h200_DATE.json]
 
 Each case is one attention call over one arena layer, every path replayed as a CUDA graph:
 - DiffusionGemma-26B-A4B canvas (256 rows, decoder pass, 16 q heads): sliding layers (8 KV heads
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 from dlmrt.ops import canvas, reference
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
 
 ARENA = 20_480

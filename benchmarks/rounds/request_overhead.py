@@ -1,9 +1,9 @@
 """Where one request's time goes, phase by phase, per mode (issue 23): host time and GPU time.
 
-    python benchmarks/request_overhead.py                       # the demo model, 40 test problems
-    python benchmarks/request_overhead.py --model qwen_dlm --context 8192 --requests 2
-    python benchmarks/request_overhead.py --model llada2 --requests 3
-    python benchmarks/request_overhead.py --device cpu --requests 2   # smoke test: eager only,
+    python benchmarks/rounds/request_overhead.py                       # the demo model, 40 test problems
+    python benchmarks/rounds/request_overhead.py --model qwen_dlm --context 8192 --requests 2
+    python benchmarks/rounds/request_overhead.py --model llada2 --requests 3
+    python benchmarks/rounds/request_overhead.py --device cpu --requests 2   # smoke test: eager only,
                                                                # timings meaningless, no events
 
 Each phase is one engine entry point wrapped with a host clock and, on CUDA, a pair of CUDA events
@@ -27,8 +27,11 @@ import gc
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import qwen_dlm_4b, random_model, write_result
 
 import dlmrt.engine.block.engine as engine_mod

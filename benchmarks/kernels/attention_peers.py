@@ -1,6 +1,6 @@
 """Block-row arena attention beside its peers at the models' round shapes (one H200, bf16).
 
-python benchmarks/attention_peers.py [--iters 30] [--variants triton flashinfer_fa3 ...]
+python benchmarks/kernels/attention_peers.py [--iters 30] [--variants triton flashinfer_fa3 ...]
     [--out results/attention_peers_h200_DATE.json]
 
 A round's attention: `rows` query rows of one block, all seeing the same keys (the prefix and
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
 
 LAYERS, PEAK_FLOPS, DIM = 16, 790e12, 128

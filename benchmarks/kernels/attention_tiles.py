@@ -1,6 +1,6 @@
 """Attention tiles and key splits at the models' round shapes (one H200, bf16).
 
-python benchmarks/attention_tiles.py [--out results/attention_tiles_h200_DATE.json]
+python benchmarks/kernels/attention_tiles.py [--out results/attention_tiles_h200_DATE.json]
 
 For LLaDA-2.1-mini (32 rows, 16 / 4 heads x 128) and QwenDLM-4B (256 rows, 32 / 8 x 128), at
 contexts 1k and 4k: the one-pass kernel (`kernels/arena_attention.py`) under each candidate
@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
 
 LAYERS, ARENA, PEAK_FLOPS = 16, 8192, 790e12

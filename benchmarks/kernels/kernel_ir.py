@@ -1,6 +1,6 @@
 """Compile a Triton kernel for Hopper (sm_90) on a machine without a GPU and summarise its IR.
 
-    python benchmarks/kernel_ir.py [PRESET ...] [--dump DIR]
+    python benchmarks/kernels/kernel_ir.py [PRESET ...] [--dump DIR]
 
 Device time is scarce; what Triton makes of a kernel is not. `triton.compile` with a
 `GPUTarget("cuda", 90, 32)` runs the whole pipeline down to a cubin on the CPU (Triton ships

@@ -1,9 +1,9 @@
 """Plots of the ORL demo (issue 17): the accuracy-vs-TPF frontier of every model in a sweep file
-(`benchmarks/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`),
+(`benchmarks/orl/orl_demo.py`), and the reward / rollout-TPF curves of ORL runs (their `log.jsonl`),
 with their residual-to-embedding ratio (`residual_ratio`) when the runs logged it.
 `--compare BASE` also prints each model's TPF at equal accuracy against BASE's (a markdown table).
 
-    python benchmarks/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
+    python benchmarks/orl/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
         --runs benchmarks/results/orl_demo_runs_h200_2026-12-01.json \
         --out docs/orl_demo_frontier.png --curves docs/orl_demo_training.png
     (or --log NAME=runs/chain-orl/log.jsonl, repeatable, for runs of your own)
@@ -143,7 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--sweep", required=True, help="a benchmarks/orl_demo.py result file")
+    ap.add_argument("--sweep", required=True, help="a benchmarks/orl/orl_demo.py result file")
     ap.add_argument("--log", action="append", default=[], help="NAME=log.jsonl of an ORL run")
     ap.add_argument("--runs", default=None, help="a benchmarks/results/orl_demo_runs_*.json file")
     ap.add_argument("--out", required=True, help="the frontier plot (PNG)")

@@ -2,7 +2,7 @@
 scales) vs our split-K kernel (kernels/fp8_gemm.py, every candidate config of
 `dlmrt/ops/fp8_choice.py`), graph-replayed, at 32 and 256 rows (and 512).
 
-    python benchmarks/fp8_gemm.py [--rows 32 256] [--out results/fp8_gemm_h200_DATE.json]
+    python benchmarks/kernels/fp8_gemm.py [--rows 32 256] [--out results/fp8_gemm_h200_DATE.json]
 
 Shapes (N x K): QwenDLM-4B q|k|v, o, gate|up, down, LM head; DiffusionGemma-26B-A4B sliding
 q|k|v, full q|k, o (sliding / full), dense gate|up and down, LM head. Each row gives µs per
@@ -16,9 +16,13 @@ its FP8 GEMM (one scalar scale: a lower bound, see `quack`). Activations already
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import write_result
 
 from dlmrt.ops import fp8 as fp8_ops

@@ -1,8 +1,8 @@
 """DiffusionGemma side by side: transformers' `generate` against dlmrt on the same checkpoint.
 
-    python benchmarks/peer_transformers.py [--layers 12] [--steps 16] [--new-tokens 1024]
+    python benchmarks/rounds/peer_transformers.py [--layers 12] [--steps 16] [--new-tokens 1024]
         [--modes block_graph eager] [--out benchmarks/results/peer_transformers.json]
-    python benchmarks/peer_transformers.py --tiny --device cpu     # a smoke test (tiny widths)
+    python benchmarks/rounds/peer_transformers.py --tiny --device cpu     # a smoke test (tiny widths)
 
 One random-weight checkpoint (DiffusionGemma-26B-A4B widths: hidden 2816, 16 heads, sliding
 head 256 x 8 KV heads, full head 512 x 2 KV heads, 128 experts x 704, top-8, vocab 262144;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import write_result  # noqa: E402
 
 from dlmrt import LLM  # noqa: E402

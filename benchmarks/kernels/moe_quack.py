@@ -7,16 +7,17 @@ alone (gate|up, then down) with per-tensor scales: a lower bound on what a full 
 whole layer, quack cannot win at these shapes.
 
 quack is optional and not a dependency of dlmrt: on a machine without it every quack entry reads
-"not installed". python benchmarks/moe_quack.py [--iters 50] [--out results/moe_quack.json]
+"not installed". python benchmarks/kernels/moe_quack.py [--iters 50] [--out results/moe_quack.json]
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import cuda_time, graph_ms, shapes_main  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 

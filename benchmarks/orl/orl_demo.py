@@ -1,7 +1,7 @@
 """The ORL demo's measurement (issue 17): accuracy, tokens per forward and tokens/s of several
 models over one decoder sweep, on the same held-out problems.
 
-    python benchmarks/orl_demo.py --model base=runs/chain-base --model orl=runs/chain-orl \
+    python benchmarks/orl/orl_demo.py --model base=runs/chain-base --model orl=runs/chain-orl \
         --task arithmetic_chain --problems 500 --out benchmarks/results/orl_demo_h200.json
 
 Every model decodes every point of the grid: the `entropy_budget` rule at each gamma and the
@@ -9,7 +9,7 @@ Every model decodes every point of the grid: the `entropy_budget` rule at each g
 checkpoint). The problems are the first N of the task's test split, each asked raw or through the
 chat template by its seed, as in training (`dlmrt/train/evaluate.py`). tokens/s is generated tokens
 over the wall time of the point's requests (one request at a time, after one warm-up request per
-model). The frontier plot: `benchmarks/orl_demo_plot.py`.
+model). The frontier plot: `benchmarks/orl/orl_demo_plot.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import write_result  # noqa: E402
 
 from dlmrt import LLM  # noqa: E402

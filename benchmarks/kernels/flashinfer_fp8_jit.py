@@ -29,7 +29,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from flashinfer_stubs import _NS_CLOSE, _NS_OPEN, _RUNNER_STUB, STUB_INL, TMA_WS  # noqa: E402
 
 NAME = "fused_moe_90_dlmrt_fp8"

@@ -1,6 +1,6 @@
 """End-to-end tokens/s of one request, QwenDLM-4B shape, random bf16 weights, in each mode.
 
-    python benchmarks/e2e_tps.py [--rounds 23] [--new-tokens 1024] [--quantization fp8]
+    python benchmarks/rounds/e2e_tps.py [--rounds 23] [--new-tokens 1024] [--quantization fp8]
         [--out benchmarks/results/e2e_tps.json]
 
 Random weights accept ~1 token per round, so the block schedule is forced with `fixed_steps`
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 import fp8_model
 import torch
 from common import qwen_dlm_4b, random_model, wall_time, write_result
