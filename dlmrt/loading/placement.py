@@ -20,6 +20,7 @@ from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.loading.policy import classify, matches
 from dlmrt.loading.reader import Fp8Reader
+from dlmrt.ops import choices
 
 log = logging.getLogger("dlmrt")
 
@@ -125,12 +126,17 @@ def place_fp8(
         return {}
     dtype = next(model.parameters()).dtype
     running: dict[str, Fp8Weight] = {}
+    what = f"quantized weights of {type(model).__name__} on {device.type}"
     if not has_fp8_kernels(device) and activations != "nvfp4":
         reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
         why |= {n: reason for n in fp8}
+        choices.record(what, "dequantized", f"no quantized kernels on {device.type}")
     elif not hasattr(model, "use_fp8"):
         why |= {n: f"{type(model).__name__} has no FP8 kernels (use_fp8)" for n in fp8}
+        choices.record(what, "dequantized", "the model has no quantized kernels")
     else:
+        choices.record(what, "the model's kernels", "W4A4 emulation" if activations == "nvfp4"
+                       else "each projection as its choices say")  # fmt: skip
         running, declined = install(model, fp8, emulate=activations == "nvfp4")
         for name in declined:
             why[name] = (

@@ -29,7 +29,7 @@ def install_glu(name: str, mlp: nn.Module, rows: int, gelu: bool) -> bool:
     device = gate_up.qweight.device
     two_i, k = gate_up.qweight.shape
     ok, why, glu, down_config = use_glu(rows, two_i // 2, k, down.out_features, device, gelu)
-    log.info("fp8 %s: gate|up + activation %s (%s)", name, "one kernel" if ok else "separate", why)
+    log.debug("fp8 %s: gate|up + activation %s (%s)", name, "one kernel" if ok else "separate", why)
     if not ok or glu is None or down_config is None:
         return False
     mlp.glu_plan = fp8_ops.GluPlan(rows, glu)

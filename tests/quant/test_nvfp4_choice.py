@@ -64,7 +64,7 @@ def test_a_slower_kernel_leaves_the_mlp_dequantized_but_emulation_installs_it(
 ):
     monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)  # as on CUDA
     monkeypatch.setattr(fp8_install, "use_nvfp4_dense", lambda *a: (False, "bf16 faster"))
-    with caplog.at_level(logging.INFO, logger="dlmrt"):
+    with caplog.at_level(logging.DEBUG, logger="dlmrt"):
         declined = LLM(qwen, device="cpu", dtype="float32", mode="eager")
     assert "nvfp4 model.layers.0.mlp: dequantized (bf16 faster)" in caplog.text
     assert not any(isinstance(m, Nvfp4Linear) for m in declined.model.modules())

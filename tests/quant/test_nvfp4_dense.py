@@ -123,7 +123,7 @@ def test_without_emulation_the_cpu_dequantizes_and_w4a16_installed_gives_its_tok
         assert mlp.gate_up_fp8 is None and type(mlp.down_proj) is torch.nn.Linear
         assert mlp.gate_proj.weight.dtype == torch.float32 and mlp.gate_proj.weight.numel() > 0
     monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)  # as on CUDA
-    with caplog.at_level(logging.INFO, logger="dlmrt"):
+    with caplog.at_level(logging.DEBUG, logger="dlmrt"):
         installed = LLM(ckpts[family], device="cpu", dtype="float32", mode="eager")
     assert "nvfp4 model.layers.0.mlp: NVFP4 weight-only W4A16 (dense MLP)" in caplog.text
     dense = [m for m in installed.model.modules() if isinstance(m, Nvfp4Linear)]
