@@ -1,6 +1,6 @@
 """Install the one-kernel gate|up + activation into an FP8 gated MLP where it measures faster.
 
-Called by models/fp8_install.py once a dense SwiGLU / GeGLU has both halves as `Fp8Linear`s:
+Called by models/quantized_install.py once a dense SwiGLU / GeGLU has both halves as `Fp8Linear`s:
 `ops/fp8_glu_choice.py` times the separate and the fused form at the block rows; if fused wins,
 the MLP gets a `GluPlan` (kernels/fp8_glu_gemm.py) and its down projection the plan of
 kernels/fp8_gemm.py that quantizes y as it loads it. Other row counts (a prefill) run the

@@ -1,7 +1,8 @@
-"""Install FP8 weights into a built model: which projections run FP8, and who quantizes their input.
+"""Install quantized (FP8 or NVFP4) weights into a built model: which projections run quantized,
+and who quantizes their input.
 
-`install_fp8(model, fp8, rows)` takes the loader's `{parameter name: Fp8Weight}` (per-channel
-e4m3, `dlmrt/formats/fp8.py`) and returns the names it did not install (the loader dequantizes
+`install_quantized(model, weights, rows)` takes the loader's `{parameter name: Fp8Weight or
+Nvfp4Weight}` (per-channel e4m3, `dlmrt/formats/fp8.py`; `dlmrt/formats/nvfp4.py`) and returns the names it did not install (the loader dequantizes
 those into their bf16 parameters). What runs FP8, and why:
 - Routed experts (LLaDA2, DiffusionGemma): always. Their GEMMs read weights, not compute (a
   32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations quantized
@@ -235,11 +236,13 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         ins.experts(f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
 
 
-def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -> list[str]:
+def install_quantized(
+    model: nn.Module, weights: dict, rows: int, emulate: bool = False
+) -> list[str]:
     """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts and dense
     gated MLPs whose three projections are all NVFP4, those where the kernel is faster unless
     `emulate`: W4A4 emulation installs them all); returns the names left to dequantize."""
-    ins = _Installer(model, fp8, rows, emulate)
+    ins = _Installer(model, weights, rows, emulate)
     is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}"
@@ -252,7 +255,7 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -
         _swap(model, "lm_head", head)
         if is_block:
             model.model.norm.fp8_out = True
-    return [n for n in fp8 if n not in set(ins.done)]
+    return [n for n in weights if n not in set(ins.done)]
 
 
 def _tied_head(ins: _Installer, model: nn.Module) -> Fp8Weight | None:
