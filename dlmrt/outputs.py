@@ -1,5 +1,5 @@
 """What a request returns (`GenerationOutput`, `EngineResult`), what a round (block style) or a
-denoising step (canvas style) records, and the callback types of the engines and `LLM`."""
+denoising step (encoder-decoder style) records, and the callback types of the engines and `LLM`."""
 
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ class EngineResult:
 
 @dataclass(frozen=True, slots=True)
 class CanvasStepRecord:
-    """What one canvas-style denoising step (DiffusionGemma) produced: device tensors, cloned.
+    """What one denoising step of a canvas (encoder-decoder style, DiffusionGemma) produced: device
+    tensors, cloned.
 
     The engine writes them into device-side history buffers inside the (captured) step and hands
     them over after the canvas, so recording never adds a host sync inside a canvas."""
@@ -117,5 +118,5 @@ class CanvasStepRecord:
 Recorder = Callable[[RoundRecord], None]
 CanvasRecorder = Callable[[CanvasStepRecord], None]
 # (block or canvas index, rounds it took, tokens so far)
-BlockCallback = Callable[[int, int, list[int]], None]
+ProgressCallback = Callable[[int, int, list[int]], None]
 StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)

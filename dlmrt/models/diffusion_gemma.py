@@ -198,7 +198,7 @@ class DiffusionGemma(nn.Module):
         them); `emulate`: W4A4 emulation. See `models/quantized_install.py`."""
         from dlmrt.models.quantized_install import install_quantized  # loads on demand
 
-        return install_quantized(self, weights, self.cfg.block_size, emulate)
+        return install_quantized(self, weights, self.cfg.canvas_length, emulate)
 
     def fuse_projections(self) -> None:
         for module in self.modules():

@@ -122,7 +122,9 @@ class _Fp8Model(torch.nn.Module):
         return [n for n in fp8 if n != "a.weight"]
 
 
-def test_place_quantized_hands_weights_to_use_quantized_and_dequantizes_the_declined(monkeypatch, caplog):
+def test_place_quantized_hands_weights_to_use_quantized_and_dequantizes_the_declined(
+    monkeypatch, caplog
+):
     model = _Fp8Model()
     fp8 = {n: quantize_per_channel(p) for n, p in model.state_dict().items()}
     monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)
