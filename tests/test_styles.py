@@ -61,7 +61,7 @@ def test_a_request_error_comes_from_the_style(llms):
     block, encdec = llms
     with pytest.raises(ValueError, match="block_length: .* larger than the checkpoint"):
         block.generate([5, 6], block_length=4 * block.model_config.block_size)
-    with pytest.raises(ValueError, match="encdec length is"):
+    with pytest.raises(ValueError, match="canvas length is"):
         encdec.generate([5, 6], block_length=encdec.engine.canvas_length + 1)
 
 
