@@ -9,8 +9,12 @@ if TYPE_CHECKING:  # torch is imported where a device or dtype is needed: `dlmrt
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
-MODES = ("auto", "block_graph", "round_graph", "eager")  # dlmrt/engine/graph/modes.py picks
+# KV arena dtypes, as vLLM's --kv-cache-dtype: the model's dtype, or e4m3 (fp8 = fp8_e4m3)
+KV_AUTO, KV_FP8, KV_FP8_E4M3 = "auto", "fp8", "fp8_e4m3"
+KV_CACHE_DTYPES = (KV_AUTO, KV_FP8, KV_FP8_E4M3)
+# Execution modes (docs/execution-modes.md); AUTO: dlmrt/engine/graph/modes.py picks one of the rest
+AUTO, BLOCK_GRAPH, ROUND_GRAPH, EAGER = "auto", "block_graph", "round_graph", "eager"
+MODES = (AUTO, BLOCK_GRAPH, ROUND_GRAPH, EAGER)
 ROLES = ("base", "orl")
 # Weight quantization, one meaning per value (EngineConfig.quantization): None (the default, not
 # a CLI choice) = the checkpoint's own: its FP8 / NVFP4 weights run quantized, the rest in the

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dlmrt import models
-from dlmrt.config import EngineConfig, torch_dtypes
+from dlmrt.config import EAGER, EngineConfig, torch_dtypes
 from dlmrt.distributed import requests as tp_requests
 from dlmrt.distributed import setup as tp_setup
 from dlmrt.draft_stream import DraftStream
@@ -113,7 +113,7 @@ class LLM:
         *,
         path: str | Path,
         role: str | None = None,
-        mode: str = "eager",
+        mode: str = EAGER,
         fold_commits: bool = True,
     ) -> LLM:
         """An `LLM` around a live model (its current weights, device and dtype), e.g. the

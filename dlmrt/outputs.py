@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dlmrt.config import EAGER
+
 if TYPE_CHECKING:
     import torch
 
@@ -36,7 +38,7 @@ class GenerationOutput:
     num_prefill_forwards: int
     request_time_s: float
     rounds_per_block: list[int] = field(default_factory=list)
-    mode: str = "eager"  # execution mode that ran the request
+    mode: str = EAGER  # execution mode that ran the request
 
     @classmethod
     def of(cls, text: str, prompt_tokens: int, res: EngineResult, t0: float) -> GenerationOutput:
@@ -97,7 +99,7 @@ class EngineResult:
     commit_forwards: int = 0
     prefill_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
-    mode: str = "eager"
+    mode: str = EAGER
 
 
 @dataclass(frozen=True, slots=True)

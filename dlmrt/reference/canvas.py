@@ -13,6 +13,7 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
+from dlmrt.config import EAGER
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.errors import GenerationCancelled
 from dlmrt.outputs import (
@@ -64,7 +65,7 @@ def generate(
         stop_ids=stop_ids,
         ignore_eos=ignore_eos,
         on_progress=on_progress,
-        mode="eager",
+        mode=EAGER,
     )
     res.prefill_forwards = int(bool(prompt))
     return res

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from dlmrt.config import EAGER
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
 from dlmrt.loading.quant_config import kv_cache_dtype_for
@@ -58,7 +59,7 @@ class EncoderDecoderStyle:
             raise ValueError(
                 "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
             )
-        return rng or ("counter" if self.mode != "eager" or self.tensor_parallel else "torch")
+        return rng or ("counter" if self.mode != EAGER or self.tensor_parallel else "torch")
 
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
         overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}

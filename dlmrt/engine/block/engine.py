@@ -21,6 +21,7 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.blocks import Layout, finish, layout
+from dlmrt.config import EAGER
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import folds_check
@@ -76,7 +77,7 @@ class BlockEngine:
         model: torch.nn.Module,
         device: torch.device,
         dtype: torch.dtype,
-        mode: str = "eager",
+        mode: str = EAGER,
         fold_commits: bool = True,
         kv_cache_dtype: str = "auto",
     ) -> None:

@@ -23,6 +23,7 @@ import torch
 from dlmrt import reference
 from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
+from dlmrt.config import EAGER
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine import nonfinite
 from dlmrt.engine.encoder_decoder.step import (
@@ -62,7 +63,7 @@ class EncoderDecoderEngine:
         self,
         model: torch.nn.Module,
         device: torch.device,
-        mode: str = "eager",
+        mode: str = EAGER,
         kv_cache_dtype: str = "auto",
     ) -> None:
         self.model, self.device, self.mode = model, device, mode
@@ -170,7 +171,7 @@ class EncoderDecoderEngine:
         return PrefillGraphs(forward, arena.max_len, self.device, pool)
 
     def _log_torch_rng(self) -> None:
-        if self.mode != "eager" and not self._torch_rng_logged:
+        if self.mode != EAGER and not self._torch_rng_logged:
             log.info(
                 "rng='torch' (transformers' draws) cannot be replayed in a CUDA graph: such "
                 "requests run on the eager reference path (mode 'eager' in their output)"
