@@ -16,6 +16,7 @@ import torch
 from dlmrt.models.config import ModelConfig
 from dlmrt.models.qwen_dlm import QwenDLM
 from dlmrt.models.residual import ResidualConfig
+from dlmrt.ops import choices
 
 PEAK_FLOPS = 790e12  # measured bf16 dense on the H200
 PEAK_BYTES = 4.3e12  # HBM3e bytes/s
@@ -114,6 +115,8 @@ def write_result(path: str, payload: dict, revision: str | None) -> None:
         "git_revision": revision or git_revision(),
         "torch": torch.__version__,
         **payload,
+        # every implementation choice the run made (dlmrt/ops/choices.py), one line each
+        "choices": [c.line() for c in choices.recorded()],
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")

@@ -1,7 +1,7 @@
 """FP8 versions of the benchmarks' random models, and the FP8 roofline floor.
 
-`quantize(model)` quantizes every FP8 candidate per channel and installs what `use_fp8` runs
-(`dlmrt/models/fp8_install.py`); the rest is dequantized back. `fp8_floor` turns a bf16 floor
+`quantize(model)` quantizes every FP8 candidate per channel and installs what `use_quantized` runs
+(`dlmrt/models/quantized_install.py`); the rest is dequantized back. `fp8_floor` turns a bf16 floor
 into the FP8 one: installed weights read at 1 byte (experts scaled by the share the round
 touches), FLOPs of the FP8 GEMMs at 1,580 TFLOP/s, the rest unchanged (the KV arena counted at
 its own width, bf16 unless --kv-cache-dtype fp8 halves it).
@@ -38,7 +38,7 @@ def quantize_nvfp4(model: torch.nn.Module) -> dict[str, int]:
     names = [n for n, _ in model.named_parameters() if is_nvfp4_target(n)]
     weights = {n: nvfp4(model.get_parameter(n).detach()).to("cpu") for n in names}  # as read
     sizes = {n: model.get_parameter(n).numel() for n in names}
-    left = set(model.use_fp8(weights))
+    left = set(model.use_quantized(weights))
     torch.cuda.empty_cache()
     dense = sum(".experts." not in n for n in names if n not in left)
     print(f"nvfp4 installed: {len(names) - len(left)} tensors ({dense} dense)", flush=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from dlmrt.outputs import BlockCallback, EngineResult
+from dlmrt.outputs import EngineResult, ProgressCallback
 
 Denoise = Callable[[int], tuple[torch.Tensor, int]]  # canvas index -> (argmax [L] on device, steps)
 Commit = Callable[[list[int]], None]  # encode the finished canvas before the next one
@@ -28,7 +28,7 @@ def canvas_loop(
     max_new_tokens: int,
     stop_ids: list[int],
     ignore_eos: bool,
-    on_block: BlockCallback | None,
+    on_progress: ProgressCallback | None,
     mode: str,
 ) -> EngineResult:
     """Run the canvases of one request; the caller has encoded the prompt."""
@@ -50,8 +50,8 @@ def canvas_loop(
             first = next(i for i, t in enumerate(canvas) if t in stop_ids)
             del res.token_ids[len(res.token_ids) - len(canvas) + first + 1 :]
             res.finish_reason = "stop"
-        if on_block is not None:
-            on_block(index, steps, res.token_ids[:max_new_tokens])
+        if on_progress is not None:
+            on_progress(index, steps, res.token_ids[:max_new_tokens])
         if res.finish_reason == "stop" or len(res.token_ids) >= max_new_tokens:
             break
     if len(res.token_ids) > max_new_tokens:

@@ -165,11 +165,11 @@ def _generate_and_print(llm: Any, args: argparse.Namespace, params: Any) -> int:
     prompt = sys.stdin.read().removesuffix("\n") if args.prompt == "-" else args.prompt
     generated = [0]  # blocks numbered from the first generated one (not the absolute index)
 
-    def on_block(index: int, rounds: int, tokens: list[int]) -> None:
+    def on_progress(index: int, rounds: int, tokens: list[int]) -> None:
         n, generated[0] = generated[0], generated[0] + 1
         print(f"[block {n}] {rounds} rounds, {len(tokens)} tokens so far", file=sys.stderr)
 
-    kwargs = dict(chat=args.chat, on_block=on_block if args.progress else None, params=params)
+    kwargs = dict(chat=args.chat, on_progress=on_progress if args.progress else None, params=params)
     if args.watch:
         out = _watch(llm, prompt, kwargs, args.watch_delay)
     else:

@@ -9,10 +9,18 @@ if TYPE_CHECKING:  # torch is imported where a device or dtype is needed: `dlmrt
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # as vLLM's --kv-cache-dtype; fp8 = fp8_e4m3
-MODES = ("auto", "block_graph", "round_graph", "eager")  # dlmrt/engine/graph/modes.py picks
+# KV arena dtypes, as vLLM's --kv-cache-dtype: the model's dtype, or e4m3 (fp8 = fp8_e4m3)
+KV_AUTO, KV_FP8, KV_FP8_E4M3 = "auto", "fp8", "fp8_e4m3"
+KV_CACHE_DTYPES = (KV_AUTO, KV_FP8, KV_FP8_E4M3)
+# Execution modes (docs/execution-modes.md); AUTO: dlmrt/engine/graph/modes.py picks one of the rest
+AUTO, BLOCK_GRAPH, ROUND_GRAPH, EAGER = "auto", "block_graph", "round_graph", "eager"
+MODES = (AUTO, BLOCK_GRAPH, ROUND_GRAPH, EAGER)
 ROLES = ("base", "orl")
-QUANTIZATIONS = ("none", "fp8")  # weights; None: as the checkpoint is stored (dlmrt/quant/)
+# Weight quantization, one meaning per value (EngineConfig.quantization): None (the default, not
+# a CLI choice) = the checkpoint's own: its FP8 / NVFP4 weights run quantized, the rest in the
+# model dtype; "none" = nothing quantized: every weight dequantized to the model dtype at load;
+# "fp8" = the checkpoint's own, and every other linear quantized to FP8 per channel at load.
+QUANTIZATIONS = ("none", "fp8")
 ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 MLPs (docs/quantization.md)
 
 
@@ -70,9 +78,9 @@ class EngineConfig:
     quantization: str | None = field(
         default=None,
         metadata={
-            "help": "none | fp8: fp8 quantizes the linear weights per channel at load (an FP8 "
-            "checkpoint's own weights stay as stored), none runs every weight in --dtype; None: "
-            "as stored (FP8 if the checkpoint's config says so)",
+            "help": "none | fp8; unset (None): the checkpoint's own quantization (its FP8 / NVFP4 "
+            "weights run quantized, the rest in --dtype); none: every weight dequantized to "
+            "--dtype at load; fp8: also quantize the other linear weights per channel at load",
             "choices": QUANTIZATIONS,
         },
     )

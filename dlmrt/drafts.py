@@ -1,11 +1,11 @@
 """Drafts: what a block (or a canvas) looks like after each denoising round.
 
 A `Draft` is one round of one block, built from the engine's round history (`RoundRecord`, block
-style; `CanvasStepRecord`, canvas style) by a `DraftBuilder`. Per generated row it says what the
+style; `CanvasStepRecord`, encoder-decoder style) by a `DraftBuilder`. Per generated row it says what the
 row shows and in which state it is:
 
     F  final     resolved before this round (block style); a canvas's rows in its last draft
-    A  accepted  accepted (or, editing rules, rewritten) this round; canvas style: sample kept
+    A  accepted  accepted (or, editing rules, rewritten) this round; encoder-decoder style: sample kept
     M  masked    still undecided: the row shows the round's provisional proposal (its argmax, or
                  its sample when temperature > 0) with that proposal's probability
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dlmrt.outputs import BlockCallback, CanvasStepRecord, RoundRecord
+from dlmrt.outputs import CanvasStepRecord, ProgressCallback, RoundRecord
 
 FINAL, ACCEPTED, MASKED = "F", "A", "M"
 
@@ -114,7 +114,7 @@ def _round_view(rec: RoundRecord) -> _Round:
 
 
 def _step_view(rec: CanvasStepRecord) -> _Round:
-    """Canvas style: every row shows the step's argmax; accepted rows keep their sample."""
+    """Encoder-decoder style: every row shows the step's argmax; accepted rows keep their sample."""
     states = "".join(ACCEPTED if a else MASKED for a in rec.accepted.tolist())
     return _Round(rec.canvas_index, rec.argmax.tolist(), states, rec.confidence.tolist())
 
@@ -122,13 +122,13 @@ def _step_view(rec: CanvasStepRecord) -> _Round:
 class DraftBuilder:
     """Turns a request's records and finished blocks into `Draft`s for `emit`.
 
-    Feed it every record (`record`: the engine's recorder) and every finished block (`on_block`:
+    Feed it every record (`record`: the engine's recorder) and every finished block (`on_progress`:
     the engine's block callback; it then calls `then`, the caller's own). Both engines hand a
-    block's records over before its `on_block` (after the block, in every mode), so a block's
-    drafts are emitted at its `on_block`, when its output (cut at a stop id) is known.
+    block's records over before its `on_progress` (after the block, in every mode), so a block's
+    drafts are emitted at its `on_progress`, when its output (cut at a stop id) is known.
     """
 
-    def __init__(self, emit: Callable[[Draft], None], then: BlockCallback | None = None) -> None:
+    def __init__(self, emit: Callable[[Draft], None], then: ProgressCallback | None = None) -> None:
         self._emit, self._then = emit, then
         self._rounds: dict[int, list[_Round]] = {}  # block -> its rounds so far
         self._generated: dict[int, list[bool]] = {}  # block -> rows the request generates
@@ -147,7 +147,7 @@ class DraftBuilder:
             self._first = view.index
         self._rounds.setdefault(view.index, []).append(view)
 
-    def on_block(self, index: int, rounds: int, tokens: list[int]) -> None:
+    def on_progress(self, index: int, rounds: int, tokens: list[int]) -> None:
         before, self._tokens = self._tokens, list(tokens)
         if index in self._rounds:
             self._emit_block(index, self._rounds.pop(index), before, self._tokens)

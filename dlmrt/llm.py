@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dlmrt import models
-from dlmrt.config import EngineConfig, torch_dtypes
+from dlmrt.config import EAGER, EngineConfig, torch_dtypes
 from dlmrt.distributed import requests as tp_requests
 from dlmrt.distributed import setup as tp_setup
 from dlmrt.draft_stream import DraftStream
@@ -25,9 +25,15 @@ from dlmrt.drafts import DraftBuilder, DraftCallback, chain
 from dlmrt.engine import select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.loading.checkpoint import load_checkpoint, resolve_model_path
-from dlmrt.outputs import BlockCallback, CanvasRecorder, GenerationOutput, Recorder, StopCheck
+from dlmrt.outputs import CanvasRecorder, GenerationOutput, ProgressCallback, Recorder, StopCheck
 from dlmrt.params import DecodeParams
-from dlmrt.request_checks import check_callbacks, check_not_empty, check_rule_style, prompt_ids
+from dlmrt.request_checks import (
+    check_callbacks,
+    check_not_empty,
+    check_rule_style,
+    prompt_ids,
+    renamed_on_block,
+)
 from dlmrt.styles import Hooks, Setup, style_for
 from dlmrt.tokenizer import Tokenizer
 
@@ -107,7 +113,7 @@ class LLM:
         *,
         path: str | Path,
         role: str | None = None,
-        mode: str = "eager",
+        mode: str = EAGER,
         fold_commits: bool = True,
     ) -> LLM:
         """An `LLM` around a live model (its current weights, device and dtype), e.g. the
@@ -192,17 +198,17 @@ class LLM:
 
     @property
     def mask_id(self) -> int | None:
-        """The block style's mask token id (None for canvas decoding)."""
+        """The block style's mask token id (None for the encoder-decoder style)."""
         return self.style.mask_id
 
     @property
     def decoder(self):
-        """The block style's decoder defaults (`DecoderDefaults`; None for canvas decoding)."""
+        """The block style's decoder defaults (`DecoderDefaults`; None for encoder-decoder)."""
         return self.style.decoder
 
     @property
     def canvas_settings(self):
-        """The canvas style's `CanvasSettings` (None for block decoding)."""
+        """The encoder-decoder style's `CanvasSettings` (None for block decoding)."""
         return self.style.canvas_settings
 
     def generate(
@@ -211,7 +217,7 @@ class LLM:
         *,
         chat: bool = False,
         recorder: Recorder | CanvasRecorder | None = None,
-        on_block: BlockCallback | None = None,
+        on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
         on_round: DraftCallback | None = None,
         params: DecodeParams | None = None,
@@ -221,15 +227,17 @@ class LLM:
         or pass validated `params` (a `DecodeParams`) instead of them.
 
         chat=True wraps a text prompt as one user message in the checkpoint's chat template.
-        `recorder` receives every round's `RoundRecord` (canvas style: every step's
-        `CanvasStepRecord`), after its block, in any mode; `on_block(index, rounds, tokens)` each
-        block; `on_round(draft)` every round's `Draft` (`dlmrt/drafts.py`, `docs/drafts.md`), a
-        block at a time, before that block's `on_block`. A block-style request with a recorder
+        `recorder` receives every round's `RoundRecord` (encoder-decoder style: every step's
+        `CanvasStepRecord`), after its block, in any mode; `on_progress(index, rounds, tokens)` after
+        each block (encoder-decoder: each canvas, with its steps; `on_block` is its deprecated
+        former name); `on_round(draft)` every round's `Draft` (`dlmrt/drafts.py`, `docs/drafts.md`), a
+        block at a time, before that block's `on_progress`. A block-style request with a recorder
         (or drafts) runs unfolded: its records follow the unfolded rounds.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
         Tensor parallel: every rank calls this; rank 0's arguments decide (`dlmrt/distributed/`).
         """
+        on_progress = renamed_on_block(kwargs, on_progress)
         if params is not None and kwargs:
             raise TypeError(
                 f"generate: pass params or keyword arguments, not both ({sorted(kwargs)})"
@@ -242,12 +250,12 @@ class LLM:
                 self.group, prompt, chat, kwargs, should_stop
             )
             params = None
-        check_callbacks(chat, recorder, on_block, should_stop, on_round)
+        check_callbacks(chat, recorder, on_progress, should_stop, on_round)
         if on_round is not None:
-            builder = DraftBuilder(on_round, on_block)
-            recorder, on_block = chain(recorder, builder.record), builder.on_block
+            builder = DraftBuilder(on_round, on_progress)
+            recorder, on_progress = chain(recorder, builder.record), builder.on_progress
         params = params if params is not None else DecodeParams.from_kwargs(**kwargs)
-        return self._generate(prompt, chat, recorder, on_block, should_stop, params)
+        return self._generate(prompt, chat, recorder, on_progress, should_stop, params)
 
     def follow(self) -> None:
         """Tensor parallel, ranks > 0 of a server: decode what rank 0's `generate` calls share,
@@ -266,13 +274,15 @@ class LLM:
         if self.group is not None:
             tp_requests.stop(self.group)
 
-    def _generate(self, prompt, chat, recorder, on_block, should_stop, params) -> GenerationOutput:
+    def _generate(
+        self, prompt, chat, recorder, on_progress, should_stop, params
+    ) -> GenerationOutput:
         t0 = time.perf_counter()
         ids = prompt_ids(self.tokenizer, prompt, chat, self.model_config.vocab_size)
         check_not_empty(ids, prompt)
         check_rule_style(params, self.family.style, self.model_config.architecture)
         self.style.check(ids, params)
-        res = self.style.generate(ids, params, Hooks(recorder, on_block, should_stop))
+        res = self.style.generate(ids, params, Hooks(recorder, on_progress, should_stop))
         return GenerationOutput.of(self.tokenizer.decode(res.token_ids), len(ids), res, t0)
 
     def stream(self, prompt: str | list[int], *, chat: bool = False, **kwargs: Any) -> DraftStream:

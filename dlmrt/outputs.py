@@ -1,5 +1,5 @@
 """What a request returns (`GenerationOutput`, `EngineResult`), what a round (block style) or a
-denoising step (canvas style) records, and the callback types of the engines and `LLM`."""
+denoising step (encoder-decoder style) records, and the callback types of the engines and `LLM`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from dlmrt.config import EAGER
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +38,7 @@ class GenerationOutput:
     num_prefill_forwards: int
     request_time_s: float
     rounds_per_block: list[int] = field(default_factory=list)
-    mode: str = "eager"  # execution mode that ran the request
+    mode: str = EAGER  # execution mode that ran the request
 
     @classmethod
     def of(cls, text: str, prompt_tokens: int, res: EngineResult, t0: float) -> GenerationOutput:
@@ -97,12 +99,13 @@ class EngineResult:
     commit_forwards: int = 0
     prefill_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
-    mode: str = "eager"
+    mode: str = EAGER
 
 
 @dataclass(frozen=True, slots=True)
 class CanvasStepRecord:
-    """What one canvas-style denoising step (DiffusionGemma) produced: device tensors, cloned.
+    """What one denoising step of a canvas (encoder-decoder style, DiffusionGemma) produced: device
+    tensors, cloned.
 
     The engine writes them into device-side history buffers inside the (captured) step and hands
     them over after the canvas, so recording never adds a host sync inside a canvas."""
@@ -117,5 +120,5 @@ class CanvasStepRecord:
 Recorder = Callable[[RoundRecord], None]
 CanvasRecorder = Callable[[CanvasStepRecord], None]
 # (block or canvas index, rounds it took, tokens so far)
-BlockCallback = Callable[[int, int, list[int]], None]
+ProgressCallback = Callable[[int, int, list[int]], None]
 StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)

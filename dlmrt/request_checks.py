@@ -3,6 +3,8 @@ parameter that is wrong. Style-specific ones follow the family's decoding style 
 
 from __future__ import annotations
 
+import warnings
+
 from dlmrt.blocks import layout
 from dlmrt.params import DecodeParams
 from dlmrt.rules import BLOCK, ENCODER_DECODER, RULE_OF_KNOB, RULES, style_knobs
@@ -60,7 +62,7 @@ def check_block_length(prompt_len: int, params: DecodeParams, block: int, limit:
         )
 
 
-def check_canvas_request(ids: list[int], params: DecodeParams, length: int, cfg) -> None:
+def check_encoder_decoder_request(ids: list[int], params: DecodeParams, length: int, cfg) -> None:
     if params.temperature or params.block_length not in (None, length):
         raise ValueError(
             "temperature, block_length: fixed by DiffusionGemma's decoder (use t_min/t_max; "
@@ -113,15 +115,32 @@ def prompt_ids(tokenizer, prompt: str | list[int], chat: bool, vocab: int) -> li
 
 
 def check_callbacks(
-    chat: object, recorder: object, on_block: object, should_stop: object, on_round: object = None
+    chat: object,
+    recorder: object,
+    on_progress: object,
+    should_stop: object,
+    on_round: object = None,
 ) -> None:
     """`chat` a bool, the callbacks callables (or None): named errors, not failures mid-request."""
     if not isinstance(chat, bool):
         raise TypeError(f"chat: expected True or False, got {chat!r}")
-    named = ("recorder", recorder), ("on_block", on_block), ("should_stop", should_stop)
+    named = ("recorder", recorder), ("on_progress", on_progress), ("should_stop", should_stop)
     for name, fn in (*named, ("on_round", on_round)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name}: expected a callable or None, got {type(fn).__name__}")
+
+
+def renamed_on_block(kwargs: dict, on_progress: object) -> object:
+    """`on_progress`, or the callback passed under its former name `on_block` (popped from
+    `kwargs`; deprecated: it is also called after each canvas, not only after blocks)."""
+    if "on_block" not in kwargs:
+        return on_progress
+    old = kwargs.pop("on_block")
+    if on_progress is not None:
+        raise TypeError("generate: pass on_progress, not both on_progress and on_block")
+    warnings.warn("generate(on_block=...) is deprecated: pass on_progress=... (called after "
+                  "each block or canvas)", DeprecationWarning, stacklevel=3)  # fmt: skip
+    return old
 
 
 def check_not_empty(ids: list[int], prompt: object) -> None:

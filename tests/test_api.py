@@ -203,9 +203,22 @@ def test_request_arguments_are_checked_before_decoding(base_llm):
             base_llm.generate(prompt, max_new_tokens=4)
     with pytest.raises(TypeError, match="chat: expected True or False"):
         base_llm.generate("hi", chat="yes", max_new_tokens=4)
-    for name in ("recorder", "on_block", "should_stop"):
+    for name in ("recorder", "on_progress", "should_stop"):
         with pytest.raises(TypeError, match=f"{name}: expected a callable"):
             base_llm.generate("hi", max_new_tokens=4, **{name: 3})
+
+
+def test_on_block_is_a_deprecated_alias_of_on_progress(base_llm):
+    """`on_block` (the former name) still receives the progress calls, with a DeprecationWarning;
+    passing both names is an error."""
+    kw = dict(max_new_tokens=8, ignore_eos=True)
+    new, old = [], []
+    base_llm.generate(PROMPT, on_progress=lambda *a: new.append(a), **kw)
+    with pytest.warns(DeprecationWarning, match="on_progress"):
+        base_llm.generate(PROMPT, on_block=lambda *a: old.append(a), **kw)
+    assert old == new and new
+    with pytest.raises(TypeError, match="not both"):
+        base_llm.generate(PROMPT, on_progress=print, on_block=print, **kw)
 
 
 def test_sampling_seeded(base_llm):

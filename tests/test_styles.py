@@ -10,7 +10,7 @@ from conftest import write_checkpoint
 
 import dlmrt.llm
 from dlmrt import LLM
-from dlmrt.styles import BlockStyle, CanvasStyle
+from dlmrt.styles import BlockStyle, EncoderDecoderStyle
 
 
 @pytest.fixture(scope="module")
@@ -18,51 +18,51 @@ def llms(tmp_path_factory):
     from dg_helpers import tiny_checkpoint
 
     block = LLM(write_checkpoint(tmp_path_factory.mktemp("st") / "b"), device="cpu")
-    canvas = LLM(tiny_checkpoint(tmp_path_factory)[0], device="cpu")
-    return block, canvas
+    encdec = LLM(tiny_checkpoint(tmp_path_factory)[0], device="cpu")
+    return block, encdec
 
 
 def test_llm_holds_one_style_and_no_style_branch(llms):
-    block, canvas = llms
-    assert isinstance(block.style, BlockStyle) and isinstance(canvas.style, CanvasStyle)
-    assert block.engine is block.style.engine and canvas.engine is canvas.style.engine
-    assert (block.canvas_settings, canvas.decoder, canvas.mask_id) == (None, None, None)
+    block, encdec = llms
+    assert isinstance(block.style, BlockStyle) and isinstance(encdec.style, EncoderDecoderStyle)
+    assert block.engine is block.style.engine and encdec.engine is encdec.style.engine
+    assert (block.canvas_settings, encdec.decoder, encdec.mask_id) == (None, None, None)
     source = inspect.getsource(dlmrt.llm)
     assert "style ==" not in source and "BLOCK" not in source
 
 
 def test_rows_needed_and_room_follow_each_styles_layout(llms):
-    block, canvas = llms
+    block, encdec = llms
     b = block.model_config.block_size
     assert block.style.rows_needed(b + 1, 2 * b, None) == 4 * b  # whole blocks over both
     assert block.style.rows_needed(3, 5, 4) == 8
-    length = canvas.engine.canvas_length
-    assert canvas.style.rows_needed(3, length + 1, None) == 3 + 2 * length  # prompt, then canvases
-    limit = canvas.model_config.max_position_embeddings
-    room = canvas.style.room(3, None)
-    assert canvas.style.rows_needed(3, room, None) <= limit
-    assert canvas.style.rows_needed(3, room + 1, None) > limit
+    length = encdec.engine.canvas_length
+    assert encdec.style.rows_needed(3, length + 1, None) == 3 + 2 * length  # prompt, then canvases
+    limit = encdec.model_config.max_position_embeddings
+    room = encdec.style.room(3, None)
+    assert encdec.style.rows_needed(3, room, None) <= limit
+    assert encdec.style.rows_needed(3, room + 1, None) > limit
 
 
-def test_the_server_sizes_a_canvas_request_by_the_canvas(llms):
+def test_the_server_sizes_an_encoder_decoder_request_by_the_canvas(llms):
     pytest.importorskip("pydantic")  # the server's extra (absent on a bare GPU image)
     from dlmrt.server.protocol import ModelInfo
 
-    _, canvas = llms
-    cfg = canvas.model_config
-    info = ModelInfo("m", canvas.tokenizer, cfg.vocab_size, cfg.block_size,
-                     cfg.max_position_embeddings, style=canvas.style)  # fmt: skip
-    length = canvas.engine.canvas_length
+    _, encdec = llms
+    cfg = encdec.model_config
+    info = ModelInfo("m", encdec.tokenizer, cfg.vocab_size, None,
+                     cfg.max_position_embeddings, style=encdec.style)  # fmt: skip
+    length = encdec.engine.canvas_length
     assert info.rows_needed(5, 1, None) == 5 + length
-    assert info.room(5, None) == canvas.style.room(5, None)
+    assert info.room(5, None) == encdec.style.room(5, None)
 
 
 def test_a_request_error_comes_from_the_style(llms):
-    block, canvas = llms
+    block, encdec = llms
     with pytest.raises(ValueError, match="block_length: .* larger than the checkpoint"):
         block.generate([5, 6], block_length=4 * block.model_config.block_size)
     with pytest.raises(ValueError, match="canvas length is"):
-        canvas.generate([5, 6], block_length=canvas.engine.canvas_length + 1)
+        encdec.generate([5, 6], block_length=encdec.engine.canvas_length + 1)
 
 
 def test_generate_takes_validated_params_as_they_are(llms):

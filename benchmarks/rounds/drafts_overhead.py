@@ -49,7 +49,7 @@ def _measure(model, mode: str, what: str, fold: bool, prompt: list[int], rule, n
         hooks = {}
         if what == "drafts":
             builder = DraftBuilder(drafts.append)
-            hooks = {"recorder": builder.record, "on_block": builder.on_block}
+            hooks = {"recorder": builder.record, "on_progress": builder.on_progress}
         return engine.generate(
             prompt, rule=rule, block_length=256, max_new_tokens=new_tokens, mask_id=151669,
             stop_ids=set(), ignore_eos=True, **hooks,

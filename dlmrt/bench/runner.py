@@ -132,7 +132,7 @@ def _value_parser(annotation: str, knob: str):
 
 
 def _rule_label(params: DecodeParams, llm: Any) -> str:
-    if llm.decoder is None:  # the canvas style: its own settings
+    if llm.decoder is None:  # the encoder-decoder style: its own settings
         return params.rule or llm.default_rule
     rule, threshold, entropy_budget = llm.decoder.resolve(params)
     if rule == "threshold":

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from dlmrt import envs
-from dlmrt.config import EngineConfig
+from dlmrt.config import BLOCK_GRAPH, EAGER, ROUND_GRAPH, EngineConfig
 from dlmrt.parallel.group import TPGroup, init_from_env, launched_world_size
 from dlmrt.parallel.linear import ShardError, split
 
@@ -68,7 +68,7 @@ def loader(group: TPGroup | None):
     return sliced_loader(group)
 
 
-_LEVEL = {"eager": 0, "round_graph": 1, "block_graph": 2}
+_LEVEL = {EAGER: 0, ROUND_GRAPH: 1, BLOCK_GRAPH: 2}
 
 
 def _collective_capture_self_test(group: TPGroup) -> None:
@@ -107,17 +107,17 @@ def agree_mode(mode: str, reason: str, group: TPGroup | None) -> tuple[str, str]
     rank's choice (every rank must launch the same graphs)."""
     if group is None:
         return mode, reason
-    if mode == "block_graph":
+    if mode == BLOCK_GRAPH:
         try:
             _while_collective_self_test(group)
         except Exception as e:  # any failure of the fast path means: fall back, say why
             why = f"tensor parallel: WHILE body with collectives failed ({e})"
-            mode, reason = "round_graph", why
-    if mode == "round_graph":
+            mode, reason = ROUND_GRAPH, why
+    if mode == ROUND_GRAPH:
         try:
             _collective_capture_self_test(group)
         except Exception as e:  # any failure of the fast path means: fall back, say why
-            mode, reason = "eager", f"tensor parallel: all-reduce capture failed ({e})"
+            mode, reason = EAGER, f"tensor parallel: all-reduce capture failed ({e})"
     level = torch.tensor([_LEVEL[mode]], dtype=torch.long)
     torch.distributed.all_reduce(level, torch.distributed.ReduceOp.MIN, group=group.control)
     agreed = next(m for m, v in _LEVEL.items() if v == int(level))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dlmrt.config import KV_CACHE_DTYPES  # auto: the model's compute dtype
+from dlmrt.config import KV_AUTO, KV_CACHE_DTYPES  # KV_AUTO: the model's compute dtype
 
 
 def arena_dtype(kv_cache_dtype: str, compute: torch.dtype) -> torch.dtype:
@@ -30,7 +30,7 @@ def arena_dtype(kv_cache_dtype: str, compute: torch.dtype) -> torch.dtype:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         choices = ", ".join(KV_CACHE_DTYPES)
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: expected one of {choices}")
-    return compute if kv_cache_dtype == "auto" else torch.float8_e4m3fn
+    return compute if kv_cache_dtype == KV_AUTO else torch.float8_e4m3fn
 
 
 class KVCache:

@@ -22,10 +22,11 @@ from tqdm import tqdm
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import Fp8Weight
+from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.json_file import read_json
-from dlmrt.loading.placement import collect_fp8, place_fp8
+from dlmrt.loading.placement import collect_quantized, place_quantized
 from dlmrt.loading.quant_config import read_quant_config
-from dlmrt.loading.reader import Fp8Reader
+from dlmrt.loading.reader import quantized_reader
 from dlmrt.models.config import eos_ids
 from dlmrt.weight_check import FiniteCheck
 
@@ -42,7 +43,8 @@ class Checkpoint:
     model: torch.nn.Module
     config: Any  # the family's frozen config dataclass
     generation_config: dict[str, Any]
-    fp8: dict[str, Fp8Weight] = field(default_factory=dict)  # its FP8 weights (dlmrt/quant/)
+    # its quantized weights as they run (Fp8Weight / Nvfp4Weight, dlmrt/formats/)
+    quantized: dict[str, Fp8Weight | Nvfp4Weight] = field(default_factory=dict)
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -193,26 +195,26 @@ def load_checkpoint(
     found, source = map_names(
         tensor_shapes(weight_files(root)), getattr(model_cls, "checkpoint_name", None), root
     )
-    found, fp8_reader = Fp8Reader.split(found, source, qcfg, slices)
+    found, qreader = quantized_reader(found, source, qcfg, slices)
     tied = check_tensors(expected, found, config.tie_word_embeddings, root)
 
     model = model.to_empty(device=device)
     if tied:
         model.tie_lm_head()
     finite = FiniteCheck() if check_finite else None
-    _stream_weights(model.state_dict(), found, source, slices, root, finite, fp8_reader, reader)
+    _stream_weights(model.state_dict(), found, source, slices, root, finite, qreader, reader)
     if finite is not None:
         finite.raise_if_bad(dtype)
-    fp8, why = collect_fp8(fp8_reader, model.state_dict(), quantization)
+    quantized, why = collect_quantized(qreader, model.state_dict(), quantization)
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
-    place_fp8(model, fp8, why, device, activations)
+    place_quantized(model, quantized, why, device, activations)
     log.info(
         "loaded %s (%s, %s%s) on %s in %s", root, arch, "tied" if tied else "untied",
         ", ORL residual" if getattr(config, "residual", None) else "", device, dtype,
     )  # fmt: skip
-    return Checkpoint(root, model, config, gen_cfg, fp8)
+    return Checkpoint(root, model, config, gen_cfg, quantized)
 
 
 def _stream_weights(
@@ -222,11 +224,11 @@ def _stream_weights(
     slices: dict[str, tuple[str, int]],
     root: Path,
     finite: FiniteCheck | None,
-    fp8: Fp8Reader,
+    qreader: Any,  # `quantized_reader`'s: Fp8Reader or Nvfp4Reader
     reader: Any = None,  # sliced loading: reader.read(file, stored name, name) -> this rank's part
 ) -> None:
     """Copy every checkpoint tensor into its (allocated) parameter, one file open at a time
-    (an FP8 weight dequantized: `Fp8Reader.take` keeps the FP8 tensor and its scale)."""
+    (a quantized weight dequantized: the reader's `take` keeps the quantized tensor and its scales)."""
     by_file: dict[Path, list[str]] = {}
     for name, (f, _) in found.items():
         by_file.setdefault(f, []).append(name)
@@ -239,7 +241,7 @@ def _stream_weights(
                         target = target[slices[name][1]]
                     stored = source[name]
                     tensor = reader.read(st, stored, name) if reader else st.get_tensor(stored)
-                    tensor = fp8.take(name, f, tensor)
+                    tensor = qreader.take(name, f, tensor)
                     if target.is_floating_point() and not tensor.is_floating_point():
                         raise CheckpointError(
                             f"{f}: tensor '{source[name]}' has dtype "

@@ -1,6 +1,6 @@
 """Nvfp4Reader: the NVFP4 tensors of a checkpoint, checked and collected while the weights stream in.
 
-The reader `Fp8Reader.split` hands an NVFP4 checkpoint to (same interface: `take`, `weights`). The
+The reader `reader.quantized_reader` returns for an NVFP4 checkpoint (same interface: `take`, `weights`). The
 stored names of a weight W (a model parameter `x.weight`, or a stacked `experts.gate_up_proj`):
 
   ModelOpt            W uint8 [.., N, K/2]   W_scale e4m3 [.., N, K/16]   W_scale_2 fp32 (global)

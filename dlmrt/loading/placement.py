@@ -1,10 +1,11 @@
-"""After the weights streamed in: which weights are FP8, where they run, and the startup log.
+"""After the weights streamed in: which weights are quantized (FP8 or NVFP4), where they run, and
+the startup log.
 
-`collect_fp8` gathers the checkpoint's FP8 weights (the reader) and, with `quantization="fp8"`,
+`collect_quantized` gathers the checkpoint's quantized weights (the reader) and, with `quantization="fp8"`,
 quantizes every other FP8 candidate (`policy.py`) per channel, except those in the checkpoint's ignore
 list and those sharing storage with a weight that stays in the compute dtype (a tied lm_head).
-Every parameter then holds the dequantized weight, the CPU path. `place_fp8` hands the FP8 weights
-to the model's `use_fp8` on CUDA (the FP8 kernels) and re-dequantizes what it declines (`install`,
+Every parameter then holds the dequantized weight, the CPU path. `place_quantized` hands the quantized
+weights to the model's `use_quantized` on CUDA (its FP8 / NVFP4 kernels) and re-dequantizes what it declines (`install`,
 also used on a built model with `quantize_candidates`: the tests, the benchmarks).
 """
 
@@ -20,14 +21,15 @@ from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.loading.policy import classify, matches
 from dlmrt.loading.reader import Fp8Reader
+from dlmrt.ops import choices
 
 log = logging.getLogger("dlmrt")
 
 
-def collect_fp8(
+def collect_quantized(
     reader: Fp8Reader, params: dict[str, torch.Tensor], quantization: str | None
 ) -> tuple[dict[str, Fp8Weight | Nvfp4Weight], dict[str, str]]:
-    """(FP8 weights by parameter name, why each other FP8 candidate stays in the compute dtype).
+    """(quantized weights by parameter name, why each other FP8 candidate stays in the compute dtype).
 
     quantization None: the checkpoint's FP8 (or NVFP4) weights; "fp8": also quantize the rest to
     FP8 at load; "none": no quantized weights (a quantized checkpoint runs dequantized)."""
@@ -54,7 +56,7 @@ def collect_fp8(
             why[name] = f"in the checkpoint's ignore list ('{pattern}')"
         elif param.data_ptr() in shared:
             why[name] = (
-                "tied to the embeddings (on CUDA its GEMM may run an FP8 copy: fp8_install.py)"
+                "tied to the embeddings (on CUDA its GEMM may run an FP8 copy: quantized_install.py)"
             )
         elif quantization != "fp8":
             why[name] = "stored unquantized"
@@ -84,10 +86,10 @@ def quantize_candidates(model: torch.nn.Module) -> dict[str, Fp8Weight]:
 
 
 def install(model: torch.nn.Module, fp8: dict, emulate: bool = False) -> tuple[dict, list[str]]:
-    """(weights `model.use_fp8` runs, names it declined): each declined one dequantized into its
+    """(quantized weights `model.use_quantized` runs, names it declined): each declined one dequantized into its
     parameter, in the parameter's dtype. `emulate`: W4A4 emulation (every NVFP4 MLP installed)."""
-    running = dict(fp8)  # use_fp8 moves what it installs to the device
-    declined = model.use_fp8(running, emulate)
+    running = dict(fp8)  # use_quantized moves what it installs to the device
+    declined = model.use_quantized(running, emulate)
     params = model.state_dict()
     for name in declined:
         with torch.no_grad():
@@ -106,16 +108,17 @@ def _stored_names(reader: Fp8Reader) -> dict[str, list[str]]:
     return out
 
 
-def place_fp8(
+def place_quantized(
     model: torch.nn.Module,
-    fp8: dict[str, Fp8Weight],
+    fp8: dict[str, Fp8Weight | Nvfp4Weight],
     why: dict[str, str],
     device: torch.device,
     activations: str = "none",
 ) -> dict[str, Fp8Weight]:
-    """Run what the model can in FP8 (CUDA + `model.use_fp8`); the rest stays dequantized.
+    """Run what the model can quantized (CUDA + `model.use_quantized`); the rest stays dequantized.
 
-    Returns the FP8 weights the model runs (empty on CPU). Logs what is FP8 and what is not, why.
+    Returns the quantized weights the model runs (empty on CPU). Logs what runs quantized and what
+    does not, why.
     activations="nvfp4": the NVFP4 experts and dense MLPs are installed on any device (on the CPU
     their twins run them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`)."""
     if activations == "nvfp4" and not any(isinstance(w, Nvfp4Weight) for w in fp8.values()):
@@ -125,16 +128,21 @@ def place_fp8(
         return {}
     dtype = next(model.parameters()).dtype
     running: dict[str, Fp8Weight] = {}
-    if not has_fp8_kernels(device) and activations != "nvfp4":
+    what = f"quantized weights of {type(model).__name__} on {device.type}"
+    if not has_quantized_kernels(device) and activations != "nvfp4":
         reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
         why |= {n: reason for n in fp8}
-    elif not hasattr(model, "use_fp8"):
-        why |= {n: f"{type(model).__name__} has no FP8 kernels (use_fp8)" for n in fp8}
+        choices.record(what, "dequantized", f"no quantized kernels on {device.type}")
+    elif not hasattr(model, "use_quantized"):
+        why |= {n: f"{type(model).__name__} has no quantized kernels (use_quantized)" for n in fp8}
+        choices.record(what, "dequantized", "the model has no quantized kernels")
     else:
+        choices.record(what, "the model's kernels", "W4A4 emulation" if activations == "nvfp4"
+                       else "each projection as its choices say")  # fmt: skip
         running, declined = install(model, fp8, emulate=activations == "nvfp4")
         for name in declined:
             why[name] = (
-                "kept by the model (dlmrt/models/fp8_install.py: slower in FP8 at its shape, "
+                "kept by the model (dlmrt/models/quantized_install.py: slower in FP8 at its shape, "
                 "dims not multiples of 16, DLMRT_FP8_GEMMS=none, a shared expert, NVFP4 outside "
                 "an all-NVFP4 gated MLP, or a dense MLP faster dequantized than on the NVFP4 kernel)"
             )
@@ -164,8 +172,9 @@ def emulate_w4a4(model: torch.nn.Module) -> None:
              len(experts), len(dense))  # fmt: skip
 
 
-def has_fp8_kernels(device: torch.device) -> bool:
-    """Whether the models' FP8 kernels can run on `device` (CUDA; the CPU path dequantizes)."""
+def has_quantized_kernels(device: torch.device) -> bool:
+    """Whether the models' quantized (FP8 / NVFP4) kernels can run on `device` (CUDA; the CPU
+    path dequantizes)."""
     return device.type == "cuda"
 
 
@@ -174,9 +183,9 @@ def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
     mib = sum(w.nbytes for w in running.values()) / 2**20
     if running:
         parts = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-        log.info("FP8 weights: %d tensor(s), %.1f MiB (%s)", len(running), mib, parts)
+        log.info("quantized weights: %d tensor(s), %.1f MiB (%s)", len(running), mib, parts)
     else:
-        log.info("FP8 weights: none run in FP8")
+        log.info("quantized weights: none run quantized")
     reasons = Counter(why.values())
     for reason, count in sorted(reasons.items()):
         example = next(n for n, r in why.items() if r == reason)

@@ -1,4 +1,5 @@
-"""Fp8Reader: the FP8 tensors of a checkpoint, checked and collected while the weights stream in.
+"""The quantized tensors of a checkpoint (`quantized_reader`: FP8 here, NVFP4 in `nvfp4_reader.py`),
+and `Fp8Reader`: the FP8 tensors of a checkpoint, checked and collected while the weights stream in.
 
 `split` takes the scale tensors out of the checkpoint's tensor list before the loader's strict
 name/shape check (a weight `W` has its scale in `W_scale`: `x.weight_scale`, or
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -58,10 +60,6 @@ class Fp8Reader:
         """(the tensors the model must hold, a reader holding the scales read from the files)."""
         if qcfg is None:
             return found, cls(None, {}, source, slices)
-        if qcfg.scheme == "nvfp4":
-            from dlmrt.loading.nvfp4_reader import Nvfp4Reader  # same interface: take, weights
-
-            return Nvfp4Reader.split(found, source, qcfg, slices)  # type: ignore[return-value]
         rest, scale_names, dropped = {}, {}, 0
         for name, entry in found.items():
             suffix = next((x for x in SCALE_SUFFIXES if name.endswith(x)), None)
@@ -178,6 +176,19 @@ class Fp8Reader:
                 torch.stack([parts[e].scale for e in range(experts)]),
             )
         return out
+
+
+def quantized_reader(found: Found, source: dict[str, str], qcfg: QuantConfig | None,
+                     slices: dict[str, tuple[str, int]]) -> tuple[Found, Any]:  # fmt: skip
+    """(the tensors the model must hold, the reader of the checkpoint's quantized weights): an
+    `Nvfp4Reader` (`nvfp4_reader.py`) for the "nvfp4" scheme, else an `Fp8Reader` (one that
+    finds nothing when the checkpoint declares no quantization). Both answer `take`, `weights`,
+    `ignore`, `source` and `slices`."""
+    if qcfg is not None and qcfg.scheme == "nvfp4":
+        from dlmrt.loading.nvfp4_reader import Nvfp4Reader
+
+        return Nvfp4Reader.split(found, source, qcfg, slices)
+    return Fp8Reader.split(found, source, qcfg, slices)
 
 
 def _input_scale_of(name: str) -> str | None:

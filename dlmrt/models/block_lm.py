@@ -59,13 +59,13 @@ class BlockLM(nn.Module):
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.embed_table
 
-    def use_fp8(self, fp8: dict, emulate: bool = False) -> list[str]:
+    def use_quantized(self, weights: dict, emulate: bool = False) -> list[str]:
         """Run these FP8 / NVFP4 weights ({parameter name: weight}); returns the names not
         installed (the loader dequantizes them); `emulate`: W4A4 emulation. See
-        `models/fp8_install.py`."""
-        from dlmrt.models.fp8_install import install_fp8  # the FP8 machinery loads on demand
+        `models/quantized_install.py`."""
+        from dlmrt.models.quantized_install import install_quantized  # loads on demand
 
-        return install_fp8(self, fp8, self.cfg.block_size, emulate)
+        return install_quantized(self, weights, self.cfg.block_size, emulate)
 
     @property
     def embed_table(self) -> torch.Tensor:

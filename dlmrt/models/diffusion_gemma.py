@@ -49,7 +49,7 @@ class Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.qkv_weight: torch.Tensor | None = None  # q|k|v (full layers: q|k) once fused
-        self.qkv_fp8: nn.Module | None = None  # or one FP8 linear (models/fp8_install.py)
+        self.qkv_fp8: nn.Module | None = None  # or one FP8 linear (quantized_install.py)
 
     def fuse(self) -> None:  # CUDA only: on the CPU a wider bf16 GEMM rounds unlike HF's three
         if self.q_proj.weight.device.type == "cuda":
@@ -103,7 +103,7 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
         self.fp8_w8a8 = False  # FP8 activations too (ops/moe_fp8_choice.py)
-        self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
+        self.nvfp4: tuple | None = None  # NVFP4 (gate, up, down): models/quantized_install.py
         self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: loading/placement.py
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -193,12 +193,12 @@ class DiffusionGemma(nn.Module):
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 
-    def use_fp8(self, fp8: dict, emulate: bool = False) -> list[str]:
+    def use_quantized(self, weights: dict, emulate: bool = False) -> list[str]:
         """Run these FP8 / NVFP4 weights; returns the names not installed (the loader dequantizes
-        them); `emulate`: W4A4 emulation. See `models/fp8_install.py`."""
-        from dlmrt.models.fp8_install import install_fp8  # the FP8 machinery loads on demand
+        them); `emulate`: W4A4 emulation. See `models/quantized_install.py`."""
+        from dlmrt.models.quantized_install import install_quantized  # loads on demand
 
-        return install_fp8(self, fp8, self.cfg.block_size, emulate)
+        return install_quantized(self, weights, self.cfg.canvas_length, emulate)
 
     def fuse_projections(self) -> None:
         for module in self.modules():

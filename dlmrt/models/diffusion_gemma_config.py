@@ -53,10 +53,6 @@ class DiffusionGemmaConfig:
     def num_hidden_layers(self) -> int:
         return len(self.layer_types)
 
-    @property
-    def block_size(self) -> int:
-        return self.canvas_length
-
 
 def _get(tc: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
     if tc.get(name) is None:

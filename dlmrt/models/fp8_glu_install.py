@@ -1,6 +1,6 @@
 """Install the one-kernel gate|up + activation into an FP8 gated MLP where it measures faster.
 
-Called by models/fp8_install.py once a dense SwiGLU / GeGLU has both halves as `Fp8Linear`s:
+Called by models/quantized_install.py once a dense SwiGLU / GeGLU has both halves as `Fp8Linear`s:
 `ops/fp8_glu_choice.py` times the separate and the fused form at the block rows; if fused wins,
 the MLP gets a `GluPlan` (kernels/fp8_glu_gemm.py) and its down projection the plan of
 kernels/fp8_gemm.py that quantizes y as it loads it. Other row counts (a prefill) run the
@@ -29,7 +29,7 @@ def install_glu(name: str, mlp: nn.Module, rows: int, gelu: bool) -> bool:
     device = gate_up.qweight.device
     two_i, k = gate_up.qweight.shape
     ok, why, glu, down_config = use_glu(rows, two_i // 2, k, down.out_features, device, gelu)
-    log.info("fp8 %s: gate|up + activation %s (%s)", name, "one kernel" if ok else "separate", why)
+    log.debug("fp8 %s: gate|up + activation %s (%s)", name, "one kernel" if ok else "separate", why)
     if not ok or glu is None or down_config is None:
         return False
     mlp.glu_plan = fp8_ops.GluPlan(rows, glu)

@@ -164,7 +164,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
         self.qkv_weight: torch.Tensor | None = None
-        self.qkv_fp8: nn.Module | None = None  # an Fp8Linear of q|k|v (models/fp8_install.py)
+        self.qkv_fp8: nn.Module | None = None  # an Fp8Linear of q|k|v (models/quantized_install.py)
 
     def fuse(self) -> None:
         self.qkv_weight = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
@@ -197,7 +197,7 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up_weight: torch.Tensor | None = None
-        # an Fp8Linear or Nvfp4Linear of gate|up (models/fp8_install.py; down_proj is then one too)
+        # an Fp8Linear or Nvfp4Linear of gate|up (models/quantized_install.py; down_proj is then one too)
         self.gate_up_fp8: nn.Module | None = None
         self.down_fp8 = False  # down_proj is an Fp8Linear: SiLU·up quantizes its own output
         # gate|up and the activation as one kernel at the block rows (models/fp8_glu_install.py)
@@ -227,7 +227,7 @@ class GeGLU(SwiGLU):
             lin = self.gate_up_fp8
             act = fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan, gelu=True)
             return self.down_proj(act)
-        if self.gate_up_fp8 is not None:  # an Fp8Linear or Nvfp4Linear (models/fp8_install.py)
+        if self.gate_up_fp8 is not None:  # Fp8Linear / Nvfp4Linear (models/quantized_install.py)
             return self.down_proj(gemma.gelu_mul(self.gate_up_fp8(x)))
         if self.gate_up_weight is None:
             return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))

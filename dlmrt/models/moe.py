@@ -112,7 +112,7 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
         self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
         self.fp8_w8a8 = False  # FP8 activations too (ops/moe_fp8_choice.py)
-        self.nvfp4: tuple | None = None  # NVFP4 weights (gate, up, down): models/fp8_install.py
+        self.nvfp4: tuple | None = None  # NVFP4 (gate, up, down): models/quantized_install.py
         self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: loading/placement.py
 
     def forward(

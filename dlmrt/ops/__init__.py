@@ -1,4 +1,5 @@
-"""Custom ops, each resolved ONCE to its Triton kernel or its torch twin (`ops.reference`), logged.
+"""Custom ops, each resolved ONCE to its Triton kernel or its torch twin (`ops.reference`),
+recorded in the choices registry (`ops/choices.py`: logged once, listed by `choices.report()`).
 
 Triton is used on CUDA tensors when `triton` imports and DLMRT_OPS is not "torch"; the CPU always
 runs the twins. Tests force either implementation with `use(impl)`.
@@ -7,17 +8,15 @@ runs the twins. Tests force either implementation with `use(impl)`.
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Callable
 
 import torch
 
 from dlmrt import envs
-from dlmrt.ops import canvas, flash_attn4, reference, vocab
+from dlmrt.ops import arena_launch, canvas, choices, flash_attn4, reference, vocab
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
-log = logging.getLogger("dlmrt")
-_IMPL: dict[str, str] = {}
+_IMPL: dict[str, str] = {}  # the registry's picks, per op: the per-call lookup
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
 OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms", "qkv_norm_rope")
@@ -39,8 +38,7 @@ def implementation(name: str) -> str:
     """'triton' or 'torch': what `name` resolves to (deciding, and logging, on first use)."""
     if name not in _IMPL:
         ok, why = _triton_ok()
-        _IMPL[name] = "triton" if ok else "torch"
-        log.info("op %s -> %s (%s)", name, _IMPL[name], why)
+        _IMPL[name] = choices.record(f"op {name}", "triton" if ok else "torch", why).pick
         if ok:  # the kernels' PDL switch (kernels/pdl.py), from DLMRT_PDL
             importlib.import_module("dlmrt._kernels.pdl").ENABLED = envs.pdl()
     return _IMPL[name]
@@ -56,9 +54,10 @@ def _resolve(name: str, module_name: str | None = None) -> Callable:
 def use(impl: str | None) -> None:
     """Force every op to 'triton' or 'torch' (tests, benchmarks); None re-resolves from the environment."""
     _IMPL.clear()
+    choices.forget("op ")
     if impl is not None:
         for name in OPS:
-            _IMPL[name] = impl
+            _IMPL[name] = choices.record(f"op {name}", impl, "forced by ops.use").pick
 
 
 def arena_attention(
@@ -77,7 +76,8 @@ def arena_attention(
     if q.is_cuda and implementation("arena_attention") == "triton":
         if one_block and flash_attn4.chosen(q, k, v, block_size, scale):
             return flash_attn4.arena_attention(q, k, v, positions, block_size, scale)
-        return _resolve("arena_attention")(q, k, v, positions, block_size, scale)
+        splits, tiles = arena_launch.launch(q, k)
+        return _resolve("arena_attention")(q, k, v, positions, block_size, scale, splits, tiles)
     return reference.arena_attention(q, k, v, positions, block_size, scale)
 
 

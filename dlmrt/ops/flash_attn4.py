@@ -15,37 +15,42 @@ Used only when all of these hold, else our Triton kernel (`kernels/arena_attenti
 flash-attn-4 imports (detected once, logged), DLMRT_FA4 is not "off", a CUDA device of compute
 capability >= 9.0, bf16 / fp16 q and arena (no FP8 arena), head_dim <= 256 and a multiple of 8,
 and, under DLMRT_FA4=auto, FlashAttention-4 timed faster than our kernel for that shape (heads,
-rows, kv_heads, head_dim, arena length), once, outside graph capture (`_measure`), logged.
+rows, kv_heads, head_dim, arena length), once, outside graph capture (`_measure`). The detection
+and each shape's choice are recorded in the choices registry (`ops/choices.py`, logged once).
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 from collections.abc import Callable
 
 import torch
 
 from dlmrt import envs
+from dlmrt.ops import choices
 from dlmrt.ops.timing import graph_time_us
 
-log = logging.getLogger("dlmrt")
 _FN: list[Callable | None] = []  # [flash_attn_varlen_func or None], resolved on first use
-_CHOICE: dict[tuple, bool] = {}  # shape key -> use FlashAttention-4
+_CHOICE: dict[tuple, bool] = {}  # shape key -> the registry's pick: the per-call lookup
 MODULE = "flash_attn.cute"
 INSTALL = "pip install 'dlmrt[fa4]'"
+LIBRARY = "flash-attn-4 for block-row arena attention"  # the detection's key in the registry
 
 
 def varlen_fn() -> Callable | None:
     """FlashAttention-4's `flash_attn_varlen_func`, or None (not installed / DLMRT_FA4=off), logged once."""
     if not _FN:
-        fn, why = None, "DLMRT_FA4=off"
+        fn, pick, why = None, "off", "DLMRT_FA4=off"
         if envs.fa4() != "off":
             try:
-                fn, why = importlib.import_module(MODULE).flash_attn_varlen_func, "installed"
+                fn, pick, why = (
+                    importlib.import_module(MODULE).flash_attn_varlen_func,
+                    "installed",
+                    "",
+                )
             except Exception as exc:  # noqa: BLE001 (any failed import means: not usable)
-                why = f"not usable ({type(exc).__name__}: {exc}; {INSTALL})"
-        log.info("flash-attn-4 for block-row arena attention: %s", why)
+                pick, why = "not usable", f"{type(exc).__name__}: {exc}; {INSTALL}"
+        choices.record(LIBRARY, pick, why)
         _FN.append(fn)
     return _FN[0]
 
@@ -111,19 +116,21 @@ def chosen(
         return False
     key = (tuple(q.shape), tuple(k.shape), q.dtype, k.dtype, block_size, q.device)
     if key not in _CHOICE:  # decided once per key, so the per-call cost is one lookup
+        what = f"arena attention {key[0]} over {key[1]}"
         if not fits(q, k):
             _CHOICE[key] = False
         elif envs.fa4() == "on":
-            _CHOICE[key] = True
-            log.info("arena attention %s over %s: flash-attn-4 (DLMRT_FA4=on)", key[0], key[1])
+            _CHOICE[key] = (
+                choices.record(what, "flash-attn-4", "DLMRT_FA4=on").pick == "flash-attn-4"
+            )
         elif torch.cuda.is_current_stream_capturing():
             return False  # no timing inside a capture (the warm-up before it decides)
         else:
             mine, theirs = _measure(q, k, v, block_size, scale, fn)
-            _CHOICE[key] = theirs < mine
-            log.info("arena attention %s over %s: %s (Triton %.1f us, flash-attn-4 %.1f us)",
-                     key[0], key[1], "flash-attn-4" if theirs < mine else "Triton", mine,
-                     theirs)  # fmt: skip
+            pick = "flash-attn-4" if theirs < mine else "Triton"
+            why = f"Triton {mine:.1f} us, flash-attn-4 {theirs:.1f} us"
+            options = {"Triton": mine, "flash-attn-4": theirs}
+            _CHOICE[key] = choices.record(what, pick, why, options).pick == "flash-attn-4"
     return _CHOICE[key]
 
 
@@ -131,3 +138,5 @@ def reset() -> None:
     """Forget the detection and the measured choices (tests)."""
     _FN.clear()
     _CHOICE.clear()
+    choices.forget(LIBRARY)
+    choices.forget("arena attention (")

@@ -11,6 +11,7 @@ measured 18 µs, then took 27 in the round); the fastest is kept, unless DLMRT_F
 whichever FP8 GEMM times faster). The FP8 times include the activation's quantization only when
 its producer is not fused (`fused_input=False`). CPU: always FP8 (the torch twin runs; it exists
 to test numerics, not speed). DLMRT_FP8_GEMM_KERNEL=cublas|triton pins the FP8 GEMM (tests).
+Each shape's choice is recorded in the choices registry (`ops/choices.py`: logged once).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from dlmrt import envs
 from dlmrt.formats.fp8 import quantize_per_channel
+from dlmrt.ops import choices
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.timing import graph_time_us
 
@@ -138,16 +140,30 @@ def use_fp8_gemm(
     rows: int, n: int, k: int, device: torch.device, fused_input: bool = True
 ) -> tuple[bool, str, tuple | None]:
     """(run this linear as an FP8 GEMM?, why, the FP8 GEMM's config: None = cuBLAS) for `rows`
-    rows of [k] -> [n]."""
+    rows of [k] -> [n]; recorded in the choices registry under `gemm_key`."""
+    ok, why, config, options = _decide(rows, n, k, device, fused_input)
+    pick = f"FP8 on {describe(config)}" if ok else "bf16"
+    choices.record(gemm_key(rows, n, k, fused_input), pick, why, options)
+    return ok, why, config
+
+
+def gemm_key(rows: int, n: int, k: int, fused_input: bool) -> str:
+    """The registry key of a dense linear's FP8-or-bf16 choice."""
+    return f"fp8 gemm {rows}x{k}->{n}" + ("" if fused_input else ", input quantized before it")
+
+
+def _decide(rows: int, n: int, k: int, device: torch.device, fused_input: bool
+            ) -> tuple[bool, str, tuple | None, dict[str, float]]:  # fmt: skip
     if k % 16 or n % 16:
-        return False, f"{n}x{k}: FP8 GEMMs need both dims multiples of 16", None
+        return False, f"{n}x{k}: FP8 GEMMs need both dims multiples of 16", None, {}
     policy = envs.fp8_gemms()
     if device.type != "cuda":
-        return policy != "none", "CPU", None
+        return policy != "none", "CPU", None, {}
     if policy == "none":
-        return False, "DLMRT_FP8_GEMMS=none", None
+        return False, "DLMRT_FP8_GEMMS=none", None, {}
     bf16, fp8, config = measure(rows, n, k, device, fused_input)
+    options = {"bf16": bf16, f"FP8 on {describe(config)}": fp8}
     why = f"{rows}x{k}->{n}: bf16 {bf16:.1f} us, fp8 {fp8:.1f} us on {describe(config)}"
     if policy == "all" and fp8 < float("inf"):
-        return True, f"DLMRT_FP8_GEMMS=all; {why}", config
-    return fp8 < bf16, why, config
+        return True, f"DLMRT_FP8_GEMMS=all; {why}", config, options
+    return fp8 < bf16, why, config, options

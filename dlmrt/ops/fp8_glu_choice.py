@@ -9,7 +9,8 @@ The two forms of the MLP's first half and the down projection that reads it:
 Each is timed as the rounds run it (`fp8_choice.cold_time_us`: graph replay, weights cycling
 past the L2), over a few tile configs of each kernel; the faster form is kept. The separate
 form's GEMM times come from `fp8_choice.measure`'s cache (the install timed them already).
-DLMRT_FP8_GLU=on|off pins the form (tests, benchmarks' before / after).
+DLMRT_FP8_GLU=on|off pins the form (tests, benchmarks' before / after). Each shape's choice is
+recorded in the choices registry (`ops/choices.py`: logged once).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch
 
 from dlmrt import envs
 from dlmrt.formats.fp8 import AmaxAct
+from dlmrt.ops import choices, gemma
 from dlmrt.ops import fp8 as fp8_ops
-from dlmrt.ops import gemma
 from dlmrt.ops.fp8_choice import cold_time_us, cold_weights, describe, kernel_times, measure
 from dlmrt.ops.timing import graph_time_us
 
@@ -74,10 +75,18 @@ def use_glu(
     rows: int, i: int, k: int, n_down: int, device: torch.device, gelu: bool
 ) -> tuple[bool, str, tuple | None, tuple | None]:
     """(run gate|up + activation as one kernel?, why, its config, the down GEMM's config) for a
-    gated MLP [k] -> 2 x [i] -> [n_down] at `rows` rows (SiLU, or gelu_tanh with `gelu`)."""
+    gated MLP [k] -> 2 x [i] -> [n_down] at `rows` rows (SiLU, or gelu_tanh with `gelu`);
+    recorded in the choices registry."""
+    ok, why, glu, down, options = _decide(rows, i, k, n_down, device, gelu)
+    what = f"fp8 {'geglu' if gelu else 'swiglu'} {rows}x{k}->2x{i}->{n_down}: gate|up + activation"
+    choices.record(what, "one kernel" if ok else "separate", why, options)
+    return ok, why, glu, down
+
+
+def _decide(rows, i, k, n_down, device, gelu) -> tuple[bool, str, tuple | None, tuple | None, dict]:
     policy = envs.fp8_glu()
     if device.type != "cuda" or policy == "off":
-        return False, "CPU" if device.type != "cuda" else "DLMRT_FP8_GLU=off", None, None
+        return False, "CPU" if device.type != "cuda" else "DLMRT_FP8_GLU=off", None, None, {}
     key = (rows, i, k, n_down, gelu, envs.fp8_gemm_kernel())
     if key not in _MEASURED:
         x = fp8_ops.quant_rows(torch.randn(rows, k, device=device, dtype=torch.bfloat16))
@@ -89,10 +98,11 @@ def use_glu(
             quant = graph_time_us(lambda: fp8_ops.quant_rows(h))
         _MEASURED[key] = (_separate(rows, i, k, n_down, gelu, device), fused + quant, glu, down)
     separate, fused, glu, down = _MEASURED[key]
+    options = {"separate": separate, "one kernel": fused}
     why = (f"{rows}x{k}->2x{i}->{n_down}: separate {separate:.1f} us, one kernel {fused:.1f} us "
            f"(glu {glu}, down on {describe(down)})")  # fmt: skip
     if glu is None:
-        return False, why, None, None
+        return False, why, None, None, options
     if policy == "on":
-        return True, f"DLMRT_FP8_GLU=on; {why}", glu, down
-    return fused < separate, why, glu, down
+        return True, f"DLMRT_FP8_GLU=on; {why}", glu, down, options
+    return fused < separate, why, glu, down, options

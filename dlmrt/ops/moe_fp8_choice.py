@@ -15,7 +15,8 @@ moe_mlp_nvfp4.py: 4.5 bits a weight read, decoded to bf16 in registers) or are c
 to per-channel FP8 codes and run W8A8 (`use_fp8_for_nvfp4`, timed the same way). On the H200 the
 W8A8 kernel is faster at both MoE shapes (benchmarks/results/moe_quant_h200_2026-12-03.json),
 so NVFP4 checkpoints run as FP8 there: twice the expert memory of NVFP4, and the FP8 rounding of
-the NVFP4 values on top of theirs. DLMRT_NVFP4_EXPERTS=w4a16 / fp8 forces one.
+the NVFP4 values on top of theirs. DLMRT_NVFP4_EXPERTS=w4a16 / fp8 forces one. Each choice is
+recorded in the choices registry (`ops/choices.py`: logged once).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from __future__ import annotations
 import torch
 
 from dlmrt import envs, ops
+from dlmrt.ops import choices
 from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 from dlmrt.ops.timing import graph_time_us
 
 _MEASURED: dict[tuple, tuple[float, float]] = {}
+HALF = (torch.bfloat16, torch.float16)  # model dtypes the W8A8 expert kernel serves
 
 
 def measure(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: tuple,
@@ -45,13 +48,27 @@ def measure(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: t
 
 
 def use_w8a8(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: tuple,
-             activation: str) -> tuple[bool, str]:  # fmt: skip
-    """(run these FP8 experts W8A8?, why) for `rows` rows routed to `top_k` experts each."""
-    policy = envs.fp8_experts()
-    if policy != "measured" or down.device.type != "cuda":
-        return policy != "w8a16", f"DLMRT_FP8_EXPERTS={policy}" if down.is_cuda else "CPU"
-    w8a16, w8a8 = measure(rows, top_k, gate_up, down, scales, activation)
-    return w8a8 < w8a16, f"{rows} rows: W8A16 {w8a16:.1f} us, W8A8 {w8a8:.1f} us"
+             activation: str, dtype: torch.dtype | None = None) -> tuple[bool, str]:  # fmt: skip
+    """(run these FP8 experts W8A8?, why) for `rows` rows routed to `top_k` experts each of a
+    `dtype` model (the W8A8 kernel rounds like a bf16 / fp16 model: others keep the codes' exact
+    sums, W8A16); recorded in the choices registry."""
+    policy, options = envs.fp8_experts(), {}
+    if dtype is not None and dtype not in HALF:
+        ok, why = False, f"a {dtype} model"
+    elif policy != "measured" or down.device.type != "cuda":
+        ok, why = policy != "w8a16", f"DLMRT_FP8_EXPERTS={policy}" if down.is_cuda else "CPU"
+    else:
+        w8a16, w8a8 = measure(rows, top_k, gate_up, down, scales, activation)
+        ok, why = w8a8 < w8a16, f"{rows} rows: W8A16 {w8a16:.1f} us, W8A8 {w8a8:.1f} us"
+        options = {"W8A16": w8a16, "W8A8": w8a8}
+    what = f"fp8 experts {_shape(rows, top_k, down, activation)}"
+    choices.record(what, "W8A8" if ok else "weight-only W8A16", why, options)
+    return ok, why
+
+
+def _shape(rows: int, top_k: int, down, activation: str) -> str:
+    experts, hidden, inter = down.shape
+    return f"{rows} rows, top-{top_k} of {experts} x {hidden}->{inter}->{hidden} {activation}"
 
 
 def _random_routing(rows: int, top_k: int, hidden: int, experts: int, device: torch.device):
@@ -61,6 +78,11 @@ def _random_routing(rows: int, top_k: int, hidden: int, experts: int, device: to
     return x, weights, index
 
 
+def keep_nvfp4(rows: int, top_k: int, down, activation: str, why: str) -> None:
+    """Record that NVFP4 experts stay W4A16 unmeasured (`why`: a pin, a dtype, the emulation)."""
+    _record(rows, top_k, down, activation, False, why, {})
+
+
 def use_fp8_for_nvfp4(rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activation: str
                       ) -> tuple[bool, str]:  # fmt: skip
     """(run these NVFP4 experts as their FP8 conversion, W8A8?, why). `nvfp4`: (gate, up, down)
@@ -68,7 +90,9 @@ def use_fp8_for_nvfp4(rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activatio
     policy = envs.nvfp4_experts()
     down = fp8[1]
     if policy != "measured" or not down.is_cuda:
-        return policy == "fp8", f"DLMRT_NVFP4_EXPERTS={policy}" if down.is_cuda else "CPU"
+        ok, why = policy == "fp8", f"DLMRT_NVFP4_EXPERTS={policy}" if down.is_cuda else "CPU"
+        _record(rows, top_k, down, activation, ok, why, {})
+        return ok, why
     experts, hidden, inter = down.shape
     key = ("nvfp4", rows, top_k, experts, hidden, inter, activation)
     if key not in _MEASURED:
@@ -78,4 +102,11 @@ def use_fp8_for_nvfp4(rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activatio
                                                 fp8[2]))  # fmt: skip
         _MEASURED[key] = (w4, w8)
     w4, w8 = _MEASURED[key]
-    return w8 < w4, f"{rows} rows: NVFP4 W4A16 {w4:.1f} us, as FP8 W8A8 {w8:.1f} us"
+    ok, why = w8 < w4, f"{rows} rows: NVFP4 W4A16 {w4:.1f} us, as FP8 W8A8 {w8:.1f} us"
+    _record(rows, top_k, down, activation, ok, why, {"NVFP4 W4A16": w4, "as FP8 W8A8": w8})
+    return ok, why
+
+
+def _record(rows, top_k, down, activation, ok: bool, why: str, options: dict) -> None:
+    what = f"nvfp4 experts {_shape(rows, top_k, down, activation)}"
+    choices.record(what, "converted to FP8 W8A8" if ok else "NVFP4 weight-only W4A16", why, options)

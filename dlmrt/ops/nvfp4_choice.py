@@ -8,7 +8,8 @@ took 10.99 ms with its MLPs on the kernel against 5.66 ms in bf16; DiffusionGemm
 ways at the model's block rows (`timing.graph_time_us`: a replayed CUDA graph, GPU time only)
 and the faster kept; dequantized, the weights take 3.5x the memory. DLMRT_NVFP4_DENSE=kernel keeps
 the kernel (memory first), =dequantize never uses it. The W4A4 emulation always installs it (its
-numerics are the point), and so does the CPU (which only installs under the emulation).
+numerics are the point), and so does the CPU (which only installs under the emulation). Each
+choice is recorded in the choices registry (`ops/choices.py`: logged once).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from dlmrt import envs
 from dlmrt.formats.nvfp4 import quantize_nvfp4
+from dlmrt.ops import choices
 from dlmrt.ops import nvfp4 as nvfp4_ops
 from dlmrt.ops.timing import graph_time_us
 
@@ -40,15 +42,23 @@ def measure(rows: int, n: int, k: int, device: torch.device) -> tuple[float, flo
 def use_nvfp4_dense(
     rows: int, shapes: list[tuple[int, int]], device: torch.device
 ) -> tuple[bool, str]:
-    """(run this MLP's [n, k] projections on the NVFP4 kernel?, why) for `rows` input rows."""
+    """(run this MLP's [n, k] projections on the NVFP4 kernel?, why) for `rows` input rows;
+    recorded in the choices registry."""
+    ok, why, options = _decide(rows, shapes, device)
+    what = f"nvfp4 dense mlp {rows} rows, " + ", ".join(f"{k}->{n}" for n, k in shapes)
+    choices.record(what, "W4A16 kernel" if ok else "dequantized", why, options)
+    return ok, why
+
+
+def _decide(rows: int, shapes: list[tuple[int, int]], device: torch.device
+            ) -> tuple[bool, str, dict[str, float]]:  # fmt: skip
     policy = envs.nvfp4_dense()
     if policy != "measured" or device.type != "cuda":
-        return (
-            policy != "dequantize",
-            f"DLMRT_NVFP4_DENSE={policy}" if device.type == "cuda" else "CPU",
-        )
+        why = f"DLMRT_NVFP4_DENSE={policy}" if device.type == "cuda" else "CPU"
+        return policy != "dequantize", why, {}
     bf16 = nvfp4 = 0.0
     for n, k in shapes:
         b, q = measure(rows, n, k, device)
         bf16, nvfp4 = bf16 + b, nvfp4 + q
-    return nvfp4 < bf16, f"{rows} rows: bf16 {bf16:.1f} us, NVFP4 kernel {nvfp4:.1f} us"
+    why = f"{rows} rows: bf16 {bf16:.1f} us, NVFP4 kernel {nvfp4:.1f} us"
+    return nvfp4 < bf16, why, {"bf16": bf16, "NVFP4 kernel": nvfp4}

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from dlmrt.config import EAGER
 from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.quant.nvfp4_scales import output_error, search_nvfp4
 from dlmrt.quant.quantize_config import REPORT, QuantizeConfig
@@ -58,7 +59,7 @@ def _hessians(cfg: QuantizeConfig, prompts: list[str]) -> tuple[dict, dict, Any]
     from dlmrt.llm import LLM
     from dlmrt.quant.calibration import HessianHooks
 
-    llm = LLM(cfg.model, device=cfg.device, mode="eager", skip_weight_check=True)
+    llm = LLM(cfg.model, device=cfg.device, mode=EAGER, skip_weight_check=True)
     hooks = HessianHooks(llm.model, blocks=cfg.hessian == "block")
     try:
         for p in tqdm(prompts, desc="calibrating", unit="prompt", disable=None):

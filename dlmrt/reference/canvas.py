@@ -13,9 +13,16 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
+from dlmrt.config import EAGER
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.errors import GenerationCancelled
-from dlmrt.outputs import BlockCallback, CanvasRecorder, CanvasStepRecord, EngineResult, StopCheck
+from dlmrt.outputs import (
+    CanvasRecorder,
+    CanvasStepRecord,
+    EngineResult,
+    ProgressCallback,
+    StopCheck,
+)
 
 
 @torch.inference_mode()
@@ -29,7 +36,7 @@ def generate(
     seed: int = 0,
     rng: str = "torch",
     ignore_eos: bool = False,
-    on_block: BlockCallback | None = None,
+    on_progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
     recorder: CanvasRecorder | None = None,
 ) -> EngineResult:
@@ -57,8 +64,8 @@ def generate(
         max_new_tokens=max_new_tokens,
         stop_ids=stop_ids,
         ignore_eos=ignore_eos,
-        on_block=on_block,
-        mode="eager",
+        on_progress=on_progress,
+        mode=EAGER,
     )
     res.prefill_forwards = int(bool(prompt))
     return res

@@ -61,7 +61,7 @@ def build_app(
         name=served_model_name or Path(llm.path).name,
         tokenizer=llm.tokenizer,
         vocab_size=cfg.vocab_size,
-        block_size=cfg.block_size,
+        block_size=getattr(cfg, "block_size", None),  # encoder-decoder models have canvases
         max_positions=cfg.max_position_embeddings,
         max_prompt_chars=cfg.max_position_embeddings * llm.tokenizer.longest_token_chars(),
         style=llm.style,

@@ -133,7 +133,7 @@ class ModelInfo:
     name: str
     tokenizer: Any  # dlmrt.tokenizer.Tokenizer
     vocab_size: int
-    block_size: int
+    block_size: int | None  # the block style's block length (None: encoder-decoder); no style only
     max_positions: int
     max_prompt_chars: int | None = None  # longer prompts cannot fit: refused before tokenizing
     style: Any = None  # the LLM's decoding style (`dlmrt/styles/`): its rows_needed / room

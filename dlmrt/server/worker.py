@@ -30,11 +30,11 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": counted, never sent
 
 
 class Cancelled(Exception):
-    """Raised from `on_block` to stop the running request between blocks."""
+    """Raised from `on_progress` to stop the running request between blocks."""
 
 
 class _StopString(Exception):
-    """Raised from `on_block` once a stop string has been generated."""
+    """Raised from `on_progress` once a stop string has been generated."""
 
 
 @dataclass
@@ -158,7 +158,7 @@ class Worker:
         def stop_requested() -> bool:  # polled by the engine between rounds
             return job.cancelled.is_set() or self.closing
 
-        def on_block(index: int, rounds: int, tokens: list[int]) -> None:
+        def on_progress(index: int, rounds: int, tokens: list[int]) -> None:
             seen["rounds"] += rounds
             seen["tokens"] = tokens
             if job.cancelled.is_set() or self.closing:
@@ -173,7 +173,7 @@ class Worker:
         try:
             on_round = self._draft_events(job) if spec.drafts else None
             out = self.llm.generate(
-                spec.prompt_ids, on_block=on_block, should_stop=stop_requested,
+                spec.prompt_ids, on_progress=on_progress, should_stop=stop_requested,
                 on_round=on_round, params=spec.params,
             )  # fmt: skip
             reason, tokens, forwards = out.finish_reason, out.token_ids, out.num_denoising_forwards

@@ -5,7 +5,7 @@ its decoder defaults) and then, per request, checks it (`check`), says how many 
 (`rows_needed`, also the server's context check) and runs it (`generate`). `LLM` holds one style
 and never branches on which.
   block            QwenDLM and LLaDA2 (`block.py`): rounds over blocks of B rows, a rule per request
-  encoder_decoder  DiffusionGemma (`canvas.py`): denoising steps over a canvas
+  encoder_decoder  DiffusionGemma (`encoder_decoder.py`): denoising steps over a canvas
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 from dlmrt.rules import BLOCK
 from dlmrt.styles.base import Hooks, Setup, Style
 from dlmrt.styles.block import BlockStyle
-from dlmrt.styles.canvas import CanvasStyle
+from dlmrt.styles.encoder_decoder import EncoderDecoderStyle
 
-__all__ = ["BlockStyle", "CanvasStyle", "Hooks", "Setup", "Style", "style_for"]
+__all__ = ["BlockStyle", "EncoderDecoderStyle", "Hooks", "Setup", "Style", "style_for"]
 
 
 def style_for(name: str) -> type[Style]:
     """The style class of a family's `style` name."""
-    return BlockStyle if name == BLOCK else CanvasStyle
+    return BlockStyle if name == BLOCK else EncoderDecoderStyle

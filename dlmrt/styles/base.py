@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import torch
 
 from dlmrt.config import EngineConfig
-from dlmrt.outputs import BlockCallback, CanvasRecorder, Recorder, StopCheck
+from dlmrt.outputs import CanvasRecorder, ProgressCallback, Recorder, StopCheck
 from dlmrt.params import DecodeParams
 
 
@@ -35,7 +35,7 @@ class Hooks:
     """A request's callbacks (`LLM.generate` documents them)."""
 
     recorder: Recorder | CanvasRecorder | None = None
-    on_block: BlockCallback | None = None
+    on_progress: ProgressCallback | None = None
     should_stop: StopCheck | None = None
 
 
@@ -46,7 +46,7 @@ class Style(Protocol):
     default_rule: str
     mask_id: int | None  # the block style's mask token (None: a canvas has its own)
     decoder: Any  # the block style's DecoderDefaults (None for canvases)
-    canvas_settings: Any  # the canvas style's CanvasSettings (None for blocks)
+    canvas_settings: Any  # the encoder-decoder style's CanvasSettings (None for blocks)
 
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> Style: ...

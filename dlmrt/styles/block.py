@@ -19,7 +19,7 @@ log = logging.getLogger("dlmrt")
 
 
 class BlockStyle:
-    canvas_settings = None  # the canvas style's (every style answers the same attributes)
+    canvas_settings = None  # the encoder-decoder style's (every style answers the same attributes)
 
     def __init__(self, engine: BlockEngine, setup: Setup, decoder: DecoderDefaults, mask_id: int):
         self.engine, self.decoder, self.mask_id = engine, decoder, mask_id
@@ -70,5 +70,5 @@ class BlockStyle:
             ids, rule=rule, block_length=block, max_new_tokens=params.max_new_tokens,
             mask_id=self.mask_id, stop_ids=self.stop_ids, temperature=params.temperature,
             seed=params.seed or 0, ignore_eos=params.ignore_eos, recorder=hooks.recorder,
-            on_block=hooks.on_block, should_stop=hooks.should_stop,
+            on_progress=hooks.on_progress, should_stop=hooks.should_stop,
         )  # fmt: skip

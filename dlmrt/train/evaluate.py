@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dlmrt.config import EAGER
 from dlmrt.llm import LLM
 from dlmrt.train.data import is_chat
 
@@ -24,7 +25,7 @@ def live_llm(model: torch.nn.Module, run_dir: Path, device: torch.device) -> LLM
     the engine runs eagerly (no graphs: the weights change between calls)."""
     from dlmrt.tokenizer import Tokenizer
 
-    return LLM.from_model(model, Tokenizer(run_dir), path=run_dir, mode="eager")
+    return LLM.from_model(model, Tokenizer(run_dir), path=run_dir, mode=EAGER)
 
 
 def evaluate(

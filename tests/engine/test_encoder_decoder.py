@@ -190,12 +190,12 @@ def test_rng_decision_on_a_graph_mode_llm(ckpt, monkeypatch, caplog):  # noqa: F
     """A graph-mode LLM draws counter noise by default (static path); an explicit rng="torch"
     runs the eager reference path (transformers' draws), says "eager", and logs it once."""
     import dlmrt.llm as llm_mod
-    import dlmrt.styles.canvas as canvas_style
+    import dlmrt.styles.encoder_decoder as encoder_decoder_style
 
     monkeypatch.setattr(
         llm_mod, "select_mode", lambda mode, device, moe=False: ("block_graph", "test")
     )
-    monkeypatch.setattr(canvas_style, "EncoderDecoderEngine", _Spy)
+    monkeypatch.setattr(encoder_decoder_style, "EncoderDecoderEngine", _Spy)
     llm = LLM(ckpt[0], device="cpu", dtype="float32")
     assert llm.mode == "block_graph" and llm.engine.mode == "block_graph"
     kw = dict(max_new_tokens=20, seed=2, **SETTINGS[2])

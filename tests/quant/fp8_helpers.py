@@ -12,7 +12,7 @@ from dlmrt.loading.placement import install, quantize_candidates
 
 def quantize_model(model: torch.nn.Module) -> tuple[dict, list[str]]:
     """FP8-install every candidate projection weight. Returns the Fp8Weights and the names
-    `use_fp8` declined (dequantized into their parameters)."""
+    `use_quantized` declined (dequantized into their parameters)."""
     fp8 = quantize_candidates(model)
     return fp8, install(model, fp8)[1]
 

@@ -80,9 +80,9 @@ def test_block_checkpoint_loads_as_its_per_channel_re_rounding(
         ckpt = load_checkpoint(out, torch.float32, CPU)
     assert sum("re-rounded per output channel" in r.message for r in caplog.records) == 1
     tied = {n for n in ref if n == "lm_head.weight" and family == "dg"}
-    assert set(ckpt.fp8) == {n for n in ref if classify(n)[0]} - tied
+    assert set(ckpt.quantized) == {n for n in ref if classify(n)[0]} - tied
     got = ckpt.model.state_dict()
-    for name, w in ckpt.fp8.items():
+    for name, w in ckpt.quantized.items():
         want = to_per_channel(*quantize_blocks(ref[name], BLOCK), BLOCK)
         assert torch.equal(w.qweight.view(torch.uint8), want.qweight.view(torch.uint8)), name
         assert torch.equal(w.scale, want.scale), name

@@ -42,15 +42,15 @@ def test_round_trip_gives_the_same_dequantized_weights(sources, tmp_path, family
     got = ckpt.model.state_dict()
     # every candidate the model holds untied is FP8, nothing else is
     tied = {n for n in ref if n == "lm_head.weight" and family == "dg"}  # DG ties its head
-    assert set(ckpt.fp8) == {n for n in ref if classify(n)[0]} - tied
+    assert set(ckpt.quantized) == {n for n in ref if classify(n)[0]} - tied
     # qwen: 2 layers x (q, k, v, o, gate, up, down) + lm_head; llada2: layer 0 dense (qkv, dense,
     # 3 mlp), 2 MoE layers (qkv, dense, 3 stacked experts, 3 shared) + lm_head; dg: 3 sliding
     # (q, k, v, o, 3 mlp, 2 experts) + 2 full layers (no v_proj), head tied
-    assert len(ckpt.fp8) == {"qwen": 15, "llada2": 22, "dg": 43}[family]
-    expected = _expected(ref, ckpt.fp8, strategy)
+    assert len(ckpt.quantized) == {"qwen": 15, "llada2": 22, "dg": 43}[family]
+    expected = _expected(ref, ckpt.quantized, strategy)
     for name, tensor in got.items():
         assert torch.equal(tensor, expected.get(name, ref[name])), name
-    for name, w in ckpt.fp8.items():  # the kept FP8 weights are the quantized reference
+    for name, w in ckpt.quantized.items():  # the kept FP8 weights are the quantized reference
         q = QUANTIZE[strategy](ref[name])
         assert torch.equal(w.qweight.view(torch.uint8), q.qweight.view(torch.uint8)), name
         assert torch.equal(w.scale, q.scale), name
@@ -79,7 +79,7 @@ def test_ignore_list_keeps_those_modules_unquantized(sources, tmp_path, fmt):
     # quantization="fp8" quantizes the stored-bf16 candidates, but never those the list names
     for quantization in (None, "fp8"):
         ckpt = load_checkpoint(out, torch.float32, CPU, quantization=quantization)
-        kept = [n for n in ref if classify(n)[0] and n not in ckpt.fp8]
+        kept = [n for n in ref if classify(n)[0] and n not in ckpt.quantized]
         assert sorted(kept) == sorted(
             ["lm_head.weight", "model.layers.0.mlp.down_proj.weight"]
             + [f"model.layers.1.self_attn.{p}_proj.weight" for p in "qkvo"]
@@ -94,7 +94,7 @@ def test_quantization_fp8_at_load_equals_a_per_channel_checkpoint(sources, tmp_p
         at_load = load_checkpoint(sources[family], torch.float32, CPU, quantization="fp8")
         stored = load_checkpoint(write_fp8_checkpoint(sources[family], tmp_path / family),
                                  torch.float32, CPU)  # fmt: skip
-        assert set(at_load.fp8) == set(stored.fp8)
+        assert set(at_load.quantized) == set(stored.quantized)
         a, b = at_load.model.state_dict(), stored.model.state_dict()
         assert all(torch.equal(a[n], b[n]) for n in a)
 
@@ -103,7 +103,7 @@ def test_quantization_none_runs_an_fp8_checkpoint_dequantized(sources, tmp_path)
     out = write_fp8_checkpoint(sources["qwen"], tmp_path / "fp8")
     auto = load_checkpoint(out, torch.float32, CPU)
     none = load_checkpoint(out, torch.float32, CPU, quantization="none")
-    assert auto.fp8 and not none.fp8
+    assert auto.quantized and not none.quantized
     a, b = auto.model.state_dict(), none.model.state_dict()
     assert all(torch.equal(a[n], b[n]) for n in a)
     with pytest.raises(ValueError, match="quantization: expected one of none, fp8, got 'int4'"):
@@ -111,7 +111,7 @@ def test_quantization_none_runs_an_fp8_checkpoint_dequantized(sources, tmp_path)
 
 
 def test_a_plain_checkpoint_has_no_fp8_weights(sources, tmp_path):
-    assert load_checkpoint(sources["qwen"], torch.float32, CPU).fp8 == {}
+    assert load_checkpoint(sources["qwen"], torch.float32, CPU).quantized == {}
     fp8 = write_fp8_checkpoint(sources["qwen"], tmp_path / "fp8")
     with pytest.raises(ValueError, match="already quantized \\(compressed-tensors, config.json\\)"):
         write_fp8_checkpoint(fp8, tmp_path / "twice")
@@ -137,7 +137,7 @@ def test_sharded_fp8_checkpoint(sources, tmp_path):
     weight_map = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     assert weight_map["lm_head.weight_scale"] == weight_map["lm_head.weight"]
     ckpt = load_checkpoint(out, torch.float32, CPU)
-    assert "lm_head.weight" in ckpt.fp8
+    assert "lm_head.weight" in ckpt.quantized
 
 
 def test_a_stored_fp8_router_is_dequantized_not_run_in_fp8(sources, tmp_path):
@@ -154,5 +154,5 @@ def test_a_stored_fp8_router_is_dequantized_not_run_in_fp8(sources, tmp_path):
     cfg["quantization_config"]["ignore"].remove("model.layers.1.mlp.gate")
     (out / "config.json").write_text(json.dumps(cfg))
     ckpt = load_checkpoint(out, torch.float32, CPU)
-    assert router not in ckpt.fp8
+    assert router not in ckpt.quantized
     assert torch.equal(ckpt.model.state_dict()[router], q.dequantize(torch.float32))

@@ -1,4 +1,4 @@
-"""GPU: FP8 checkpoints (both formats) load onto CUDA through `use_fp8` and decode the same tokens
+"""GPU: FP8 checkpoints (both formats) load onto CUDA through `use_quantized` and decode the same tokens
 in the three modes; the CUDA result of an FP8 checkpoint equals that of the bf16 checkpoint of its
 dequantized weights run through quantization="fp8" (same codes and scales).
 
@@ -58,7 +58,7 @@ def test_fp8_checkpoint_on_cuda_modes_agree(tmp_path, monkeypatch, family, fmt):
     path = write_fp8_checkpoint(_source(tmp_path, family), tmp_path / "fp8", fmt=fmt)
     llms = {m: LLM(path, device="cuda", mode=m) for m in MODES}
     model = llms["eager"].model
-    assert any(isinstance(m, Fp8Linear) for m in model.modules())  # use_fp8 installed them
+    assert any(isinstance(m, Fp8Linear) for m in model.modules())  # use_quantized installed them
     if family == "llada":
         assert model.model.layers[1].mlp.experts.gate_proj.dtype == FP8
     prompt = [(37 * i + 11) % 256 for i in range(9)]

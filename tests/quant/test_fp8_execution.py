@@ -1,4 +1,4 @@
-"""FP8 execution on the CPU: what `use_fp8` installs, the twins' numerics, the FP8 KV arena."""
+"""FP8 execution on the CPU: what `use_quantized` installs, the twins' numerics, the FP8 KV arena."""
 
 from __future__ import annotations
 

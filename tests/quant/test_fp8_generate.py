@@ -1,5 +1,5 @@
 """CPU generation with an FP8 checkpoint: the same tokens as the bf16 checkpoint built from the
-dequantized weights (each family); the CLI flags reach `LLM`; the CUDA hand-off to `use_fp8`."""
+dequantized weights (each family); the CLI flags reach `LLM`; the CUDA hand-off to `use_quantized`."""
 
 from __future__ import annotations
 
@@ -108,29 +108,31 @@ def test_startup_log_says_what_is_fp8_and_why_not(tmp_path, caplog):
 
 
 class _Fp8Model(torch.nn.Module):
-    """Two linears; `use_fp8` takes `a` and declines `b` (as a model without a kernel for it)."""
+    """Two linears; `use_quantized` takes `a` and declines `b` (as a model without a kernel for it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a, self.b = torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(8, 4, bias=False)
         self.taken: dict[str, Fp8Weight] = {}
 
-    def use_fp8(self, fp8: dict[str, Fp8Weight], emulate: bool = False) -> list[str]:
+    def use_quantized(self, fp8: dict[str, Fp8Weight], emulate: bool = False) -> list[str]:
         self.taken = {n: w for n, w in fp8.items() if n == "a.weight"}
         with torch.no_grad():
             self.b.weight.zero_()  # a model that frees what it declines is re-filled
         return [n for n in fp8 if n != "a.weight"]
 
 
-def test_place_fp8_hands_weights_to_use_fp8_and_dequantizes_the_declined(monkeypatch, caplog):
+def test_place_quantized_hands_weights_to_use_quantized_and_dequantizes_the_declined(
+    monkeypatch, caplog
+):
     model = _Fp8Model()
     fp8 = {n: quantize_per_channel(p) for n, p in model.state_dict().items()}
-    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)
+    monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)
     with caplog.at_level(logging.INFO, logger="dlmrt"):
-        running = placement.place_fp8(model, fp8, {}, torch.device("cpu"))
+        running = placement.place_quantized(model, fp8, {}, torch.device("cpu"))
     assert set(running) == {"a.weight"} and set(model.taken) == {"a.weight"}
     assert torch.equal(model.b.weight, fp8["b.weight"].dequantize(torch.float32))
-    assert "FP8 weights: 1 tensor(s)" in caplog.text
+    assert "quantized weights: 1 tensor(s)" in caplog.text
     assert "kept by the model" in caplog.text
 
 
@@ -138,12 +140,12 @@ def test_place_fp8_hands_weights_to_use_fp8_and_dequantizes_the_declined(monkeyp
 def test_fp8_checkpoint_through_use_fp8_equals_installing_the_quantized_model(
     tmp_path, monkeypatch, family
 ):
-    """The CUDA hand-off, run on the CPU twins: an FP8 checkpoint loaded through `use_fp8` decodes
+    """The CUDA hand-off, run on the CPU twins: an FP8 checkpoint loaded through `use_quantized` decodes
     like the bf16 model with its weights quantized and installed directly (`fp8_helpers`)."""
     from fp8_helpers import quantize_model
 
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
-    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)
+    monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)
     src = _sources(tmp_path, family)
     loaded = LLM(write_fp8_checkpoint(src, tmp_path / "fp8"), dtype="float32", device="cpu")
     direct = LLM(src, dtype="float32", device="cpu")

@@ -68,7 +68,7 @@ def test_the_cpu_runs_the_w8a8_twin_and_w8a16_on_request(tmp_path, monkeypatch):
     """An FP8 LLaDA2 installed on the CPU as on CUDA (the CPU otherwise dequantizes at load): W8A8
     experts by default (their twin); forced weight-only, other numerics (activations not
     quantized)."""
-    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)  # as on CUDA
+    monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)  # as on CUDA
     path = write_llada2_checkpoint(tmp_path / "l", vocab_size=512)
     outs, flags = {}, {}
     for policy in ("measured", "w8a16"):
@@ -89,7 +89,7 @@ def test_the_cpu_runs_the_w8a8_twin_and_w8a16_on_request(tmp_path, monkeypatch):
 
 def test_an_fp32_model_keeps_weight_only_experts(tmp_path, monkeypatch):
     """The W8A8 kernel rounds as a half model does; an fp32 model keeps W8A16 (even forced)."""
-    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)
+    monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", "w8a8")
     path = write_llada2_checkpoint(tmp_path / "l", vocab_size=512)
     llm = LLM(path, quantization="fp8", dtype=torch.float32)

@@ -39,9 +39,9 @@ def test_round_trip_gives_the_same_dequantized_weights(sources, tmp_path, family
     out = write_nvfp4_checkpoint(sources[family], tmp_path / "q", fmt=fmt)
     ckpt = load_checkpoint(out, torch.float32, CPU)
     expected = {n for n in ref if is_nvfp4_target(n) and _fits(ref[n])}
-    assert set(ckpt.fp8) == expected and expected
-    assert all(isinstance(w, Nvfp4Weight) for w in ckpt.fp8.values())
-    assert not any("shared_experts" in n or "self_attn" in n for n in ckpt.fp8)
+    assert set(ckpt.quantized) == expected and expected
+    assert all(isinstance(w, Nvfp4Weight) for w in ckpt.quantized.values())
+    assert not any("shared_experts" in n or "self_attn" in n for n in ckpt.quantized)
     # compressed-tensors stores 1 / global scale: its inverse is 1 ulp off at most
     tol = {} if fmt == "modelopt" else {"rtol": 3e-7, "atol": 0}
     for name, tensor in ckpt.model.state_dict().items():
@@ -52,7 +52,7 @@ def test_round_trip_gives_the_same_dequantized_weights(sources, tmp_path, family
             torch.testing.assert_close(tensor, want, **tol)
         else:
             assert torch.equal(tensor, want), name
-    for name, w in ckpt.fp8.items():  # the kept codes are the reference's codes
+    for name, w in ckpt.quantized.items():  # the kept codes are the reference's codes
         q = quantize_nvfp4(ref[name])
         assert torch.equal(w.packed, q.packed), name
         assert torch.equal(w.block_scale.view(torch.uint8), q.block_scale.view(torch.uint8)), name
@@ -79,15 +79,15 @@ def test_writer_records_the_scheme_and_is_detected(sources, tmp_path):
 
 @pytest.mark.parametrize("family", ["llada2", "dg"])
 def test_installed_nvfp4_experts_give_the_dequantized_outputs(sources, tmp_path, family):
-    """use_fp8 with the NVFP4 weights (as on CUDA): the experts run `ops.moe_mlp_nvfp4`, the dense
+    """use_quantized with the NVFP4 weights (as on CUDA): the experts run `ops.moe_mlp_nvfp4`, the dense
     MLPs `Nvfp4Linear`s (tests/quant/test_nvfp4_dense.py)."""
     out = write_nvfp4_checkpoint(sources[family], tmp_path / "q")
     plain = load_checkpoint(out, torch.float32, CPU)
     inst = load_checkpoint(out, torch.float32, CPU)
-    left = inst.model.use_fp8(dict(inst.fp8))
+    left = inst.model.use_quantized(dict(inst.quantized))
     experts = [m for m in inst.model.modules() if getattr(m, "nvfp4", None) is not None]
     assert len(experts) == {"llada2": 2, "dg": 5}[family]
-    assert all(n not in left for n in inst.fp8 if ".experts." in n)
+    assert all(n not in left for n in inst.quantized if ".experts." in n)
     assert not left  # the dense MLPs' gate, up and down are all NVFP4: installed too
     x = torch.randn(6, plain.config.hidden_size)
     weights = torch.rand(6, 2)

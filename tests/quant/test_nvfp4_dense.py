@@ -1,5 +1,5 @@
 """Dense NVFP4 MLPs (QwenDLM, LLaDA2's first dense layer, DiffusionGemma's GeGLU) as `Nvfp4Linear`s:
-installed as on CUDA (`use_fp8`) and under W4A4 emulation on the CPU (activations="nvfp4"); the
+installed as on CUDA (`use_quantized`) and under W4A4 emulation on the CPU (activations="nvfp4"); the
 CPU without emulation still dequantizes them at load. CPU: the twins."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_emulation_installs_the_dense_mlps_and_quantizes_both_gemm_inputs(ckpts,
         assert isinstance(mlp.gate_up_fp8, Nvfp4Linear) and isinstance(mlp.down_proj, Nvfp4Linear)
         assert mlp.gate_up_weight is None and mlp.gate_proj.weight.numel() == 0  # bf16 freed
         assert mlp.gate_up_fp8.weight.per_row and mlp.gate_up_fp8.weight.packed.dtype == torch.uint8
-        sx, sh = _input_scales(plain.fp8, i)
+        sx, sh = _input_scales(plain.quantized, i)
         assert mlp.gate_up_fp8.act_scale == sx and mlp.down_proj.act_scale == sh
         x = torch.randn(
             6, mlp.gate_up_fp8.weight.shape[1], generator=torch.Generator().manual_seed(i)
@@ -100,7 +100,7 @@ def test_emulated_generation_equals_fake_quant_hooks_on_the_dequantized_model(ck
     path = ckpts["qwen"]
     w4a4 = LLM(path, device="cpu", dtype="float32", activations="nvfp4", mode="eager")
     hooked = LLM(path, device="cpu", dtype="float32", mode="eager")
-    fp8 = load_checkpoint(path, torch.float32, CPU).fp8
+    fp8 = load_checkpoint(path, torch.float32, CPU).quantized
     for i, mlp in enumerate(_mlps(hooked.model)):
         sx, sh = _input_scales(fp8, i)
         assert mlp.gate_up_fp8 is None and type(mlp.down_proj) is torch.nn.Linear
@@ -116,14 +116,14 @@ def test_without_emulation_the_cpu_dequantizes_and_w4a16_installed_gives_its_tok
     ckpts, monkeypatch, caplog, family
 ):
     """The CPU keeps today's path (plain linears holding the dequantized weights); installed as on
-    CUDA (`use_fp8`), the W4A16 twin decodes the same tokens."""
+    CUDA (`use_quantized`), the W4A16 twin decodes the same tokens."""
     plain = LLM(ckpts[family], device="cpu", dtype="float32", mode="eager")
     assert not any(isinstance(m, Nvfp4Linear) for m in plain.model.modules())
     for mlp in _mlps(plain.model):
         assert mlp.gate_up_fp8 is None and type(mlp.down_proj) is torch.nn.Linear
         assert mlp.gate_proj.weight.dtype == torch.float32 and mlp.gate_proj.weight.numel() > 0
-    monkeypatch.setattr(placement, "has_fp8_kernels", lambda device: True)  # as on CUDA
-    with caplog.at_level(logging.INFO, logger="dlmrt"):
+    monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)  # as on CUDA
+    with caplog.at_level(logging.DEBUG, logger="dlmrt"):
         installed = LLM(ckpts[family], device="cpu", dtype="float32", mode="eager")
     assert "nvfp4 model.layers.0.mlp: NVFP4 weight-only W4A16 (dense MLP)" in caplog.text
     dense = [m for m in installed.model.modules() if isinstance(m, Nvfp4Linear)]

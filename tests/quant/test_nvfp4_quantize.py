@@ -100,7 +100,7 @@ def test_cli_nvfp4_with_calibration_end_to_end(sources, tmp_path, family, capsys
     assert inputs and all(tensors_out[n].dtype == torch.float32 for n in inputs)
     assert all((tensors_out[n] > 0).all() for n in inputs)
     ckpt = load_checkpoint(out, torch.float32, CPU)  # the input scales are dropped
-    assert ckpt.fp8 and all(isinstance(w, Nvfp4Weight) for w in ckpt.fp8.values())
+    assert ckpt.quantized and all(isinstance(w, Nvfp4Weight) for w in ckpt.quantized.values())
     assert (out / "tokenizer.json").is_file()
 
 
@@ -110,7 +110,7 @@ def test_cli_demo_model_fp8_and_nvfp4_task(tmp_path):
 
     assert main(["quantize", "--model", str(demo_model_path()), "--format", "fp8",
                  "--out", str(tmp_path / "fp8")]) == 0  # fmt: skip
-    assert load_checkpoint(tmp_path / "fp8", torch.float32, CPU).fp8
+    assert load_checkpoint(tmp_path / "fp8", torch.float32, CPU).quantized
     assert main(["quantize", "--model", str(demo_model_path()), "--task", "arithmetic", "--samples", "2",
                  "--max-new-tokens", "8", "--device", "cpu", "--out", str(tmp_path / "nv")]) == 0  # fmt: skip
     llm = LLM(tmp_path / "nv", device="cpu")

@@ -165,7 +165,7 @@ def test_the_playground_page(url):
 
 
 def test_diffusion_gemma_draft_events(tmp_path_factory):
-    """The canvas style: one draft per denoising step, equal to the API's, text unchanged."""
+    """The encoder-decoder style: one draft per denoising step, equal to the API's, text unchanged."""
     pytest.importorskip("transformers.models.diffusion_gemma")
     from dg_helpers import tiny_checkpoint
 

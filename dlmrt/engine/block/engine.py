@@ -21,6 +21,7 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.blocks import Layout, finish, layout
+from dlmrt.config import EAGER
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import folds_check
@@ -29,7 +30,7 @@ from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
-from dlmrt.outputs import BlockCallback, EngineResult, Recorder, StopCheck
+from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck
 
 log = logging.getLogger("dlmrt")
 
@@ -42,7 +43,7 @@ class _Request:
     stop_ids: set[int]
     max_new_tokens: int
     ignore_eos: bool
-    on_block: BlockCallback | None
+    on_progress: ProgressCallback | None
     should_stop: StopCheck | None
     recorder: Recorder | None
 
@@ -52,8 +53,8 @@ def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: lis
     res.rounds_per_block.append(rounds)
     res.token_ids += tokens[req.lay.tail :] if index == req.lay.first_block else tokens
     res.token_ids, reason = finish(res.token_ids, req.stop_ids, req.max_new_tokens, req.ignore_eos)
-    if req.on_block is not None:
-        req.on_block(index, rounds, list(res.token_ids))
+    if req.on_progress is not None:
+        req.on_progress(index, rounds, list(res.token_ids))
     if reason is None:
         return False
     res.finish_reason = reason
@@ -76,7 +77,7 @@ class BlockEngine:
         model: torch.nn.Module,
         device: torch.device,
         dtype: torch.dtype,
-        mode: str = "eager",
+        mode: str = EAGER,
         fold_commits: bool = True,
         kv_cache_dtype: str = "auto",
     ) -> None:
@@ -114,7 +115,7 @@ class BlockEngine:
         seed: int = 0,
         ignore_eos: bool = False,
         recorder: Recorder | None = None,
-        on_block: BlockCallback | None = None,
+        on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
     ) -> EngineResult:
         """Decode one request. A `recorder` gets one `RoundRecord` per round of the unfolded
@@ -123,7 +124,9 @@ class BlockEngine:
         cost of the commit passes. Same tokens either way."""
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
         spec = RoundSpec(self.model, rule, temperature, block_length)
-        req = _Request(lay, stop_ids, max_new_tokens, ignore_eos, on_block, should_stop, recorder)
+        req = _Request(
+            lay, stop_ids, max_new_tokens, ignore_eos, on_progress, should_stop, recorder
+        )
         with torch.inference_mode():
             prog = self.program(spec, lay.max_len, traced=recorder is not None)
             res = EngineResult([], "length", mode=prog.runner.name)

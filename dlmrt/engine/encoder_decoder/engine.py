@@ -23,6 +23,7 @@ import torch
 from dlmrt import reference
 from dlmrt.attention import AttnContext
 from dlmrt.canvas_loop import canvas_loop
+from dlmrt.config import EAGER
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine import nonfinite
 from dlmrt.engine.encoder_decoder.step import (
@@ -38,7 +39,7 @@ from dlmrt.engine.graph.loop import Loop, Pass, Runner
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import ContextArena, arena_dtype
-from dlmrt.outputs import BlockCallback, CanvasRecorder, EngineResult, StopCheck
+from dlmrt.outputs import CanvasRecorder, EngineResult, ProgressCallback, StopCheck
 
 ENCODE_GRANULE = 16  # the prompt's encoder pass is padded to a multiple of this many rows
 
@@ -62,7 +63,7 @@ class EncoderDecoderEngine:
         self,
         model: torch.nn.Module,
         device: torch.device,
-        mode: str = "eager",
+        mode: str = EAGER,
         kv_cache_dtype: str = "auto",
     ) -> None:
         self.model, self.device, self.mode = model, device, mode
@@ -95,18 +96,18 @@ class EncoderDecoderEngine:
         seed: int = 0,
         rng: str = "counter",
         ignore_eos: bool = False,
-        on_block: BlockCallback | None = None,
+        on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
         recorder: CanvasRecorder | None = None,
     ) -> EngineResult:
         """Decode one request (rng: "counter", or "torch" through the oracle). `recorder` gets
         every step's `CanvasStepRecord`, in every mode: the step history is written on the device
-        inside the step and handed over after each canvas (before its `on_block`)."""
+        inside the step and handed over after each canvas (before its `on_progress`)."""
         kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
         if rng == "torch":
             self._log_torch_rng()
             return reference.canvas.generate(
-                self.model, prompt, settings, seed=seed, rng=rng, on_block=on_block,
+                self.model, prompt, settings, seed=seed, rng=rng, on_progress=on_progress,
                 should_stop=should_stop, recorder=recorder, **kw,
             )  # fmt: skip
         if rng != "counter":
@@ -134,7 +135,12 @@ class EncoderDecoderEngine:
             prog.runner.once(prog.advance)  # encodes buf.argmax (== canvas) on the device
 
         res = canvas_loop(
-            denoise, commit, canvas_length=length, on_block=on_block, mode=prog.runner.name, **kw
+            denoise,
+            commit,
+            canvas_length=length,
+            on_progress=on_progress,
+            mode=prog.runner.name,
+            **kw,
         )
         res.prefill_forwards = int(bool(prompt))
         return res
@@ -165,7 +171,7 @@ class EncoderDecoderEngine:
         return PrefillGraphs(forward, arena.max_len, self.device, pool)
 
     def _log_torch_rng(self) -> None:
-        if self.mode != "eager" and not self._torch_rng_logged:
+        if self.mode != EAGER and not self._torch_rng_logged:
             log.info(
                 "rng='torch' (transformers' draws) cannot be replayed in a CUDA graph: such "
                 "requests run on the eager reference path (mode 'eager' in their output)"

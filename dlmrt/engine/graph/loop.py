@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrt.config import BLOCK_GRAPH, EAGER, ROUND_GRAPH
 from dlmrt.engine.graph.capture import capture, check_stop, restore, snapshot, warm_up
 from dlmrt.outputs import StopCheck
 
@@ -71,7 +72,7 @@ def host_loop(loop: Loop, step: Callable[[], None], should_stop: StopCheck | Non
 
 
 class EagerRunner:
-    name = "eager"
+    name = EAGER
 
     def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
         host_loop(loop, loop.body, should_stop)
@@ -88,7 +89,7 @@ class EagerRunner:
 class RoundGraphRunner:
     """One CUDA graph per body, replayed from the host loop."""
 
-    name = "round_graph"
+    name = ROUND_GRAPH
 
     def __init__(self, pool) -> None:
         self.pool, self.stream = pool, torch.cuda.Stream()
@@ -113,7 +114,7 @@ class RoundGraphRunner:
 class BlockGraphRunner(RoundGraphRunner):
     """A loop is one launch of a WHILE graph: [init: condition] -> WHILE { body; condition }."""
 
-    name = "block_graph"
+    name = BLOCK_GRAPH
 
     def _segment(self, program: Program):
         """`program` as a GraphChain segment: a pass's body, or a loop's (body, init)."""
@@ -161,4 +162,4 @@ Runner = EagerRunner | RoundGraphRunner | BlockGraphRunner
 
 def make_runner(mode: str, pool) -> Runner:
     """A fresh runner (no graphs yet) for `mode`, capturing into `pool`."""
-    return EagerRunner() if mode == "eager" else RUNNERS[mode](pool)
+    return EagerRunner() if mode == EAGER else RUNNERS[mode](pool)

@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from dlmrt.config import MODES
+from dlmrt.config import AUTO, BLOCK_GRAPH, EAGER, MODES, ROUND_GRAPH
 
 log = logging.getLogger("dlmrt")
 
@@ -37,30 +37,30 @@ def select_mode(requested: str, device: torch.device, moe: bool = False) -> tupl
     moe: the model routes through `ops.moe_*`; their torch twins sync with the host (DLMRT_OPS=torch
     or no Triton), so graph modes then need the Triton kernels: auto falls back to eager."""
     mode, reason = _select(requested, device)
-    if moe and mode != "eager":
+    if moe and mode != EAGER:
         from dlmrt import ops
 
         if ops.implementation("moe_mlp") != "triton":
             why = "the MoE ops run their torch twins (host syncs: not capturable)"
-            if requested != "auto":
+            if requested != AUTO:
                 raise ValueError(f"mode: {requested} needs the Triton MoE kernels; {why}")
-            return "eager", why
+            return EAGER, why
     return mode, reason
 
 
 def _select(requested: str, device: torch.device) -> tuple[str, str]:
     if requested not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {requested!r}")
-    if requested == "eager":
-        return "eager", "forced by mode='eager'"
+    if requested == EAGER:
+        return EAGER, "forced by mode='eager'"
     if device.type != "cuda":
         if requested != "auto":
             raise ValueError(f"mode: {requested} needs a CUDA device, got {device}")
-        return "eager", f"device {device} has no CUDA graphs"
+        return EAGER, f"device {device} has no CUDA graphs"
     failures = []
     for mode, test in (
-        ("block_graph", _block_graph_self_test),
-        ("round_graph", _round_graph_self_test),
+        (BLOCK_GRAPH, _block_graph_self_test),
+        (ROUND_GRAPH, _round_graph_self_test),
     ):
         if requested not in ("auto", mode):
             continue
@@ -71,4 +71,4 @@ def _select(requested: str, device: torch.device) -> tuple[str, str]:
             failures.append(f"{mode} unavailable: {type(e).__name__}: {e}")
             if requested == mode:
                 raise ValueError(f"mode: {mode} failed its self-test ({e})") from e
-    return "eager", "; ".join(failures)
+    return EAGER, "; ".join(failures)

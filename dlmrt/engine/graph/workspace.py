@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from dlmrt.config import EAGER
 from dlmrt.engine.allocator import use_expandable_segments
 from dlmrt.engine.graph.loop import Runner, make_runner
 from dlmrt.engine.graph.runner_cache import RunnerCache
@@ -36,7 +37,7 @@ class Workspace(Generic[A]):
         # Other holders of graphs over the arena (the block style's prefill graphs, by name):
         # dropped with the programs when the arena grows.
         self.extras: dict[str, Any] = {}
-        self.pool = torch.cuda.graph_pool_handle() if mode != "eager" else None
+        self.pool = torch.cuda.graph_pool_handle() if mode != EAGER else None
 
     def reserve(self, rows: int) -> A:
         """The arena, grown first if it holds fewer than `rows` rows."""

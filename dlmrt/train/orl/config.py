@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dlmrt.config import MODES
 from dlmrt.rules import KNOBS, RULE_NAMES, knob_help
 
 # Fields that may change on resume: they change neither the rollouts nor the update rule.
@@ -182,5 +183,5 @@ CHOICES = {
     "precision": ("auto", "bf16", "fp32"),
     "attention": ("auto", "flex", "dense"),
     "adapter_positions": ("masked", "block"),
-    "rollout_mode": ("auto", "eager", "round_graph", "block_graph"),
+    "rollout_mode": MODES,
 }

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from dlmrt import ops
+from dlmrt.config import EAGER
 from dlmrt.llm import LLM
 from dlmrt.tokenizer import Tokenizer
 from dlmrt.train.evaluate import evaluate
@@ -99,11 +100,11 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
     llm = LLM.from_model(snapshot or model, Tokenizer(out), path=out, role="orl",
                          mode=cfg.rollout_mode)  # fmt: skip
     eager = None
-    if cfg.check_replay and llm.mode != "eager":
-        eager = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode="eager")
+    if cfg.check_replay and llm.mode != EAGER:
+        eager = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode=EAGER)
     run = _Loop(cfg, out, model, optimizer, scheduler, replayer, llm, rank, world, eager, snapshot)
     if snapshot is not None:  # evaluations measure the trained weights, not the snapshot
-        run.eval_llm = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode="eager")
+        run.eval_llm = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode=EAGER)
     result = ORLResult(out, step)
     with (
         open(out / "log.jsonl", "a") if rank == 0 else open("/dev/null", "w") as log_file,

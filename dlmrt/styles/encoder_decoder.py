@@ -9,17 +9,18 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from dlmrt.config import EAGER
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
 from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.request_checks import check_canvas_request
+from dlmrt.request_checks import check_encoder_decoder_request
 from dlmrt.styles.base import Hooks, Setup
 
 log = logging.getLogger("dlmrt")
 
 
-class CanvasStyle:
+class EncoderDecoderStyle:
     decoder = None  # the block style's (every style answers the same attributes)
     mask_id = None
 
@@ -30,7 +31,7 @@ class CanvasStyle:
         self.mode, self.tensor_parallel = setup.mode, setup.tensor_parallel
 
     @classmethod
-    def from_checkpoint(cls, setup: Setup) -> CanvasStyle:
+    def from_checkpoint(cls, setup: Setup) -> EncoderDecoderStyle:
         """The checkpoint's (or its role's) canvas settings and the engine."""
         kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, setup.path)
         engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, kv)
@@ -39,7 +40,7 @@ class CanvasStyle:
         return cls(engine, setup, settings)
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
-        check_canvas_request(ids, params, self.engine.canvas_length, self.cfg)
+        check_encoder_decoder_request(ids, params, self.engine.canvas_length, self.cfg)
         self.rng(params.rng)
 
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
@@ -58,13 +59,13 @@ class CanvasStyle:
             raise ValueError(
                 "rng: 'torch' is not supported under tensor parallelism; use 'counter'"
             )
-        return rng or ("counter" if self.mode != "eager" or self.tensor_parallel else "torch")
+        return rng or ("counter" if self.mode != EAGER or self.tensor_parallel else "torch")
 
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
         overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
         return self.engine.generate(
             ids, replace(self.canvas_settings, **overrides), max_new_tokens=params.max_new_tokens,
             stop_ids=sorted(self.stop_ids), seed=params.seed or 0, rng=self.rng(params.rng),
-            ignore_eos=params.ignore_eos, on_block=hooks.on_block,
+            ignore_eos=params.ignore_eos, on_progress=hooks.on_progress,
             should_stop=hooks.should_stop, recorder=hooks.recorder,
         )  # fmt: skip

@@ -1,7 +1,8 @@
-"""Install FP8 weights into a built model: which projections run FP8, and who quantizes their input.
+"""Install quantized (FP8 or NVFP4) weights into a built model: which projections run quantized,
+and who quantizes their input.
 
-`install_fp8(model, fp8, rows)` takes the loader's `{parameter name: Fp8Weight}` (per-channel
-e4m3, `dlmrt/formats/fp8.py`) and returns the names it did not install (the loader dequantizes
+`install_quantized(model, weights, rows)` takes the loader's `{parameter name: Fp8Weight or
+Nvfp4Weight}` (per-channel e4m3, `dlmrt/formats/fp8.py`; `dlmrt/formats/nvfp4.py`) and returns the names it did not install (the loader dequantizes
 those into their bf16 parameters). What runs FP8, and why:
 - Routed experts (LLaDA2, DiffusionGemma): always. Their GEMMs read weights, not compute (a
   32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations quantized
@@ -38,11 +39,10 @@ from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import use_fp8_gemm
-from dlmrt.ops.moe_fp8_choice import use_fp8_for_nvfp4, use_w8a8
+from dlmrt.ops.moe_fp8_choice import HALF, keep_nvfp4, use_fp8_for_nvfp4, use_w8a8
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
 
 log = logging.getLogger("dlmrt")
-HALF = (torch.bfloat16, torch.float16)  # model dtypes the W8A8 expert kernel serves
 
 
 def _cat(weights: list[Fp8Weight]) -> Fp8Weight:
@@ -74,7 +74,7 @@ class _Installer:
         w = given or _cat([self.fp8[n] for n in names])
         n_out, k = w.shape
         ok, why, config = use_fp8_gemm(self.rows, n_out, k, self.device, fused_input)
-        log.info("fp8 %s: %s (%s)", names[0].rsplit(".", 2)[0], "FP8" if ok else "bf16", why)
+        log.debug("fp8 %s: %s (%s)", names[0].rsplit(".", 2)[0], "FP8" if ok else "bf16", why)
         if not ok:
             return None
         if given is None:  # a weight passed in (a tied head's copy) was never the loader's
@@ -105,14 +105,11 @@ class _Installer:
         self.done += names
         gate_up = (experts.gate_proj, experts.up_proj) if len(projs) == 3 else (
             experts.gate_up_proj.chunk(2, dim=1))  # fmt: skip
-        if self.dtype in HALF:
-            w8a8, why = use_w8a8(self.rows, top_k, tuple(gate_up), getattr(experts, projs[-1]),
-                                 experts.fp8_scales, activation)  # fmt: skip
-        else:  # the W8A8 kernel rounds like a bf16 / fp16 model; fp32 models keep the codes' exact sums
-            w8a8, why = False, f"a {self.dtype} model"
+        w8a8, why = use_w8a8(self.rows, top_k, tuple(gate_up), getattr(experts, projs[-1]),
+                             experts.fp8_scales, activation, self.dtype)  # fmt: skip
         experts.fp8_w8a8 = w8a8
         kind = "W8A8" if w8a8 else "weight-only W8A16"
-        log.info("fp8 %s: FP8 %s (routed experts; %s)", prefix, kind, why)
+        log.debug("fp8 %s: FP8 %s (routed experts; %s)", prefix, kind, why)
 
     def nvfp4_experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...],
                       top_k: int, activation: str) -> None:  # fmt: skip
@@ -124,7 +121,9 @@ class _Installer:
 
         ws = [self.nvfp4_to_device(self.nvfp4[f"{prefix}.{p}"]) for p in projs]
         nvfp4 = (*split_gate_up(ws[0]), ws[1]) if len(ws) == 2 else tuple(ws)
-        if not self.emulate and self.nvfp4_as_fp8(prefix, experts, nvfp4, top_k, activation):
+        if self.emulate:
+            keep_nvfp4(self.rows, top_k, nvfp4[2], activation, "W4A4 emulation")
+        elif self.nvfp4_as_fp8(prefix, experts, nvfp4, top_k, activation):
             self.done += [f"{prefix}.{p}" for p in projs]
             return
         experts.nvfp4 = nvfp4
@@ -132,19 +131,21 @@ class _Installer:
             old = getattr(experts, proj)
             setattr(experts, proj, nn.Parameter(old.new_empty(0), requires_grad=False))
         self.done += [f"{prefix}.{p}" for p in projs]
-        log.info("nvfp4 %s: NVFP4 weight-only W4A16 (routed experts)", prefix)
+        log.debug("nvfp4 %s: NVFP4 weight-only W4A16 (routed experts)", prefix)
 
     def nvfp4_as_fp8(self, prefix: str, experts: nn.Module, nvfp4: tuple, top_k: int,
                      activation: str) -> bool:  # fmt: skip
         """Convert NVFP4 experts (gate, up, down) to per-channel FP8 codes on the W8A8 kernel if
         that times faster (installed into `experts`); False (nothing installed) otherwise."""
         if envs.nvfp4_experts() == "w4a16" or self.dtype not in HALF:  # as `experts`
+            why = "DLMRT_NVFP4_EXPERTS=w4a16" if self.dtype in HALF else f"a {self.dtype} model"
+            keep_nvfp4(self.rows, top_k, nvfp4[2], activation, why)
             return False
         fp8 = [quantize_per_channel(w.dequantize(torch.float32)) for w in nvfp4]
         scales = tuple(w.scale.float() for w in fp8)
         codes = ((fp8[0].qweight, fp8[1].qweight), fp8[2].qweight, scales)
         ok, why = use_fp8_for_nvfp4(self.rows, top_k, nvfp4, codes, activation)
-        log.info("nvfp4 %s: %s (routed experts; %s)", prefix,
+        log.debug("nvfp4 %s: %s (routed experts; %s)", prefix,
                  "converted to FP8 W8A8" if ok else "NVFP4 weight-only W4A16", why)  # fmt: skip
         if not ok:
             return False
@@ -174,7 +175,7 @@ class _Installer:
             gate_up, down = self.nvfp4[names[0]].shape, self.nvfp4[names[2]].shape
             shapes = [(2 * gate_up[0], gate_up[1]), (down[0], down[1])]
             ok, why = use_nvfp4_dense(self.rows, shapes, self.device)
-            log.info("nvfp4 %s: %s (%s)", prefix, "W4A16 kernel" if ok else "dequantized", why)
+            log.debug("nvfp4 %s: %s (%s)", prefix, "W4A16 kernel" if ok else "dequantized", why)
             if not ok:
                 return False
         ws = {n: self.nvfp4_to_device(self.nvfp4[n]) for n in names}
@@ -183,7 +184,7 @@ class _Installer:
         mlp.gate_up_weight = None
         _free(mlp.gate_proj, mlp.up_proj)
         self.done += names
-        log.info("nvfp4 %s: NVFP4 weight-only W4A16 (dense MLP)", prefix)
+        log.debug("nvfp4 %s: NVFP4 weight-only W4A16 (dense MLP)", prefix)
         return True
 
 
@@ -235,11 +236,13 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
         ins.experts(f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
 
 
-def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -> list[str]:
+def install_quantized(
+    model: nn.Module, weights: dict, rows: int, emulate: bool = False
+) -> list[str]:
     """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts and dense
     gated MLPs whose three projections are all NVFP4, those where the kernel is faster unless
     `emulate`: W4A4 emulation installs them all); returns the names left to dequantize."""
-    ins = _Installer(model, fp8, rows, emulate)
+    ins = _Installer(model, weights, rows, emulate)
     is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}"
@@ -252,7 +255,7 @@ def install_fp8(model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -
         _swap(model, "lm_head", head)
         if is_block:
             model.model.norm.fp8_out = True
-    return [n for n in fp8 if n not in set(ins.done)]
+    return [n for n in weights if n not in set(ins.done)]
 
 
 def _tied_head(ins: _Installer, model: nn.Module) -> Fp8Weight | None:
