@@ -5,7 +5,7 @@ weights, KV arena), as the markdown table docs/numbers.md shows.
 
 Reads every `round_latency_*.json` (block_graph rows only), leaves out the experiment files whose
 names say so (`EXPERIMENTS`: split-KV at 256 rows, FlashAttention-4 on / auto, LLaDA's all-mask
-canvas, the MoE plan A/B, the FP8 MLP with its fused GLU pinned off; FP8 / NVFP4 runs are rows of their own) and keeps the newest run of each
+canvas, the MoE plan A/B, the FP8 MLP with its fused GLU pinned off, a restructuring's before / after runs; FP8 / NVFP4 runs are rows of their own) and keeps the newest run of each
 configuration by the date it was written. The floor of an FP8 or NVFP4 row is the file's
 `fp8_floor_ms` (round_latency.py writes the format's own floor there: FP8 weights at 1 byte,
 NVFP4 experts at 0.5625). `--write` replaces the
@@ -31,6 +31,7 @@ EXPERIMENTS = (
     "_masks_",
     "_plan_",
     "glu_off",
+    "restructure_",
 )
 NAMES = {"qwen_dlm": "QwenDLM-4B + ORL adapter, 256-row round",
          "llada2": "LLaDA-2.1-mini, 32-row round (random canvas)",

@@ -27,7 +27,7 @@ from .online_softmax import LOG2E, key_range
 # 23 measured 0.69 s inside one request). The tile is fixed per shape class, from the query rows
 # and the head dim: a round or a joint pass (<= 32 rows) takes a 32-row tile so few rows are
 # padding; prefill and wider rounds take 64-row tiles; 128-key tiles for head dims <= 128 (H200,
-# benchmarks/attention_tiles.py: 32 rows 23.1 -> 20.9 us per layer at 1k keys, 80.7 -> 67.2 at
+# benchmarks/kernels/attention_tiles.py: 32 rows 23.1 -> 20.9 us per layer at 1k keys, 80.7 -> 67.2 at
 # 4k; 256 rows 21.7 -> 20.2 and 65.1 -> 57.9; 128-row tiles were 2x slower), 32-key tiles for
 # head dims >= 256 so K/V tiles fit in shared memory. fp32 (exact "ieee" dots, used by parity
 # tests) keeps one small tile: large fp32 tiles spill and take ptxas minutes to compile.
@@ -121,8 +121,8 @@ def arena_attention(
 ) -> torch.Tensor:  # [heads, rows, head_dim]
     """`splits` None: picked by shape (`pick_splits`: few rows over a long arena split the keys
     across programs, kernels/arena_attention_split.py); 1: this one-pass kernel. `tiles`
-    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides `tile_config` (benchmarks/attention_tiles.py);
-    `ws`: Triton's warp-specialized key loop (benchmarks/attention_peers.py)."""
+    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides `tile_config` (benchmarks/kernels/attention_tiles.py);
+    `ws`: Triton's warp-specialized key loop (benchmarks/kernels/attention_peers.py)."""
     heads, rows, head_dim = q.shape
     if splits is None:
         splits = pick_splits(rows, heads, k.shape[1], _sms(q.device) if q.is_cuda else 132)

@@ -125,7 +125,7 @@ def combine_splits(acc: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> to
     return out
 
 
-# Rounds of 17-32 rows only (below). H200 (benchmarks/attention_tiles.py, one layer of LLaDA-2.1-mini's
+# Rounds of 17-32 rows only (below). H200 (benchmarks/kernels/attention_tiles.py, one layer of LLaDA-2.1-mini's
 # 32 rows): 20.9 -> 10.4 us at 1k keys and 67.2 -> 16.4 at 4k against the one-pass kernel's best
 # tile, the round 5.41 -> 5.20 ms; QwenDLM's 256 rows got slower split (20.2 -> 28.5 us at 1k: the
 # fp32 partials cost more than the extra programs buy). Not below 17 rows: captures of rounds of

@@ -178,7 +178,7 @@ def launch_tile(head_dim: int, ieee: bool) -> tuple[int, int, int, int, int, int
     class, no autotuner (a request must never stop to benchmark configs: issue 23)."""
     if ieee:
         return 32, 32, min(128, head_dim), min(128, head_dim), 4, 2, 1
-    # H200, 256 rows, one layer (benchmarks/attention_tiles.py; numbers: docs/kernels.md):
+    # H200, 256 rows, one layer (benchmarks/kernels/attention_tiles.py; numbers: docs/kernels.md):
     # DiffusionGemma's full layers (head 512) hold all 512 output columns in one program (the
     # scores computed once, not once per 128 columns) over two key splits: 94.4 -> 77.2 us at a 1k
     # context, 286.7 -> 225.4 at 4k; sliding layers (head 256) take 64-key tiles (34.2 -> 28.5 us)
@@ -201,7 +201,7 @@ def canvas_attention(
     tiles: tuple[int, int, int, int, int, int, int] | None = None,
     splits: int | None = None,
 ) -> torch.Tensor:  # [heads, rows, head_dim], a view of a row-major [rows, heads, head_dim]
-    """`tiles` overrides `launch_tile` on CUDA (benchmarks/attention_tiles.py; the interpreter
+    """`tiles` overrides `launch_tile` on CUDA (benchmarks/kernels/attention_tiles.py; the interpreter
     keeps its 16-row tiles); `splits` overrides the key splits, on the CPU too (the interpreter's
     tests of the split path). Key splits need a power-of-two head dim (the merge pass's columns)."""
     heads, rows, head_dim = q.shape

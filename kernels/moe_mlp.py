@@ -224,7 +224,7 @@ def moe_mlp(
     activation: str,
     sum_dtype: torch.dtype | None = None,  # noqa: ARG001 (the slots are always summed in fp32)
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    bn: int = 64,  # the tiles and launch shape (benchmarks/moe_fp8.py sweeps them)
+    bn: int = 64,  # the tiles and launch shape (benchmarks/kernels/moe_fp8.py sweeps them)
     bk: int | None = None,  # default 128 (fp32: 64, its tiles spill); see below
     warps: int = 4,
     stages: int | None = None,

@@ -133,7 +133,7 @@ def _tiles(pairs: int, experts: int, bm: int | None, bk: int | None) -> tuple[in
     """Default (BM, BK), static per shape (capture-safe). Each tile decodes its expert's weights
     once, so when experts get >= 8 pairs on average (DiffusionGemma's 256-row canvas: 16) 32-row
     tiles decode them about half as often; 128-wide K steps either way. Measured on the H200
-    (benchmarks/moe_nvfp4.py, benchmarks/results/moe_nvfp4_h200_2026-12-03.json): DiffusionGemma
+    (benchmarks/kernels/moe_nvfp4.py, benchmarks/results/moe_nvfp4_h200_2026-12-03.json): DiffusionGemma
     0.337 ms a layer at (32, 128) against 0.379 at (32, 64) and 0.414 at (16, 128); LLaDA's ~1
     pair per expert 0.200 ms at (16, 128) against 0.225 at (32, 128). `swap` (the decoded tile as
     the dot's first operand) pays with the 32-row tiles (0.343 against 0.359 ms), not with the

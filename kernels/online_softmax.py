@@ -78,7 +78,7 @@ def key_range(acc, m_i, l_i, lo, hi, q, k_rows, v_rows, stride_kn, stride_vn, ro
     its load bound `end`. WHILE: the interpreter's loop form (it cannot range() over tensor
     bounds; a while loop is not software-pipelined on the GPU, so CUDA keeps the for loop).
     WS: the loop warp-specialized by Triton (loads and MMAs in their own warps; measured by
-    benchmarks/attention_peers.py, not shipped: see docs/kernels.md)."""
+    benchmarks/kernels/attention_peers.py, not shipped: see docs/kernels.md)."""
     if WHILE:
         first = lo
         while first < hi:
