@@ -13,8 +13,12 @@ CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cuda" if CUDA else "cpu"
 DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
-kernel_test = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs CUDA (or TRITON_INTERPRET=1)"
+# On a CUDA machine a kernel test is a GPU test (`pytest -m gpu` selects it); on the CPU it runs
+# under TRITON_INTERPRET=1 and skips otherwise.
+kernel_test = (
+    pytest.mark.gpu
+    if CUDA
+    else pytest.mark.skipif(not INTERPRET, reason="needs CUDA (or TRITON_INTERPRET=1)")
 )
 
 if INTERPRET:  # Triton 3.6's interpreter turns a runtime scalar into a loop bound with int() of a
