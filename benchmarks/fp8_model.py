@@ -46,9 +46,13 @@ def quantize_nvfp4(model: torch.nn.Module) -> dict[str, int]:
 
 
 def fp8_floor(
-    flops: float, nbytes: float, installed: dict[str, int], expert_share: float, rows: int,
+    flops: float,
+    nbytes: float,
+    installed: dict[str, int],
+    expert_share: float,
+    rows: int,
     bytes_per: float = 1.0,
-) -> float:  # fmt: skip
+) -> float:
     """Seconds: max(FLOPs at their peaks, bytes / 4.3 TB/s) with the installed weights at
     `bytes_per` bytes (FP8 1, NVFP4 0.5625)."""
     dense = sum(n for name, n in installed.items() if "experts." not in name)

@@ -33,9 +33,11 @@ EXPERIMENTS = (
     "glu_off",
     "restructure_",
 )
-NAMES = {"qwen_dlm": "QwenDLM-4B + ORL adapter, 256-row round",
-         "llada2": "LLaDA-2.1-mini, 32-row round (random canvas)",
-         "diffusion_gemma": "DiffusionGemma-26B-A4B, 256-row canvas step"}  # fmt: skip
+NAMES = {
+    "qwen_dlm": "QwenDLM-4B + ORL adapter, 256-row round",
+    "llada2": "LLaDA-2.1-mini, 32-row round (random canvas)",
+    "diffusion_gemma": "DiffusionGemma-26B-A4B, 256-row canvas step",
+}
 ORDER = {"qwen_dlm": 0, "llada2": 1, "diffusion_gemma": 2}
 WEIGHTS = {"bf16": 0, "fp8": 1, "nvfp4": 2}
 
@@ -50,8 +52,10 @@ def runs(results: str) -> dict[tuple, dict]:
             continue
         dtype = data.get("shape", {}).get("dtype") or {}
         dtype = dtype if isinstance(dtype, dict) else {}
-        weights, kv = requested(data.get("command", "")) or dtype.get("weights", "bf16"), dtype.get(
-            "kv_cache", "auto")  # fmt: skip
+        weights, kv = (
+            requested(data.get("command", "")) or dtype.get("weights", "bf16"),
+            dtype.get("kv_cache", "auto"),
+        )
         for r in data["results"]:
             if r["mode"] != "block_graph":
                 continue
@@ -74,8 +78,10 @@ def requested(command: str) -> str | None:
 
 def table(results: str) -> str:
     """The markdown table, one row per configuration, in a fixed order."""
-    rows = ["| model, shape | context | weights | KV arena | ms | floor (ms) | x floor | revision, date | file |",
-            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model, shape | context | weights | KV arena | ms | floor (ms) | x floor | revision, date | file |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     found = runs(results)
     order = sorted(found, key=lambda k: (ORDER.get(k[0], 9), k[1], WEIGHTS.get(k[2], 9), k[3]))
     for key in order:
@@ -101,8 +107,9 @@ def write(doc: str, results: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--results", default=os.path.join(here, "results"))
     ap.add_argument("--write", default=None, help="a markdown file with the table's markers")

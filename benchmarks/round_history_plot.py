@@ -26,10 +26,12 @@ TARGETS_MS = {
     ("llada2", 1024): 4.0,
     ("diffusion_gemma", 1024): 16.0,
 }  # fmt: skip  (issue 14, bf16)
-TITLES = {("qwen_dlm", 1024): "QwenDLM-4B, 256 rows, 1k context",
-          ("qwen_dlm", 4096): "QwenDLM-4B, 256 rows, 4k context",
-          ("llada2", 1024): "LLaDA-2.1-mini, 32 rows, 1k context",
-          ("diffusion_gemma", 1024): "DiffusionGemma-26B-A4B step, 1k context"}  # fmt: skip
+TITLES = {
+    ("qwen_dlm", 1024): "QwenDLM-4B, 256 rows, 1k context",
+    ("qwen_dlm", 4096): "QwenDLM-4B, 256 rows, 4k context",
+    ("llada2", 1024): "LLaDA-2.1-mini, 32 rows, 1k context",
+    ("diffusion_gemma", 1024): "DiffusionGemma-26B-A4B step, 1k context",
+}
 
 
 def shipped_runs(results_dir: str) -> dict[tuple[str, int], list[dict]]:
@@ -53,9 +55,15 @@ def shipped_runs(results_dir: str) -> dict[tuple[str, int], list[dict]]:
         for row in data.get("results", []):
             key = (model, row["context"])
             if row["mode"] == "block_graph" and key in runs:
-                runs[key].append({"date": data.get("date", ""), "file": name,
-                                  "revision": str(data.get("git_revision", ""))[:7],
-                                  "ms": row["ms_per_round"], "floor": row.get("floor_ms")})  # fmt: skip
+                runs[key].append(
+                    {
+                        "date": data.get("date", ""),
+                        "file": name,
+                        "revision": str(data.get("git_revision", ""))[:7],
+                        "ms": row["ms_per_round"],
+                        "floor": row.get("floor_ms"),
+                    }
+                )
     for key in runs:
         runs[key].sort(key=lambda r: (r["date"], r["file"]))
     return runs
@@ -77,8 +85,14 @@ def plot(runs: dict[tuple[str, int], list[dict]], out: str) -> None:
             ax.plot(xs, floors, ":", color="gray", label="floor (FLOPs or bytes)")
         ax.axhline(TARGETS_MS[key], ls="--", color="tab:red", label=f"target {TARGETS_MS[key]} ms")
         for x, p in zip(xs, points):
-            ax.annotate(f"{p['ms']:.2f}", (x, p["ms"]), textcoords="offset points",
-                        xytext=(0, 6), ha="center", fontsize=7)  # fmt: skip
+            ax.annotate(
+                f"{p['ms']:.2f}",
+                (x, p["ms"]),
+                textcoords="offset points",
+                xytext=(0, 6),
+                ha="center",
+                fontsize=7,
+            )
         ax.set_xticks(list(xs), [f"{p['date'][5:10]}\n{p['revision']}" for p in points], fontsize=6)
         ax.set_title(TITLES[key], fontsize=10)
         ax.set_ylabel("ms per round")

@@ -117,9 +117,11 @@ def add_bench_parser(sub: Any) -> None:
     bench.add_argument("--out", default=None, help="write the results JSON here")
     bench.add_argument("--plot", default=None, help="draw accuracy (0-100%%) vs --plot-x here")
     bench.add_argument(
-        "--plot-x", choices=("tps", "tpf"), default="tps",
+        "--plot-x",
+        choices=("tps", "tpf"),
+        default="tps",
         help="--plot's x axis: clean tokens/s (tps, the default) or clean tokens per forward (tpf)",
-    )  # fmt: skip
+    )
     bench.add_argument("--no-chat", action="store_true", help="do not use the chat template")
     bench.add_argument(
         "--prompt-template", default=None, help="'{prompt}' is replaced by the problem text"

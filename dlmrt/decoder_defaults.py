@@ -44,8 +44,9 @@ class DecoderDefaults:
     entropy_budget: float = ENTROPY_BUDGET
 
     @classmethod
-    def read(cls, family_rule: str, generation_config: dict[str, Any], path: Path,
-             use_entry: bool = True) -> DecoderDefaults:  # fmt: skip
+    def read(
+        cls, family_rule: str, generation_config: dict[str, Any], path: Path, use_entry: bool = True
+    ) -> DecoderDefaults:
         """The checkpoint's defaults over the family's rule; CheckpointError naming the file and
         the key for a malformed entry. use_entry False (a role that changes the rule): the
         family's rule and dlmrt's knobs."""
@@ -88,8 +89,11 @@ class DecoderDefaults:
         `editing`; else this default) and every block knob: the request's value, else this
         checkpoint's, else None (`make_rule` then applies the knob's declared fallback)."""
         knobs = {k.name: getattr(params, k.name) for k in style_knobs(BLOCK)}
-        selected = [RULE_OF_KNOB[k.name].name for k in style_knobs(BLOCK)
-                    if k.selects_rule and knobs[k.name] is not None]  # fmt: skip
+        selected = [
+            RULE_OF_KNOB[k.name].name
+            for k in style_knobs(BLOCK)
+            if k.selects_rule and knobs[k.name] is not None
+        ]
         for name in KNOBS[1:]:
             if knobs[name] is None:
                 knobs[name] = getattr(self, name)

@@ -47,5 +47,8 @@ def log_demo_speed(llm) -> None:
         out = llm.generate(DEMO_PROMPT, max_new_tokens=64)
     logging.getLogger("dlmrt").info(
         "demo model in %s: %.0f tokens/s, %.3f ms per round (%d tokens, a warm-up request)",
-        out.mode, out.request_tps, out.ms_per_round, len(out.token_ids),
-    )  # fmt: skip
+        out.mode,
+        out.request_tps,
+        out.ms_per_round,
+        len(out.token_ids),
+    )

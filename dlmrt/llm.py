@@ -35,12 +35,13 @@ from dlmrt.request_checks import (
     renamed_on_block,
 )
 from dlmrt.styles import Hooks, Setup, style_for
+from dlmrt.styles.attributes import StyleAttributes
 from dlmrt.tokenizer import Tokenizer
 
 log = logging.getLogger("dlmrt")
 
 
-class LLM:
+class LLM(StyleAttributes):
     """Load a checkpoint once; `generate()` runs one request at a time.
 
     >>> llm = LLM("/models/QwenDLM-4B-ORL")
@@ -95,10 +96,14 @@ class LLM:
             path = resolve_model_path(str(model))
         check = not config.skip_weight_check
         ckpt = load_checkpoint(
-            path, config.torch_dtype(), config.torch_device(), check_finite=check,
-            quantization=config.quantization, shard=tp_setup.loader(self.group),
+            path,
+            config.torch_dtype(),
+            config.torch_device(),
+            check_finite=check,
+            quantization=config.quantization,
+            shard=tp_setup.loader(self.group),
             activations=config.activations,
-        )  # fmt: skip
+        )
         self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
         if model is None and self.device.type == "cuda":
             from dlmrt.demo import log_demo_speed
@@ -123,9 +128,13 @@ class LLM:
         param = next(model.parameters())
         dtype = next((k for k, v in torch_dtypes().items() if v == param.dtype), None)
         config = EngineConfig(
-            model=str(path), dtype=dtype, device=str(param.device), role=role, mode=mode,
+            model=str(path),
+            dtype=dtype,
+            device=str(param.device),
+            role=role,
+            mode=mode,
             fold_commits=fold_commits,
-        )  # fmt: skip
+        )
         llm = cls.__new__(cls)
         llm.group = None
         llm._setup(model, tokenizer, Path(path), config)
@@ -150,66 +159,20 @@ class LLM:
             *select_mode(config.mode, self.device, self.family.moe), self.group
         )
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
-        setup = Setup(model, tokenizer, path, config, self.mode, self.device, self.dtype,
-                      set(stop_ids), default_rule, auto_rule, self.group is not None)  # fmt: skip
+        setup = Setup(
+            model,
+            tokenizer,
+            path,
+            config,
+            self.mode,
+            self.device,
+            self.dtype,
+            set(stop_ids),
+            default_rule,
+            auto_rule,
+            self.group is not None,
+        )
         self.style = style_for(self.family.style).from_checkpoint(setup)
-
-    @property
-    def engine(self):
-        """The style's engine (`BlockEngine` or `EncoderDecoderEngine`)."""
-        return self.style.engine
-
-    @engine.setter
-    def engine(self, engine) -> None:  # tests swap in an engine with other settings
-        self.style.engine = engine
-
-    @property
-    def group(self):
-        """The tensor-parallel group (None: one process)."""
-        return self._group
-
-    @group.setter
-    def group(self, group) -> None:  # tests attach a group to an LLM built around a sharded model
-        self._group = group
-        if "style" in self.__dict__:
-            self.style.tensor_parallel = group is not None
-
-    @property
-    def model_config(self):
-        """The model's parsed config (the style checks requests against it; assignable)."""
-        return self.style.cfg
-
-    @model_config.setter
-    def model_config(self, cfg) -> None:
-        self.style.cfg = cfg
-
-    @property
-    def stop_ids(self) -> set[int]:
-        """The token ids that end a request (the style's; assignable)."""
-        return self.style.stop_ids
-
-    @stop_ids.setter
-    def stop_ids(self, ids: set[int]) -> None:
-        self.style.stop_ids = set(ids)
-
-    @property
-    def default_rule(self) -> str:
-        return self.style.default_rule
-
-    @property
-    def mask_id(self) -> int | None:
-        """The block style's mask token id (None for the encoder-decoder style)."""
-        return self.style.mask_id
-
-    @property
-    def decoder(self):
-        """The block style's decoder defaults (`DecoderDefaults`; None for encoder-decoder)."""
-        return self.style.decoder
-
-    @property
-    def canvas_settings(self):
-        """The encoder-decoder style's `CanvasSettings` (None for block decoding)."""
-        return self.style.canvas_settings
 
     def generate(
         self,

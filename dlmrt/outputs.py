@@ -44,10 +44,17 @@ class GenerationOutput:
     def of(cls, text: str, prompt_tokens: int, res: EngineResult, t0: float) -> GenerationOutput:
         """The output of an engine's `res` for a request that started at perf_counter() `t0`."""
         return cls(
-            text, res.token_ids, res.finish_reason, prompt_tokens, res.denoising_forwards,
-            res.commit_forwards, res.prefill_forwards, time.perf_counter() - t0,
-            res.rounds_per_block, mode=res.mode,
-        )  # fmt: skip
+            text,
+            res.token_ids,
+            res.finish_reason,
+            prompt_tokens,
+            res.denoising_forwards,
+            res.commit_forwards,
+            res.prefill_forwards,
+            time.perf_counter() - t0,
+            res.rounds_per_block,
+            mode=res.mode,
+        )
 
     @property
     def num_generated_tokens(self) -> int:

@@ -47,7 +47,7 @@ class RequestParams:
         metadata={
             "help": "block size B, at most the checkpoint's (a wider block than the model "
             "was trained with is refused); None: the checkpoint's"
-        },  # fmt: skip
+        },
     )
     ignore_eos: bool = field(
         default=False, metadata={"help": "keep generating past stop tokens (benchmarks)"}

@@ -42,8 +42,9 @@ def check_rule_style(params: DecodeParams, style: str, architecture: str) -> Non
         )
 
 
-def check_block_length(prompt_len: int, params: DecodeParams, block: int, limit: int,
-                       trained: int | None = None) -> None:  # fmt: skip
+def check_block_length(
+    prompt_len: int, params: DecodeParams, block: int, limit: int, trained: int | None = None
+) -> None:
     """The request's blocks fit the context; and (`trained`: the checkpoint's block size) are no
     larger than the model was trained with: a wider block lets rows see positions they never saw
     in training, and the model decodes garbage. A smaller one is accepted (1 is left-to-right
@@ -138,8 +139,12 @@ def renamed_on_block(kwargs: dict, on_progress: object) -> object:
     old = kwargs.pop("on_block")
     if on_progress is not None:
         raise TypeError("generate: pass on_progress, not both on_progress and on_block")
-    warnings.warn("generate(on_block=...) is deprecated: pass on_progress=... (called after "
-                  "each block or canvas)", DeprecationWarning, stacklevel=3)  # fmt: skip
+    warnings.warn(
+        "generate(on_block=...) is deprecated: pass on_progress=... (called after "
+        "each block or canvas)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return old
 
 

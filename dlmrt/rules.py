@@ -28,6 +28,7 @@ class RuleInfo:
     knobs: tuple[Knob, ...] = ()
 
 
+# The registry as a table (the formatter skips it): a rule per row, its knobs one per row beneath.
 _INFOS = (
     RuleInfo("threshold", BLOCK, "accept rows with confidence > tau (SDAR)", (
         Knob("threshold", float, "`threshold` rule: accept rows with confidence > tau",
@@ -86,8 +87,11 @@ def rule_names(style: str) -> tuple[str, ...]:
 def style_knobs(style: str, checkpoint: bool | None = None) -> tuple[Knob, ...]:
     """The knobs of one decoding style's rules; `checkpoint` True / False: only those a
     checkpoint may (may not) set."""
-    return tuple(k for k in KNOBS.values() if RULE_OF_KNOB[k.name].style == style
-                 and checkpoint in (None, k.checkpoint))  # fmt: skip
+    return tuple(
+        k
+        for k in KNOBS.values()
+        if RULE_OF_KNOB[k.name].style == style and checkpoint in (None, k.checkpoint)
+    )
 
 
 def knob_help(knob: Knob) -> str:

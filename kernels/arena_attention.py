@@ -68,8 +68,11 @@ def _arena_attention_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < rows
-    q = tl.load(q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
+    q = tl.load(
+        q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     pos = tl.load(pos_ptr + offs_m, mask=row_ok, other=0)
     row_end = ((pos // block_size + 1) * block_size).to(tl.int32)
     row_end = tl.where(row_ok, row_end, 0)
@@ -90,8 +93,11 @@ def _arena_attention_kernel(
                               stride_vn, row_end, tile_end, qk_scale, True, BLOCK_N, IEEE,
                               WHILE)  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+    tl.store(
+        o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
 @functools.cache

@@ -41,8 +41,11 @@ def _split_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < rows
-    q = tl.load(q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)  # fmt: skip
+    q = tl.load(
+        q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     pos = tl.load(pos_ptr + offs_m, mask=row_ok, other=0)
     row_end = tl.where(row_ok, (pos // block_size + 1) * block_size, 0)
     tile_end = tl.max(row_end, 0)

@@ -163,8 +163,11 @@ def _canvas_attention_kernel(
                           True, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, IEEE, WHILE)  # fmt: skip
     if SPLITS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])  # fmt: skip
+        tl.store(
+            o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
     else:  # partials, merged by the arena split kernel's second pass
         at = (split * tl.num_programs(1) + head) * rows + offs_m  # [SPLITS, heads, rows]
         tl.store(acc_ptr + at[:, None] * HEAD_DIM + offs_v[None, :], acc, mask=row_ok[:, None])

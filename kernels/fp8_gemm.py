@@ -126,8 +126,9 @@ def _finish(
             tl.debug_barrier()
             total = tl.zeros((BM, BN), dtype=tl.float32)
             for j in range(0, split):
-                total += tl.load(part_ptr + j * M * N + offs, mask=mask, other=0.0,
-                                 cache_modifier=".cg")  # fmt: skip
+                total += tl.load(
+                    part_ptr + j * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg"
+                )
             tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next call (and graph replay)
 

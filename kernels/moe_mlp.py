@@ -125,8 +125,7 @@ def _gate_up_kernel(
 
 
 @triton.jit
-def store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER: tl.constexpr,
-                 GELU: tl.constexpr):  # fmt: skip
+def store_hidden(h_ptr, acc_g, acc_u, pos, n, valid, n_ok, INTER: tl.constexpr, GELU: tl.constexpr):
     """The gate|up epilogue (also kernels/moe_mlp_nvfp4.py's): h = act(gate) * up, each rounded
     to h's dtype where torch rounds, stored at the tile's sorted (row, expert) positions."""
     dtype = h_ptr.dtype.element_ty
@@ -182,8 +181,7 @@ def _down_kernel(
 
 
 @triton.jit
-def store_weighted(acc, dtype: tl.constexpr, w_ptr, y_ptr, pair, n, valid, n_ok,
-                   H: tl.constexpr):  # fmt: skip
+def store_weighted(acc, dtype: tl.constexpr, w_ptr, y_ptr, pair, n, valid, n_ok, H: tl.constexpr):
     """The down epilogue (also kernels/moe_mlp_nvfp4.py's and moe_mlp_fp8.py's): y rounded to the
     model's `dtype`, then times the routing weight (as torch: y, then y * w), stored fp32 at each
     pair's (row, slot)."""

@@ -102,8 +102,9 @@ def _gate_up_kernel(
     for k0 in range(0, H, BK):
         kk = k0 + tl.arange(0, BK)
         k_ok = kk < H
-        a = tl.load(xq_ptr + row[:, None] * H + kk[None, :], mask=valid[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
+        a = tl.load(
+            xq_ptr + row[:, None] * H + kk[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0
+        )
         s = tl.load(xs_ptr + row * NG + k0 // BK, mask=valid, other=0.0)
         w_mask = n_ok[:, None] & k_ok[None, :]
         wg = tl.load(g_base + kk[None, :], mask=w_mask, other=0.0)
@@ -146,8 +147,11 @@ def _down_kernel(
     for k0 in range(0, INTER, BK):
         kk = k0 + tl.arange(0, BK)
         k_ok = kk < INTER
-        a = tl.load(hq_ptr + pos64[:, None] * INTER + kk[None, :],
-                    mask=valid[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+        a = tl.load(
+            hq_ptr + pos64[:, None] * INTER + kk[None, :],
+            mask=valid[:, None] & k_ok[None, :],
+            other=0.0,
+        )
         s = tl.load(hs_ptr + pos64 * NH + k0 // BK, mask=valid, other=0.0)
         wd = tl.load(d_base + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _scaled_mma(a, wd, s, acc, SWAP)

@@ -55,8 +55,9 @@ def _load_a_halves(a_base, k0, K: tl.constexpr, a_rows, BK: tl.constexpr):
 
 
 @triton.jit
-def _halves_mma(a_even, a_odd, b, s, acc, SWAP: tl.constexpr, IEEE: tl.constexpr,
-                ASM: tl.constexpr):  # fmt: skip
+def _halves_mma(
+    a_even, a_odd, b, s, acc, SWAP: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr
+):
     """acc + a @ (w * 2^-7 / global scale)^T over one K step, as two dots: the bytes' low nibbles
     (even k) with a_even, the high ones with a_odd (`e2m1_decode.expert_halves`)."""
     low, high = expert_halves(b, s, a_even.dtype, ASM)

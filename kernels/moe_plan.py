@@ -90,8 +90,9 @@ MAX_CHUNKED_PAIRS = 16384  # 256 chunks x E: the middle program's tile stays sma
 
 
 @triton.jit
-def _chunk_counts_kernel(index_ptr, chunk_counts_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr,
-                         CH: tl.constexpr):  # fmt: skip
+def _chunk_counts_kernel(
+    index_ptr, chunk_counts_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr, CH: tl.constexpr
+):
     """Program c: per-expert pair counts of chunk c -> chunk_counts[c, :E]."""
     c = tl.program_id(0)
     ids = tl.arange(0, E_PAD)
@@ -121,8 +122,9 @@ def _chunk_scan_kernel(chunk_counts_ptr, tile_end_ptr, counts_ptr, starts_ptr, N
 
 
 @triton.jit
-def _chunk_slots_kernel(index_ptr, chunk_base_ptr, order_ptr, P, E: tl.constexpr,
-                        E_PAD: tl.constexpr, CH: tl.constexpr):  # fmt: skip
+def _chunk_slots_kernel(
+    index_ptr, chunk_base_ptr, order_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr, CH: tl.constexpr
+):
     """Program c: each pair's slot = its expert's base for chunk c + pairs of it earlier in c."""
     c = tl.program_id(0)
     lane = tl.arange(0, CH)

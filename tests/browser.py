@@ -30,10 +30,16 @@ class Browser:
             os.dup2(from_child, 4)
 
         cmd = [
-            BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--remote-debugging-pipe", f"--user-data-dir={profile}",
-            f"--window-size={size[0]},{size[1]}", "about:blank",
-        ]  # fmt: skip
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}",
+            "about:blank",
+        ]
         self.proc = subprocess.Popen(
             cmd,
             preexec_fn=fds,

@@ -90,9 +90,14 @@ def test_the_engine_decodes_an_empty_prompt(base_llm):
     from dlmrt.decoding import make_rule
 
     out = base_llm.engine.generate(
-        [], rule=make_rule("threshold"), block_length=base_llm.model_config.block_size,
-        max_new_tokens=9, mask_id=base_llm.mask_id, stop_ids=set(), ignore_eos=True,
-    )  # fmt: skip
+        [],
+        rule=make_rule("threshold"),
+        block_length=base_llm.model_config.block_size,
+        max_new_tokens=9,
+        mask_id=base_llm.mask_id,
+        stop_ids=set(),
+        ignore_eos=True,
+    )
     assert len(out.token_ids) == 9 and out.prefill_forwards == 0
 
 

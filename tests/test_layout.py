@@ -134,8 +134,13 @@ def test_weight_formats_are_the_bottom_layer():
     """dlmrt/formats/ (FP8, NVFP4 containers) imports nothing of dlmrt but itself, so ops, models
     and the checkpoint code can all read it."""
     g = import_graph()
-    outside = [f"{m} -> {t}" for m, ts in g.items() if m.startswith("dlmrt.formats")
-               for t in ts if not t.startswith("dlmrt.formats")]  # fmt: skip
+    outside = [
+        f"{m} -> {t}"
+        for m, ts in g.items()
+        if m.startswith("dlmrt.formats")
+        for t in ts
+        if not t.startswith("dlmrt.formats")
+    ]
     assert outside == []
     assert _edges_into(g, "dlmrt.ops", ("dlmrt.quant", "dlmrt.loading")) == []
     assert _edges_into(g, "dlmrt.models", ("dlmrt.quant", "dlmrt.loading")) == []

@@ -32,14 +32,32 @@ def test_the_newest_run_of_a_configuration_wins(tmp_path):
     import json
 
     nt = _script()
-    runs = (("z_old_fast", "2026-01-01", 3.0), ("a_new_slow", "2026-02-01", 4.0),
-            ("split_on_c", "2026-03-01", 1.0))  # fmt: skip
+    runs = (
+        ("z_old_fast", "2026-01-01", 3.0),
+        ("a_new_slow", "2026-02-01", 4.0),
+        ("split_on_c", "2026-03-01", 1.0),
+    )
     for name, date, ms in runs:
-        (tmp_path / f"round_latency_{name}.json").write_text(json.dumps({
-            "model": "qwen_dlm", "date": date, "git_revision": name,
-            "command": "x --quantization=fp8", "shape": {"dtype": {"weights": "bf16"}},
-            "results": [{"mode": "block_graph", "context": 1024, "ms_per_round": ms,
-                         "floor_ms": 3.0, "fp8_floor_ms": 2.0}]}))  # fmt: skip
+        (tmp_path / f"round_latency_{name}.json").write_text(
+            json.dumps(
+                {
+                    "model": "qwen_dlm",
+                    "date": date,
+                    "git_revision": name,
+                    "command": "x --quantization=fp8",
+                    "shape": {"dtype": {"weights": "bf16"}},
+                    "results": [
+                        {
+                            "mode": "block_graph",
+                            "context": 1024,
+                            "ms_per_round": ms,
+                            "floor_ms": 3.0,
+                            "fp8_floor_ms": 2.0,
+                        }
+                    ],
+                }
+            )
+        )
     rows = nt.table(str(tmp_path)).splitlines()[2:]
     assert len(rows) == 1
     assert "| fp8 |" in rows[0] and "| 4.000 | 2.00 | 2.00 | a_new_slow, 2026-02-01 |" in rows[0]

@@ -50,8 +50,9 @@ def test_the_server_sizes_an_encoder_decoder_request_by_the_canvas(llms):
 
     _, encdec = llms
     cfg = encdec.model_config
-    info = ModelInfo("m", encdec.tokenizer, cfg.vocab_size, None,
-                     cfg.max_position_embeddings, style=encdec.style)  # fmt: skip
+    info = ModelInfo(
+        "m", encdec.tokenizer, cfg.vocab_size, None, cfg.max_position_embeddings, style=encdec.style
+    )
     length = encdec.engine.canvas_length
     assert info.rows_needed(5, 1, None) == 5 + length
     assert info.room(5, None) == encdec.style.room(5, None)
@@ -71,8 +72,9 @@ def test_generate_takes_validated_params_as_they_are(llms):
     block, _ = llms
     params = DecodeParams(max_new_tokens=6, ignore_eos=True, rule="threshold", threshold=0.5)
     by_params = block.generate([5, 6, 7], params=params)
-    by_kwargs = block.generate([5, 6, 7], max_new_tokens=6, ignore_eos=True, rule="threshold",
-                               threshold=0.5)  # fmt: skip
+    by_kwargs = block.generate(
+        [5, 6, 7], max_new_tokens=6, ignore_eos=True, rule="threshold", threshold=0.5
+    )
     assert by_params.token_ids == by_kwargs.token_ids and len(by_params.token_ids) == 6
     with pytest.raises(TypeError, match="params or keyword arguments, not both"):
         block.generate([5, 6, 7], params=params, max_new_tokens=3)

@@ -66,8 +66,9 @@ def case(name: str, context: int, iters: int, variants: list[str]) -> dict:
     keys = context + rows
     gen = torch.Generator("cuda").manual_seed(context + rows)
     q = torch.randn(heads, rows, DIM, device="cuda", generator=gen, dtype=torch.bfloat16)
-    kv = torch.randn(2, LAYERS, kv_heads, keys, DIM, device="cuda", generator=gen,
-                     dtype=torch.bfloat16)  # fmt: skip
+    kv = torch.randn(
+        2, LAYERS, kv_heads, keys, DIM, device="cuda", generator=gen, dtype=torch.bfloat16
+    )
     pos = torch.arange(context, context + rows, device="cuda")
     scale = DIM**-0.5
     ref = arena_attention(q, kv[0, 0], kv[1, 0], pos, rows, scale, splits=1)
@@ -82,13 +83,19 @@ def case(name: str, context: int, iters: int, variants: list[str]) -> dict:
     if prefill is not None:  # FA3 with K / V as [keys, kv_heads, dim] copies (its NHD layout)
         kv_nhd = kv.transpose(2, 3).contiguous()
         calls["flashinfer_fa3_nhd"] = lambda i: prefill(
-            q_nhd, kv_nhd[0, i], kv_nhd[1, i], causal=False, kv_layout="NHD", sm_scale=scale,
-            backend="fa3").transpose(0, 1)  # fmt: skip
+            q_nhd,
+            kv_nhd[0, i],
+            kv_nhd[1, i],
+            causal=False,
+            kv_layout="NHD",
+            sm_scale=scale,
+            backend="fa3",
+        ).transpose(0, 1)
     for backend in ("fa2", "fa3"):
         if prefill is not None:
             calls[f"flashinfer_{backend}"] = lambda i, b=backend: prefill(
-                q_nhd, kv[0, i], kv[1, i], causal=False, kv_layout="HND", sm_scale=scale,
-                backend=b).transpose(0, 1)  # fmt: skip
+                q_nhd, kv[0, i], kv[1, i], causal=False, kv_layout="HND", sm_scale=scale, backend=b
+            ).transpose(0, 1)
     row = {
         "case": name, "context": context, "keys": keys,
         "floor_flops_us": round(4 * rows * keys * heads * DIM / PEAK_FLOPS * 1e6, 2),

@@ -53,8 +53,9 @@ def case(name: str, context: int, iters: int) -> dict:
     rows, heads, kv_heads = SHAPES[name]
     gen = torch.Generator("cuda").manual_seed(context)
     q = torch.randn(heads, rows, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
-    kv = torch.randn(2, LAYERS, kv_heads, ARENA, 128, device="cuda", generator=gen,
-                     dtype=torch.bfloat16)  # fmt: skip
+    kv = torch.randn(
+        2, LAYERS, kv_heads, ARENA, 128, device="cuda", generator=gen, dtype=torch.bfloat16
+    )
     pos = torch.arange(context, context + rows, device="cuda")
     ref = arena_attention(q, kv[0, 0], kv[1, 0], pos, rows, 0.088, splits=1)
 
@@ -111,11 +112,20 @@ def canvas_case(name: str, context: int, iters: int) -> dict:
     rows = 256
     gen = torch.Generator("cuda").manual_seed(context + dim)
     q = torch.randn(heads, rows, dim, device="cuda", generator=gen, dtype=torch.bfloat16)
-    kv = torch.randn(2, LAYERS, kv_heads, context + rows + 64, dim, device="cuda", generator=gen,
-                     dtype=torch.bfloat16)  # fmt: skip
+    kv = torch.randn(
+        2,
+        LAYERS,
+        kv_heads,
+        context + rows + 64,
+        dim,
+        device="cuda",
+        generator=gen,
+        dtype=torch.bfloat16,
+    )
     pos = torch.arange(context, context + rows, device="cuda")
-    ref = canvas.canvas_attention(q.float(), kv[0, 0].float(), kv[1, 0].float(), pos, True,
-                                  window, 1.0)  # fmt: skip
+    ref = canvas.canvas_attention(
+        q.float(), kv[0, 0].float(), kv[1, 0].float(), pos, True, window, 1.0
+    )
     keys = context + rows if window == 0 else min(context, window - 1) + rows
     row = {
         "case": name, "context": context, "shipped_tiles": list(launch_tile(dim, False)),
@@ -153,8 +163,16 @@ def main() -> None:
     args = ap.parse_args()
     rows = [case(name, c, args.iters) for name in SHAPES for c in args.contexts]
     rows += [canvas_case(name, c, args.iters) for name in CANVAS for c in args.contexts]
-    write_result(args.out, {"benchmark": "attention_tiles", "command": " ".join(sys.argv),
-                            "layers_per_graph": LAYERS, "results": rows}, args.git_revision)  # fmt: skip
+    write_result(
+        args.out,
+        {
+            "benchmark": "attention_tiles",
+            "command": " ".join(sys.argv),
+            "layers_per_graph": LAYERS,
+            "results": rows,
+        },
+        args.git_revision,
+    )
 
 
 if __name__ == "__main__":

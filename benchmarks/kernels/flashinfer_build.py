@@ -22,8 +22,14 @@ def log(msg: str) -> None:
 
 
 # The costliest translation units first (their nvcc time, not their count, bounds the build).
-_HEAVY = ("flashinfer_cutlass_fused_moe_binding", "cutlass_fused_moe_instantiation",
-          "moe_gemm_kernels_", "fp8_kernels_", "fp8_blockscale", "stub_")  # fmt: skip
+_HEAVY = (
+    "flashinfer_cutlass_fused_moe_binding",
+    "cutlass_fused_moe_instantiation",
+    "moe_gemm_kernels_",
+    "fp8_kernels_",
+    "fp8_blockscale",
+    "stub_",
+)
 
 
 def _cost_rank(cmd: str) -> int:
@@ -39,11 +45,14 @@ def build_resumable(spec, log_path: Path, deadline: float | None) -> bool:
     spec.write_ninja()
     cmds = subprocess.run(
         ["ninja", "-C", str(spec.build_dir), "-f", str(spec.ninja_path), "-t", "commands"],
-        check=True, capture_output=True, text=True,
-    ).stdout.splitlines()  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     *compiles, link = [c for c in cmds if c.strip()]
-    todo = sorted((c for c in compiles if not Path(re.search(r" -o (\S+)", c)[1]).exists()),
-                  key=_cost_rank)  # fmt: skip
+    todo = sorted(
+        (c for c in compiles if not Path(re.search(r" -o (\S+)", c)[1]).exists()), key=_cost_rank
+    )
     total, jobs = len(compiles), int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
     log(f"  {total - len(todo)} of {total} objects already there, {len(todo)} to compile, "
         f"{jobs} jobs")  # fmt: skip
@@ -118,14 +127,18 @@ def build_jit(mode: str, prebuilt: str | None, build_log: str, deadline: float |
         log(f"JIT {spec.name}: prebuilt, {info['so']}")
     else:
         info["so"] = str(spec.jit_library_path)
-        log(f"JIT {spec.name}: start ({len(spec.sources)} sources, cache {jit_env.FLASHINFER_JIT_DIR}, "
-            f"MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}; full log {build_log})")  # fmt: skip
+        log(
+            f"JIT {spec.name}: start ({len(spec.sources)} sources, cache {jit_env.FLASHINFER_JIT_DIR}, "
+            f"MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}; full log {build_log})"
+        )
         if not build_resumable(spec, Path(build_log), deadline):
             info["build_s"] = round(time.perf_counter() - t0, 1)
             return info | {"complete": False}
         info["build_s"] = round(time.perf_counter() - t0, 1)
-        log(f"JIT {spec.name}: built in {info['build_s']:.1f} s, "
-            f"{spec.jit_library_path.stat().st_size / 2**20:.1f} MiB")  # fmt: skip
+        log(
+            f"JIT {spec.name}: built in {info['build_s']:.1f} s, "
+            f"{spec.jit_library_path.stat().st_size / 2**20:.1f} MiB"
+        )
         # FlashInfer loads a module from its AOT folder as is (its ninja would rebuild objects
         # it has no log of, as after a resumed build)
         aot = jit_env.FLASHINFER_AOT_DIR / spec.name / f"{spec.name}.so"

@@ -40,8 +40,12 @@ _RUNNER = re.compile(r"template class MoeGemmRunner<[^;]*;", re.S)
 
 
 # The fixed (non-generated) sources, longest first so that ninja starts them first.
-_FIRST = ("cutlass_fused_moe_instantiation.cu", "flashinfer_cutlass_fused_moe_binding.cu",
-          "moe_gemm_kernels_", "fp8_blockscale_gemm.cu")  # fmt: skip
+_FIRST = (
+    "cutlass_fused_moe_instantiation.cu",
+    "flashinfer_cutlass_fused_moe_binding.cu",
+    "moe_gemm_kernels_",
+    "fp8_blockscale_gemm.cu",
+)
 
 _BLOCK = re.compile(
     r"(#if[^\n]*\n)?\s*INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM\((.*?)\);\s*(#endif)?", re.S
@@ -138,8 +142,12 @@ def spec(per_file: int = 6, stub_parts: int = 2, name: str = NAME):
     sources = list(fixed)
     for i in range(0, len(kept), per_file):  # the kept kernels, as FlashInfer instantiates them
         chunk = "".join(kept[i : i + per_file])
-        sources.append(_write(out / f"fp8_kernels_{i // per_file:03d}.cu",
-                              f"{inl_path[TMA_WS]}\n{_NS_OPEN}{chunk}{_NS_CLOSE}"))  # fmt: skip
+        sources.append(
+            _write(
+                out / f"fp8_kernels_{i // per_file:03d}.cu",
+                f"{inl_path[TMA_WS]}\n{_NS_OPEN}{chunk}{_NS_CLOSE}",
+            )
+        )
     inl = _write(out / "stub_moe_gemm_runner.h", _RUNNER_STUB)
     sources.append(
         _write(out / "stub_moe_gemm_runner.cu", f'#include "{inl}"\n' + "".join(runner_stubs))

@@ -76,8 +76,9 @@ def quack(a: torch.Tensor, wqs: list) -> dict:
     for split in (1, 2, 4):
 
         def call(w, split=split):
-            return gemm(a, w.qweight.t(), alpha=1.0, out_dtype=torch.bfloat16, tuned=False,
-                        split_k=split)  # fmt: skip
+            return gemm(
+                a, w.qweight.t(), alpha=1.0, out_dtype=torch.bfloat16, tuned=False, split_k=split
+            )
 
         try:
             call(wqs[0])  # compile outside the timing
@@ -88,8 +89,9 @@ def quack(a: torch.Tensor, wqs: list) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rows", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="a subset of the shapes")
     ap.add_argument("--out", default="benchmarks/results/fp8_gemm.json")
@@ -102,9 +104,11 @@ def main() -> None:
             r = {"shape": name} | one(rows, n, k)
             results.append(r)
             q = {key: v for key, v in r.items() if key.startswith("quack")}
-            print(f"{name:30s} {rows:4d} bf16 {r['bf16_us']:7.1f} cublas-fp8 {r['cublas_fp8_us']:7.1f}"
-                  f" kernel {r['kernel_us']:7.1f} {r['kernel_config']} floor {r['floor_us']:6.1f} {q}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{name:30s} {rows:4d} bf16 {r['bf16_us']:7.1f} cublas-fp8 {r['cublas_fp8_us']:7.1f}"
+                f" kernel {r['kernel_us']:7.1f} {r['kernel_config']} floor {r['floor_us']:6.1f} {q}",
+                flush=True,
+            )
     write_result(args.out, {"benchmark": "fp8_gemm", "results": results}, args.git_revision)
 
 

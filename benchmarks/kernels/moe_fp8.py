@@ -30,8 +30,15 @@ def scaled_grouped(x, w, idx, gu, down, activation: str) -> torch.Tensor:
     offs = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
     src = order // k
     a = fp8_ops.quant_rows(x[src])
-    h = torch._scaled_grouped_mm(a.q, gu.qweight.transpose(1, 2), a.scale.view(-1), gu.scale,
-                                 offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True)  # fmt: skip
+    h = torch._scaled_grouped_mm(
+        a.q,
+        gu.qweight.transpose(1, 2),
+        a.scale.view(-1),
+        gu.scale,
+        offs=offs,
+        out_dtype=torch.bfloat16,
+        use_fast_accum=True,
+    )
     gate, up = h.chunk(2, dim=-1)
     act = (
         torch.nn.functional.silu(gate)
@@ -39,8 +46,15 @@ def scaled_grouped(x, w, idx, gu, down, activation: str) -> torch.Tensor:
         else torch.nn.functional.gelu(gate, approximate="tanh")
     )
     b = fp8_ops.quant_rows((act * up).contiguous())
-    y = torch._scaled_grouped_mm(b.q, down.qweight.transpose(1, 2), b.scale.view(-1), down.scale,
-                                 offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True)  # fmt: skip
+    y = torch._scaled_grouped_mm(
+        b.q,
+        down.qweight.transpose(1, 2),
+        b.scale.view(-1),
+        down.scale,
+        offs=offs,
+        out_dtype=torch.bfloat16,
+        use_fast_accum=True,
+    )
     y = y * w.flatten()[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, src, y)
 

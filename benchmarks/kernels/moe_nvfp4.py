@@ -61,8 +61,14 @@ def bench(shape, iters: int) -> dict:
     )
     gu8, d8 = quantize_per_channel(gate_up), quantize_per_channel(down)
     scales = (*(t.contiguous() for t in gu8.scale.chunk(2, dim=1)), d8.scale)
-    _timed(out, "fp8_w8a16_ms", lambda: fp8_kernel.moe_mlp(
-        x, w, idx, gu8.qweight, d8.qweight, shape.activation, scales=scales), iters)  # fmt: skip
+    _timed(
+        out,
+        "fp8_w8a16_ms",
+        lambda: fp8_kernel.moe_mlp(
+            x, w, idx, gu8.qweight, d8.qweight, shape.activation, scales=scales
+        ),
+        iters,
+    )
     gu4, d4 = quantize_nvfp4(gate_up), quantize_nvfp4(down)
     gate, up = split_gate_up(gu4)
     args = [
@@ -80,8 +86,9 @@ def bench(shape, iters: int) -> dict:
     ops.use("torch")
     want = moe_mlp_nvfp4(x, w, idx, gate, up, d4, shape.activation)
     ops.use(None)
-    out["nvfp4_vs_twin_max_rel"] = ((got.float() - want.float()).abs().max()
-                                    / want.float().abs().max()).item()  # fmt: skip
+    out["nvfp4_vs_twin_max_rel"] = (
+        (got.float() - want.float()).abs().max() / want.float().abs().max()
+    ).item()
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
 
 

@@ -32,8 +32,11 @@ def _time(fn, iters: int) -> dict:
         return {"us": round(1e3 * graph_ms(fn, iters), 1), "timed": "graph"}
     except Exception as e:  # noqa: BLE001 (not capturable: time it eagerly, say so)
         torch.cuda.synchronize()
-        return {"us": round(1e6 * cuda_time(fn, iters), 1), "timed": "eager",
-                "why_eager": str(e).splitlines()[0][:120]}  # fmt: skip
+        return {
+            "us": round(1e6 * cuda_time(fn, iters), 1),
+            "timed": "eager",
+            "why_eager": str(e).splitlines()[0][:120],
+        }
 
 
 def _quack_gemms(x8, idx, gate_up8, down8, iters: int) -> dict:
@@ -51,8 +54,9 @@ def _quack_gemms(x8, idx, gate_up8, down8, iters: int) -> dict:
     b_gu, b_d = gate_up8.transpose(1, 2), down8.transpose(1, 2)  # (E, K, N), K-major
 
     def gate_up() -> torch.Tensor:
-        return gemm(x8, b_gu, cu_seqlens_m=cu, A_idx=src, alpha=1.0, tuned=False,
-                    out_dtype=torch.bfloat16)  # fmt: skip
+        return gemm(
+            x8, b_gu, cu_seqlens_m=cu, A_idx=src, alpha=1.0, tuned=False, out_dtype=torch.bfloat16
+        )
 
     def down() -> torch.Tensor:
         return gemm(h8, b_d, cu_seqlens_m=cu, alpha=1.0, tuned=False, out_dtype=torch.bfloat16)
@@ -78,10 +82,15 @@ def bench(shape, iters: int) -> dict:
     gs, us = (t.contiguous() for t in gu8.scale.chunk(2, dim=1))
     act = shape.activation
     floor8 = floor_ms(shape, idx, bytes_per=1)[0]
-    ours = graph_ms(lambda: moe_mlp_w8a8(x, w, idx, gu8.qweight, d8.qweight, act,
-                                         (gs, us, d8.scale)), iters)  # fmt: skip
-    out = {"shape": shape.name, "rows": shape.rows, "floor_fp8_us": round(1e3 * floor8, 1),
-           "dlmrt_w8a8_layer_us": round(1e3 * ours, 1)}  # fmt: skip
+    ours = graph_ms(
+        lambda: moe_mlp_w8a8(x, w, idx, gu8.qweight, d8.qweight, act, (gs, us, d8.scale)), iters
+    )
+    out = {
+        "shape": shape.name,
+        "rows": shape.rows,
+        "floor_fp8_us": round(1e3 * floor8, 1),
+        "dlmrt_w8a8_layer_us": round(1e3 * ours, 1),
+    }
     try:
         import quack  # noqa: F401
     except ImportError:

@@ -29,8 +29,11 @@ NVFP4_BYTES = 0.5625  # 4 bits + one e4m3 scale per 16 weights
 
 
 def _entry(ms: float, floor_ms_: float, weight_bytes: float) -> dict:
-    return {"us": round(ms * 1e3, 1), "tb_s": round(weight_bytes / (ms * 1e-3) / 1e12, 2),
-            "floor_pct": round(100 * floor_ms_ / ms, 1)}  # fmt: skip
+    return {
+        "us": round(ms * 1e3, 1),
+        "tb_s": round(weight_bytes / (ms * 1e-3) / 1e12, 2),
+        "floor_pct": round(100 * floor_ms_ / ms, 1),
+    }
 
 
 def _w8a8_configs(many: bool) -> list[dict]:
@@ -39,8 +42,7 @@ def _w8a8_configs(many: bool) -> list[dict]:
     out = [base]
     # (H200, 2026-12-03: stages 4, warps 8, bn 256 / 64 and bn_down 32 all measured slower;
     # x quantized inside the gate|up kernel 301 vs 252 us: results/moe_quant_x_in_kernel_*.json)
-    for change in ({"stages": 3},
-                   {"bn_down": 128}, {"bm": 16}, {"bm": 32}):  # fmt: skip
+    for change in ({"stages": 3}, {"bn_down": 128}, {"bm": 16}, {"bm": 32}):
         out.append(base | change)
     return out
 
@@ -55,8 +57,11 @@ def kernel_us(fn, iters: int) -> dict:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    times = {e.key[:60]: round(e.device_time_total / iters, 1) for e in prof.key_averages()
-             if e.device_time_total > 0}  # fmt: skip
+    times = {
+        e.key[:60]: round(e.device_time_total / iters, 1)
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    }
     return times | {"sum": round(sum(times.values()), 1)}
 
 
@@ -86,8 +91,13 @@ def bench(shape, iters: int) -> dict:
     run("fp8_w8a16", lambda: ops.moe_mlp(x, w, idx, gu8.qweight, d8.qweight, act, scales=scales), 1)
     for cfg in _w8a8_configs(idx.numel() >= 8 * shape.experts):
         key = "fp8_w8a8_" + "_".join(f"{k}{v}" for k, v in cfg.items())
-        run(key, lambda c=cfg: w8a8_kernel.moe_mlp_fp8(
-            x, w, idx, (gate8, up8), d8.qweight, act, scales, **c), 1)  # fmt: skip
+        run(
+            key,
+            lambda c=cfg: w8a8_kernel.moe_mlp_fp8(
+                x, w, idx, (gate8, up8), d8.qweight, act, scales, **c
+            ),
+            1,
+        )
     run("fp8_w8a8_op", lambda: moe_mlp_w8a8(x, w, idx, gu8.qweight, d8.qweight, act, scales), 1)
     nv_gu, nv_d = quantize_nvfp4(gate_up), quantize_nvfp4(down)
     nv_g, nv_u = split_gate_up(nv_gu)

@@ -77,13 +77,24 @@ def main() -> None:
     captured = _tps(engine, prompt, rule, args, capture=True)
     same = plain.pop("tokens") == captured.pop("tokens")
     ratio = captured["tokens_per_s"] / plain["tokens_per_s"]
-    print(f"without capture {plain['tokens_per_s']:.1f} tok/s ({plain['mode']}), with "
-          f"{captured['tokens_per_s']:.1f} tok/s ({captured['mode']}): {ratio:.3f}x; "
-          f"identical tokens: {same}")  # fmt: skip
-    write_result(args.out, {
-        "benchmark": "orl_capture", "config": vars(args), "without_capture": plain,
-        "with_capture": captured, "ratio": ratio, "target_ratio": 0.9, "identical_tokens": same,
-    }, args.git_revision)  # fmt: skip
+    print(
+        f"without capture {plain['tokens_per_s']:.1f} tok/s ({plain['mode']}), with "
+        f"{captured['tokens_per_s']:.1f} tok/s ({captured['mode']}): {ratio:.3f}x; "
+        f"identical tokens: {same}"
+    )
+    write_result(
+        args.out,
+        {
+            "benchmark": "orl_capture",
+            "config": vars(args),
+            "without_capture": plain,
+            "with_capture": captured,
+            "ratio": ratio,
+            "target_ratio": 0.9,
+            "identical_tokens": same,
+        },
+        args.git_revision,
+    )
 
 
 if __name__ == "__main__":

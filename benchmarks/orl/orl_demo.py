@@ -47,8 +47,11 @@ def sweep(llm: LLM, task, problems: int, points: list[dict], max_new_tokens: int
         res = evaluate(llm, task, problems, max_new_tokens=max_new_tokens, **point)
         res["tokens_per_s"] = round(res["generated_tokens"] / max(res["seconds"], 1e-9), 1)
         rows.append(res)
-        print(f"  {point}: accuracy {res['accuracy']:.3f}  TPF {res['tokens_per_forward']:.2f}  "
-              f"{res['tokens_per_s']:.0f} tok/s", flush=True)  # fmt: skip
+        print(
+            f"  {point}: accuracy {res['accuracy']:.3f}  TPF {res['tokens_per_forward']:.2f}  "
+            f"{res['tokens_per_s']:.0f} tok/s",
+            flush=True,
+        )
     return rows
 
 
@@ -85,12 +88,19 @@ def main() -> None:
     for name, path in _models(args.model):
         print(f"{name}: {path}", flush=True)
         llm = LLM(path, device=args.device, dtype=args.dtype, mode=args.mode)
-        results[name] = {"path": path, "mode": llm.mode, "points": sweep(
-            llm, task, args.problems, points, args.max_new_tokens)}  # fmt: skip
+        results[name] = {
+            "path": path,
+            "mode": llm.mode,
+            "points": sweep(llm, task, args.problems, points, args.max_new_tokens),
+        }
         del llm
-    payload = {"task": args.task, "problems": args.problems, "max_new_tokens": args.max_new_tokens,
-               "dtype": args.dtype or ("bfloat16" if args.device != "cpu" else "float32"),
-               "models": results}  # fmt: skip
+    payload = {
+        "task": args.task,
+        "problems": args.problems,
+        "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype or ("bfloat16" if args.device != "cpu" else "float32"),
+        "models": results,
+    }
     write_result(args.out, payload, args.git_revision)
 
 

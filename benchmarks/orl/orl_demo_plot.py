@@ -33,8 +33,14 @@ def frontier(sweep: dict, out: Path) -> None:
         ax.plot([t for _, t in front], [100 * a for a, _ in front], color=color, lw=2, label=name)
         for rule, marker in MARKERS.items():
             sel = [p for p in pts if p["rule"] == rule]
-            ax.scatter([p["tokens_per_forward"] for p in sel], [100 * p["accuracy"] for p in sel],
-                       marker=marker, color=color, s=28, zorder=3)  # fmt: skip
+            ax.scatter(
+                [p["tokens_per_forward"] for p in sel],
+                [100 * p["accuracy"] for p in sel],
+                marker=marker,
+                color=color,
+                s=28,
+                zorder=3,
+            )
     for rule, marker in MARKERS.items():  # the marker legend, colourless
         ax.scatter([], [], marker=marker, color="grey", label=rule)
     ax.set_xlabel("tokens per forward (TPF)")
@@ -88,8 +94,10 @@ def compare(sweep: dict, base: str, levels: list[float]) -> str:
 
 
 def _smooth(values: list[float], k: int = 10) -> list[float]:
-    return [sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1])
-            for i in range(len(values))]  # fmt: skip
+    return [
+        sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1])
+        for i in range(len(values))
+    ]
 
 
 def read_log(path: Path) -> list[dict]:
@@ -148,10 +156,19 @@ def main() -> None:
     ap.add_argument("--runs", default=None, help="a benchmarks/results/orl_demo_runs_*.json file")
     ap.add_argument("--out", required=True, help="the frontier plot (PNG)")
     ap.add_argument("--curves", default=None, help="the training curves plot (PNG)")
-    ap.add_argument("--compare", default=None, metavar="BASE",
-                    help="print TPF at equal accuracy against model BASE of the sweep")  # fmt: skip
-    ap.add_argument("--levels", type=float, nargs="*", default=[0.85, 0.8, 0.75, 0.7, 0.6, 0.5],
-                    help="the accuracy levels of --compare")  # fmt: skip
+    ap.add_argument(
+        "--compare",
+        default=None,
+        metavar="BASE",
+        help="print TPF at equal accuracy against model BASE of the sweep",
+    )
+    ap.add_argument(
+        "--levels",
+        type=float,
+        nargs="*",
+        default=[0.85, 0.8, 0.75, 0.7, 0.6, 0.5],
+        help="the accuracy levels of --compare",
+    )
     args = ap.parse_args()
     if args.compare:
         print(compare(json.loads(Path(args.sweep).read_text()), args.compare, args.levels))

@@ -89,8 +89,7 @@ def _time(model, rows_of_docs, p, spec, attention: str, repeats: int) -> float:
             row = build_row(docs, model.cfg.vocab_size, torch.device("cuda"), length=n)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = replay_logits(model, row, attention_mask(row.meta, attention))
-                loss = combine(row_terms(logits, None, row, spec), p.responses, p.aec_den,
-                               spec)[0]  # fmt: skip
+                loss = combine(row_terms(logits, None, row, spec), p.responses, p.aec_den, spec)[0]
             loss.backward()
         model.zero_grad(set_to_none=True)
 
@@ -115,11 +114,18 @@ def main() -> None:
     p = plan(rs, 0.25, 0.2, cfg.vocab_size)
     spec = LossSpec(1.0, 0.2, 1.0, False, 0.1, 5.0)
     packed_rows = pack_docs(p.docs, args.pack_tokens)
-    singles = [[Doc(d.rollout, [s], d.token_weight, [t])] for d in p.docs
-               for s, t in zip(d.states, d.targets)]  # fmt: skip
-    result = {"states": p.states, "docs": len(p.docs), "packed_rows": len(packed_rows),
-              "packed_tokens": sum(d.length for d in p.docs),
-              "one_by_one_tokens": sum(d[0].length for d in singles)}  # fmt: skip
+    singles = [
+        [Doc(d.rollout, [s], d.token_weight, [t])]
+        for d in p.docs
+        for s, t in zip(d.states, d.targets)
+    ]
+    result = {
+        "states": p.states,
+        "docs": len(p.docs),
+        "packed_rows": len(packed_rows),
+        "packed_tokens": sum(d.length for d in p.docs),
+        "one_by_one_tokens": sum(d[0].length for d in singles),
+    }
     result["packed_flex_s"] = _time(model, packed_rows, p, spec, "flex", args.repeats)
     result["one_by_one_flex_s"] = _time(model, singles, p, spec, "flex", args.repeats)
     result["speedup_vs_one_by_one_flex"] = result["one_by_one_flex_s"] / result["packed_flex_s"]
@@ -129,8 +135,11 @@ def main() -> None:
             result["one_by_one_dense_s"] / result["packed_flex_s"]
         )
     print({k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()})
-    write_result(args.out, {"benchmark": "orl_replay", "config": vars(args), **result,
-                            "target_speedup": 4.0}, args.git_revision)  # fmt: skip
+    write_result(
+        args.out,
+        {"benchmark": "orl_replay", "config": vars(args), **result, "target_speedup": 4.0},
+        args.git_revision,
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ def profile(llm: LLM, task: str, problems: int, threshold: float, max_new_tokens
     for p in get_task(task).problems("test", problems):
         records = []
         prompt = prompt_text(tok, p.question, is_chat(p.seed, 0.5))
-        llm.generate(prompt, max_new_tokens=max_new_tokens, rule="threshold",
-                     threshold=threshold, recorder=records.append)  # fmt: skip
+        llm.generate(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            rule="threshold",
+            threshold=threshold,
+            recorder=records.append,
+        )
         blocks.update(Counter(Counter(r.block_index for r in records).values()))
         for r in records:
             for i in r.accepted.nonzero().flatten().tolist():
@@ -62,8 +67,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     llm = LLM(args.model, device=args.device)
-    result = {"model": args.model, "task": args.task, "problems": args.problems,
-              "threshold": args.threshold}  # fmt: skip
+    result = {
+        "model": args.model,
+        "task": args.task,
+        "problems": args.problems,
+        "threshold": args.threshold,
+    }
     result |= profile(llm, args.task, args.problems, args.threshold, args.max_new_tokens)
     print(json.dumps(result))
     if args.out:

@@ -38,16 +38,21 @@ def one(name: str, fmt: str) -> dict:
     elif fmt == "nvfp4":
         fp8_model.quantize_nvfp4(model)
     torch.cuda.synchronize()
-    out = {"model": name, "format": fmt, "bf16_model_gb": after_bf16 / 1e9,
-           "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
-           "allocated_after_gb": torch.cuda.memory_allocated() / 1e9}  # fmt: skip
+    out = {
+        "model": name,
+        "format": fmt,
+        "bf16_model_gb": after_bf16 / 1e9,
+        "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+        "allocated_after_gb": torch.cuda.memory_allocated() / 1e9,
+    }
     del model
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", nargs="+", default=["qwen_dlm", "llada2", "diffusion_gemma"])
     ap.add_argument("--formats", nargs="+", default=["bf16", "fp8", "nvfp4"])
     ap.add_argument("--out", default="benchmarks/results/load_memory.json")

@@ -36,29 +36,66 @@ S, F = "sliding_attention", "full_attention"
 def text_config(layers: int, tiny: bool) -> dict:
     types = [F if i % 6 == 5 else S for i in range(layers)]
     if tiny:
-        wide = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=16,
-                    num_experts=8, moe_intermediate_size=32)  # fmt: skip
+        wide = dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            global_head_dim=32,
+            sliding_window=16,
+            num_experts=8,
+            moe_intermediate_size=32,
+        )
     else:
-        wide = dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112,
-                    num_attention_heads=16, num_key_value_heads=8, head_dim=256,
-                    global_head_dim=512, sliding_window=1024, num_experts=128,
-                    moe_intermediate_size=704)  # fmt: skip
-    rope = {S: {"rope_type": "default", "rope_theta": 1e4},
-            F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}  # fmt: skip
-    return dict(wide, num_hidden_layers=layers, layer_types=types, num_global_key_value_heads=2,
-                top_k_experts=8, max_position_embeddings=8192, rope_parameters=rope,
-                use_bidirectional_attention="vision", final_logit_softcapping=30.0)  # fmt: skip
+        wide = dict(
+            vocab_size=262144,
+            hidden_size=2816,
+            intermediate_size=2112,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            global_head_dim=512,
+            sliding_window=1024,
+            num_experts=128,
+            moe_intermediate_size=704,
+        )
+    rope = {
+        S: {"rope_type": "default", "rope_theta": 1e4},
+        F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+    }
+    return dict(
+        wide,
+        num_hidden_layers=layers,
+        layer_types=types,
+        num_global_key_value_heads=2,
+        top_k_experts=8,
+        max_position_embeddings=8192,
+        rope_parameters=rope,
+        use_bidirectional_attention="vision",
+        final_logit_softcapping=30.0,
+    )
 
 
 def write_checkpoint(path: Path, layers: int, tiny: bool, device: str):
     """A random transformers DiffusionGemma saved at `path`; returns the transformers model."""
     import transformers.models.diffusion_gemma as dg
 
-    vision = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=32,
-                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)  # fmt: skip
-    cfg = dg.DiffusionGemmaConfig(text_config=text_config(layers, tiny), vision_config=vision,
-                                  canvas_length=32 if tiny else 256)  # fmt: skip
+    vision = dict(
+        model_type="gemma4_vision",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    cfg = dg.DiffusionGemmaConfig(
+        text_config=text_config(layers, tiny),
+        vision_config=vision,
+        canvas_length=32 if tiny else 256,
+    )
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     torch.manual_seed(0)
     with torch.device(device):
@@ -141,11 +178,17 @@ def main(argv: list[str] | None = None) -> dict:
     results = run(args)
     peer = results["transformers"]["tokens_per_s"]
     for name, r in results.items():
-        print(f"{name:>20}  {r['tokens_per_s']:>9.1f} tok/s  {r['ms_per_step']:>8.3f} ms/step  "
-              f"{r['tokens_per_s'] / peer:.2f}x transformers")  # fmt: skip
+        print(
+            f"{name:>20}  {r['tokens_per_s']:>9.1f} tok/s  {r['ms_per_step']:>8.3f} ms/step  "
+            f"{r['tokens_per_s'] / peer:.2f}x transformers"
+        )
     if args.out:
-        payload = {"benchmark": "peer_transformers", "command": " ".join(sys.argv),
-                   "config": vars(args), "results": results}  # fmt: skip
+        payload = {
+            "benchmark": "peer_transformers",
+            "command": " ".join(sys.argv),
+            "config": vars(args),
+            "results": results,
+        }
         write_result(args.out, payload, args.git_revision)
     return results
 

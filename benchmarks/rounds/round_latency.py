@@ -258,9 +258,11 @@ def main() -> None:
                     "ratio_to_fp8_floor": round(ms / fp8_floor, 2),
                 }
             rows.append(row)
-            print(f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {f['floor']:>7.3f} "
-                  f"{ms / f['floor']:>8.2f}" + (f" fp8 floor {fp8_floor:.3f}" if fp8_floor else ""),
-                  flush=True)  # fmt: skip
+            print(
+                f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {f['floor']:>7.3f} "
+                f"{ms / f['floor']:>8.2f}" + (f" fp8 floor {fp8_floor:.3f}" if fp8_floor else ""),
+                flush=True,
+            )
         torch.cuda.empty_cache()
     eager = {r["context"]: r["ms_per_round"] for r in rows if r["mode"] == "eager"}
     for r in rows:

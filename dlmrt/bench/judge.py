@@ -92,8 +92,9 @@ class Verdict:
     why: str  # the failure's first line, or the candidate's stderr tail
 
 
-def run_check(module: str, prompt: str, test: str, entry_point: str, timeout_s: float,
-              limits: sandbox.Limits) -> Verdict:  # fmt: skip
+def run_check(
+    module: str, prompt: str, test: str, entry_point: str, timeout_s: float, limits: sandbox.Limits
+) -> Verdict:
     """`module` (prompt + completion) served from the sandbox; `test`'s check() run here."""
     with tempfile.TemporaryDirectory(prefix="dlmrt-he-") as tmp:
         workdir = Path(tmp)

@@ -33,9 +33,16 @@ from pathlib import Path
 log = logging.getLogger("dlmrt")
 WRAPPER = Path(__file__).with_name("sandbox_wrapper.py")
 UNSHARE = [
-    "unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--kill-child",
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--mount",
+    "--net",
+    "--pid",
+    "--fork",
+    "--kill-child",
     "--mount-proc",
-]  # fmt: skip
+]
 NPROC_IN_NAMESPACE = 64  # counts only the run's own processes (a fresh user namespace)
 NPROC_MARGIN = 64  # fallback: processes the run may add to the user's current count
 MARKER = "DLMRT_SANDBOX_RUN"

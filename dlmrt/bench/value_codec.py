@@ -39,8 +39,10 @@ def _pack(v: object, depth: int) -> object:
         return {"dict": [[_pack(k, depth + 1), _pack(x, depth + 1)] for k, x in v.items()]}  # type: ignore[union-attr]
     if t is bytes:
         return {"bytes": v.hex()}  # type: ignore[union-attr]
-    raise CodecError(f"a {t.__name__} is not plain data (None, bool, int, float, str, bytes, "
-                     "list, tuple, set, frozenset, dict)")  # fmt: skip
+    raise CodecError(
+        f"a {t.__name__} is not plain data (None, bool, int, float, str, bytes, "
+        "list, tuple, set, frozenset, dict)"
+    )
 
 
 def encode(v: object) -> str:

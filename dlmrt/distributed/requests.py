@@ -60,8 +60,9 @@ def share_call(
     group: TPGroup, prompt: Any, chat: bool, kwargs: dict[str, Any], should_stop
 ) -> tuple[Any, bool, dict[str, Any], Callable[[], bool] | None]:
     """`LLM.generate`'s arguments as rank 0 gave them (`should_stop` becomes the shared poll)."""
-    req = share(group, {"prompt": prompt, "chat": chat, "kwargs": kwargs,
-                        "poll": should_stop is not None})  # fmt: skip
+    req = share(
+        group, {"prompt": prompt, "chat": chat, "kwargs": kwargs, "poll": should_stop is not None}
+    )
     return unpack(group, req, should_stop)
 
 

@@ -52,8 +52,10 @@ def check_shardable(root: Path, world: int) -> None:
     if isinstance(heads, int) and heads > 0:
         split(heads, world, "num_attention_heads")
     if isinstance(kv, int) and kv > 0 and (kv >= world and kv % world or kv < world and world % kv):
-        raise ShardError(f"tensor parallel: num_key_value_heads = {kv} does not split over (or "
-                         f"divide) the world size {world}")  # fmt: skip
+        raise ShardError(
+            f"tensor parallel: num_key_value_heads = {kv} does not split over (or "
+            f"divide) the world size {world}"
+        )
     for name in ("intermediate_size", "moe_intermediate_size"):
         if isinstance(cfg.get(name), int) and cfg[name] > 0:
             split(cfg[name], world, name)
@@ -97,8 +99,10 @@ def _while_collective_self_test(group: TPGroup) -> None:
     x.fill_(1.0)  # capturing runs nothing: the launch starts from these ones
     self_test(lambda: group.all_reduce(x), group.device)  # raises unless exactly 3 rounds ran
     if x.sum().item() != 4 * group.world**3:
-        raise RuntimeError(f"a WHILE body with an all-reduce summed to {x.sum().item()} "
-                           f"(want {4 * group.world**3})")  # fmt: skip
+        raise RuntimeError(
+            f"a WHILE body with an all-reduce summed to {x.sum().item()} "
+            f"(want {4 * group.world**3})"
+        )
 
 
 def agree_mode(mode: str, reason: str, group: TPGroup | None) -> tuple[str, str]:

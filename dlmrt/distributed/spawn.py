@@ -60,13 +60,21 @@ def spawn_followers(config: Any) -> list[subprocess.Popen]:
     payload = json.dumps(asdict(config))
     procs = []
     for rank in range(1, size):
-        env = {**os.environ, **common, "RANK": str(rank), "LOCAL_RANK": str(rank),
-               PARENT_VAR: str(os.getpid())}  # fmt: skip
+        env = {
+            **os.environ,
+            **common,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            PARENT_VAR: str(os.getpid()),
+        }
         cmd = [sys.executable, "-m", "dlmrt.tp_follower", payload]
         procs.append(subprocess.Popen(cmd, env=env))
     os.environ.update({**common, "RANK": "0", "LOCAL_RANK": "0"})
-    log.info("tensor parallel: started %d follower process(es) on port %s", size - 1,
-             common["MASTER_PORT"])  # fmt: skip
+    log.info(
+        "tensor parallel: started %d follower process(es) on port %s",
+        size - 1,
+        common["MASTER_PORT"],
+    )
     return procs
 
 

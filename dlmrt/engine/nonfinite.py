@@ -29,8 +29,10 @@ def diagnose(model: nn.Module) -> str:
                 f"the weight '{name}' holds NaN or inf values (a corrupt or mis-scaled checkpoint)"
             )
     dtype = next(model.parameters()).dtype
-    return (f"no weight is non-finite: the activations overflowed {dtype} (weights or inputs too "
-            "large, or a config value such as rms_norm_eps or rope_theta out of range)")  # fmt: skip
+    return (
+        f"no weight is non-finite: the activations overflowed {dtype} (weights or inputs too "
+        "large, or a config value such as rms_norm_eps or rope_theta out of range)"
+    )
 
 
 def error(model: nn.Module, where: str) -> NonFiniteError:

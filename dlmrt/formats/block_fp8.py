@@ -34,8 +34,9 @@ def _expand(scale: torch.Tensor, shape: tuple[int, ...], block: tuple[int, int])
     return full[..., : shape[-2], : shape[-1]]
 
 
-def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor,
-                      block: tuple[int, int]) -> torch.Tensor:  # fmt: skip
+def dequantize_blocks(
+    codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
+) -> torch.Tensor:
     """codes e4m3 [.., N, K] times their tile's scale, as float32."""
     return codes.float() * _expand(scale, tuple(codes.shape), block)
 

@@ -3,8 +3,9 @@
 Strict: an unsupported architecture, a missing/unexpected/wrongly shaped tensor, a missing or
 out-of-range config field (sizes >= 1, stop ids in the vocabulary), an integer or bool tensor where
 a float weight belongs, or an unreadable file raises `CheckpointError` naming the file and the
-tensor or field. Headers are checked before any weight is read; the model is built on the meta
-device, allocated once, and filled one tensor at a time, so the weights are never held twice.
+tensor or field. Headers are checked before any weight is read (`tensors.py`); the model is built
+on the meta device, allocated once, and filled one tensor at a time, so the weights are never held
+twice.
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ from dlmrt.json_file import read_json
 from dlmrt.loading.placement import collect_quantized, place_quantized
 from dlmrt.loading.quant_config import read_quant_config
 from dlmrt.loading.reader import quantized_reader
+from dlmrt.loading.tensors import (
+    check_tensors,
+    expand_slices,
+    map_names,
+    tensor_shapes,
+    weight_files,
+)
 from dlmrt.models.config import eos_ids
 from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")
-
-LM_HEAD = "lm_head.weight"
 
 
 @dataclass
@@ -47,129 +53,16 @@ class Checkpoint:
     quantized: dict[str, Fp8Weight | Nvfp4Weight] = field(default_factory=dict)
 
 
-def weight_files(root: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: from the index if present, else every *.safetensors."""
-    index = read_json(root / "model.safetensors.index.json", required=False)
-    if index is not None:
-        if not isinstance(index.get("weight_map"), dict):
-            raise CheckpointError(f"{root / 'model.safetensors.index.json'}: missing 'weight_map'")
-        return [root / f for f in sorted(set(index["weight_map"].values()))]
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{root}: no *.safetensors weight files")
-    return files
-
-
-def tensor_shapes(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
-    """Read only the headers: tensor name -> (file, shape)."""
-    shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
-    for f in files:
-        if not f.is_file():
-            raise CheckpointError(f"{f}: file not found (listed in model.safetensors.index.json)")
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():
-                    if name in shapes:
-                        raise CheckpointError(f"{f}: tensor '{name}' also in {shapes[name][0]}")
-                    shapes[name] = (f, tuple(st.get_slice(name).get_shape()))
-        except CheckpointError:
-            raise
-        except Exception as e:  # safetensors raises its own error types for bad headers / IO
-            raise CheckpointError(f"{f}: unreadable safetensors file ({e})") from e
-    return shapes
-
-
-def map_names(
-    found: dict[str, tuple[Path, tuple[int, ...]]],
-    map_name: Callable[[str], str | None] | None,
-    root: Path,
-) -> tuple[dict[str, tuple[Path, tuple[int, ...]]], dict[str, str]]:
-    """Apply a family's `checkpoint_name(stored) -> model name | None` hook before the strict check.
-
-    None skips a tensor (e.g. a vision tower in a text-only engine). Stored names that map to the same
-    model name are tied copies: the first in sorted order is loaded, the others are ignored (their
-    shapes must agree). Returns (model name -> (file, shape), model name -> stored name).
-    """
-    if map_name is None:
-        return found, {name: name for name in found}
-    mapped: dict[str, tuple[Path, tuple[int, ...]]] = {}
-    source: dict[str, str] = {}
-    skipped, duplicates = [], []
-    for stored in sorted(found):
-        name = map_name(stored)
-        if name is None:
-            skipped.append(stored)
-        elif name in mapped:
-            if mapped[name][1] != found[stored][1]:
-                raise CheckpointError(
-                    f"{found[stored][0]}: tied copies '{source[name]}' and '{stored}' differ in shape"
-                )
-            duplicates.append(stored)
-        else:
-            mapped[name], source[name] = found[stored], stored
-    for names, what in (
-        (skipped, "tensor(s) the model does not use"),
-        (duplicates, "tied duplicate tensor(s)"),
-    ):
-        if names:
-            log.info("%s: ignoring %d %s, e.g. %s", root, len(names), what, names[0])
-    return mapped, source
-
-
-def expand_slices(
-    expected: dict[str, tuple[int, ...]], slices: dict[str, tuple[str, int]]
-) -> dict[str, tuple[int, ...]]:
-    """Replace each stacked parameter [N, ...] by the N stored tensors that fill its slices.
-
-    A family's `checkpoint_slices()` maps stored name -> (stacked parameter, index), e.g. LLaDA2's
-    per-expert `mlp.experts.E.gate_proj.weight` -> (`mlp.experts.gate_proj`, E). The strict check
-    then names the stored tensors (a missing expert is reported by its checkpoint name).
-    """
-    if not slices:
-        return expected
-    out = {n: s for n, s in expected.items() if n not in {p for p, _ in slices.values()}}
-    for name, (param, _) in slices.items():
-        out[name] = expected[param][1:]
-    return out
-
-
-def check_tensors(
-    expected: dict[str, tuple[int, ...]],
-    found: dict[str, tuple[Path, tuple[int, ...]]],
-    tie: bool | None,
-    root: Path,
-) -> bool:
-    """Compare checkpoint tensors with the model's; return whether lm_head is tied to the embeddings."""
-    # As transformers: a config that ties ignores a stored lm_head; unstated ties iff it is absent.
-    tied = tie is True or (tie is None and LM_HEAD not in found)
-    if tied and LM_HEAD in found:
-        log.info("%s: config ties the embeddings; ignoring the stored %s", root, LM_HEAD)
-        del found[LM_HEAD]
-    missing = [n for n in expected if n not in found and not (tied and n == LM_HEAD)]
-    if missing:
-        files = ", ".join(sorted({f.name for f, _ in found.values()})) or "no tensors"
-        raise CheckpointError(
-            f"{root} ({files}): missing tensor(s) {missing[:8]}"
-            + (" ..." if len(missing) > 8 else "")
-        )
-    unexpected = [n for n in found if n not in expected]
-    if unexpected:
-        f = found[unexpected[0]][0]
-        raise CheckpointError(f"{f}: unexpected tensor(s) {unexpected[:8]}")
-    for name, (f, shape) in found.items():
-        if tuple(expected[name]) != shape:
-            raise CheckpointError(
-                f"{f}: tensor '{name}' has shape {list(shape)}, expected {list(expected[name])}"
-            )
-    return tied
-
-
 def load_checkpoint(
-    path: str | Path, dtype: torch.dtype, device: torch.device, *, check_finite: bool = True,
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    check_finite: bool = True,
     quantization: str | None = None,
     shard: Callable[[torch.nn.Module], Any] | None = None,  # TP: dlmrt/distributed/loading.py
     activations: str = "none",
-) -> Checkpoint:  # fmt: skip
+) -> Checkpoint:
     """Load `path` (an HF-format directory) into the registered family's model.
 
     check_finite: every floating-point tensor, as stored in `dtype` on `device`, must be free of
@@ -211,9 +104,14 @@ def load_checkpoint(
         model.fuse_projections()
     place_quantized(model, quantized, why, device, activations)
     log.info(
-        "loaded %s (%s, %s%s) on %s in %s", root, arch, "tied" if tied else "untied",
-        ", ORL residual" if getattr(config, "residual", None) else "", device, dtype,
-    )  # fmt: skip
+        "loaded %s (%s, %s%s) on %s in %s",
+        root,
+        arch,
+        "tied" if tied else "untied",
+        ", ORL residual" if getattr(config, "residual", None) else "",
+        device,
+        dtype,
+    )
     return Checkpoint(root, model, config, gen_cfg, quantized)
 
 

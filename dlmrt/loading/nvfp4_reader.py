@@ -60,16 +60,26 @@ def _weight_of(name: str, found: Found, method: str) -> str | None:
 class Nvfp4Reader:
     """Built by `split`; `take` each streamed tensor; `weights(params)` the collected weights."""
 
-    def __init__(self, qcfg: QuantConfig, aux: dict[str, tuple],
-                 source: dict[str, str], slices: dict[str, tuple[str, int]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        qcfg: QuantConfig,
+        aux: dict[str, tuple],
+        source: dict[str, str],
+        slices: dict[str, tuple[str, int]],
+    ) -> None:
         self.qcfg, self.aux, self.source, self.slices = qcfg, aux, source, slices
         self.ignore = qcfg.ignore
         self.kept: dict[str, Nvfp4Weight] = {}
         self.parts: dict[str, dict[int, Nvfp4Weight]] = {}
 
     @classmethod
-    def split(cls, found: Found, source: dict[str, str], qcfg: QuantConfig,
-              slices: dict[str, tuple[str, int]]) -> tuple[Found, Nvfp4Reader]:  # fmt: skip
+    def split(
+        cls,
+        found: Found,
+        source: dict[str, str],
+        qcfg: QuantConfig,
+        slices: dict[str, tuple[str, int]],
+    ) -> tuple[Found, Nvfp4Reader]:
         """(the tensors the model must hold, unpacked shapes; a reader holding the scales)."""
         weights = {w: n for n in found if (w := _weight_of(n, found, qcfg.method)) is not None}
         aux_names: dict[str, tuple[str, str]] = {}
@@ -153,8 +163,9 @@ def _check_packed_shape(found: Found, source: dict[str, str], packed: str, block
         )
 
 
-def _read_aux(found: Found, source: dict[str, str], names: dict[str, tuple[str, str, str | None]]
-              ) -> dict[str, tuple]:  # fmt: skip
+def _read_aux(
+    found: Found, source: dict[str, str], names: dict[str, tuple[str, str, str | None]]
+) -> dict[str, tuple]:
     """weight -> (file, block scale, global scale, input scale or None) read from the files
     (scales are small; each file opened once)."""
     wanted = {n for triple in names.values() for n in triple if n is not None}
@@ -171,8 +182,9 @@ def _read_aux(found: Found, source: dict[str, str], names: dict[str, tuple[str, 
     }
 
 
-def _build(name: str, stored: str, f: Path, packed: torch.Tensor,
-           aux: tuple, method: str) -> Nvfp4Weight:  # fmt: skip
+def _build(
+    name: str, stored: str, f: Path, packed: torch.Tensor, aux: tuple, method: str
+) -> Nvfp4Weight:
     """Check one stored NVFP4 weight's dtypes and shapes; its Nvfp4Weight (ModelOpt's scales)."""
     _, block, glob, inp = aux
     block_name, glob_name = stored_names(name, method)[1:]
@@ -207,8 +219,9 @@ def _build(name: str, stored: str, f: Path, packed: torch.Tensor,
     return Nvfp4Weight(packed, block, g, _input_scale(f, stored, inp, allowed, method))
 
 
-def _input_scale(f: Path, stored: str, inp: torch.Tensor | None, allowed: list, method: str
-                 ) -> torch.Tensor | None:  # fmt: skip
+def _input_scale(
+    f: Path, stored: str, inp: torch.Tensor | None, allowed: list, method: str
+) -> torch.Tensor | None:
     """A weight's input scale as ModelOpt's fp32 [] (per expert: the largest), or None."""
     if inp is None:
         return None

@@ -122,8 +122,10 @@ def place_quantized(
     activations="nvfp4": the NVFP4 experts and dense MLPs are installed on any device (on the CPU
     their twins run them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`)."""
     if activations == "nvfp4" and not any(isinstance(w, Nvfp4Weight) for w in fp8.values()):
-        raise ValueError("activations='nvfp4': the checkpoint has no NVFP4 weights to emulate "
-                         "W4A4 with (an NVFP4 checkpoint, loaded without quantization='none')")  # fmt: skip
+        raise ValueError(
+            "activations='nvfp4': the checkpoint has no NVFP4 weights to emulate "
+            "W4A4 with (an NVFP4 checkpoint, loaded without quantization='none')"
+        )
     if not fp8 and not why:
         return {}
     dtype = next(model.parameters()).dtype
@@ -137,8 +139,11 @@ def place_quantized(
         why |= {n: f"{type(model).__name__} has no quantized kernels (use_quantized)" for n in fp8}
         choices.record(what, "dequantized", "the model has no quantized kernels")
     else:
-        choices.record(what, "the model's kernels", "W4A4 emulation" if activations == "nvfp4"
-                       else "each projection as its choices say")  # fmt: skip
+        choices.record(
+            what,
+            "the model's kernels",
+            "W4A4 emulation" if activations == "nvfp4" else "each projection as its choices say",
+        )
         running, declined = install(model, fp8, emulate=activations == "nvfp4")
         for name in declined:
             why[name] = (
@@ -167,9 +172,12 @@ def emulate_w4a4(model: torch.nn.Module) -> None:
     dense = [lin for m in mlps for lin in (m.gate_up_fp8, m.down_proj)]  # in the order they run
     for m in dense:
         m.emulate_w4a4()
-    log.info("NVFP4 W4A4 emulation: the inputs of %d expert layer(s) and %d dense NVFP4 linear(s) "
-             "quantize-dequantized per 16 (Blackwell's numerics, not its speed)",
-             len(experts), len(dense))  # fmt: skip
+    log.info(
+        "NVFP4 W4A4 emulation: the inputs of %d expert layer(s) and %d dense NVFP4 linear(s) "
+        "quantize-dequantized per 16 (Blackwell's numerics, not its speed)",
+        len(experts),
+        len(dense),
+    )
 
 
 def has_quantized_kernels(device: torch.device) -> bool:
@@ -190,5 +198,7 @@ def _log(running: dict[str, Fp8Weight], why: dict[str, str]) -> None:
     for reason, count in sorted(reasons.items()):
         example = next(n for n, r in why.items() if r == reason)
         log.info("compute dtype: %d FP8 candidate(s): %s (e.g. %s)", count, reason, example)
-    log.info("compute dtype always: embeddings, norms, routers, the ORL residual adapter and "
-             "the self-conditioning MLP (dlmrt/loading/policy.py)")  # fmt: skip
+    log.info(
+        "compute dtype always: embeddings, norms, routers, the ORL residual adapter and "
+        "the self-conditioning MLP (dlmrt/loading/policy.py)"
+    )

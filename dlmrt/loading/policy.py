@@ -32,12 +32,12 @@ RULES: tuple[tuple[re.Pattern[str], bool, str], ...] = tuple(
             r"(^|\.)experts\.(\d+\.)?(gate_proj|up_proj|down_proj|gate_up_proj)(\.weight)?$",
             True,
             "routed experts",
-        ),  # fmt: skip
+        ),
         (
             r"(^|\.)(self_attn\.(q|k|v|o)_proj|attention\.(query_key_value|dense))\.weight$",
             True,
             "attention projection",
-        ),  # fmt: skip
+        ),
         (
             r"(^|\.)mlp\.(shared_experts\.)?(gate_proj|up_proj|down_proj)\.weight$",
             True,

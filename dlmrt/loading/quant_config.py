@@ -148,9 +148,13 @@ def _compressed_tensors(qc: dict[str, Any], path: Path) -> QuantConfig:
     scheme = "nvfp4" if strategy == "group" else "fp8"
     block = None
     if strategy == "block":  # every block group must name the same block
-        found = {_block_size(g["weights"].get("block_structure"), f"{name}.weights.block_structure",
-                             path) for name, g in groups.items()
-                 if g["weights"].get("strategy") == "block"}  # fmt: skip
+        found = {
+            _block_size(
+                g["weights"].get("block_structure"), f"{name}.weights.block_structure", path
+            )
+            for name, g in groups.items()
+            if g["weights"].get("strategy") == "block"
+        }
         if len(found) > 1:
             raise CheckpointError(f"{path}: config_groups use different block_structure {found}")
         block = found.pop()

@@ -46,8 +46,13 @@ def _is_8bit_float(t: torch.Tensor) -> bool:
 class Fp8Reader:
     """Built by `split`; `take` each streamed tensor; `weights(params)` the collected FP8 weights."""
 
-    def __init__(self, qcfg: QuantConfig | None, scales: dict[str, tuple[Path, str, torch.Tensor]],
-                 source: dict[str, str], slices: dict[str, tuple[str, int]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        qcfg: QuantConfig | None,
+        scales: dict[str, tuple[Path, str, torch.Tensor]],
+        source: dict[str, str],
+        slices: dict[str, tuple[str, int]],
+    ) -> None:
         self.qcfg, self.scales, self.source, self.slices = qcfg, scales, source, slices
         self.ignore = () if qcfg is None else qcfg.ignore
         self.kept: dict[str, Fp8Weight] = {}
@@ -55,8 +60,13 @@ class Fp8Reader:
         self.rerounded = 0  # block-scaled weights re-rounded per channel
 
     @classmethod
-    def split(cls, found: Found, source: dict[str, str], qcfg: QuantConfig | None,
-              slices: dict[str, tuple[str, int]]) -> tuple[Found, Fp8Reader]:  # fmt: skip
+    def split(
+        cls,
+        found: Found,
+        source: dict[str, str],
+        qcfg: QuantConfig | None,
+        slices: dict[str, tuple[str, int]],
+    ) -> tuple[Found, Fp8Reader]:
         """(the tensors the model must hold, a reader holding the scales read from the files)."""
         if qcfg is None:
             return found, cls(None, {}, source, slices)
@@ -122,8 +132,11 @@ class Fp8Reader:
         if block is not None and scale.dim() == tensor.dim() and scale.dim() >= 2:
             if tuple(scale.shape) == block_grid(tuple(tensor.shape), block):
                 if self.rerounded == 0:
-                    log.info("block-scaled FP8 (%dx%d): weights re-rounded per output channel "
-                             "at load (dlmrt's kernels take per-channel scales)", *block)  # fmt: skip
+                    log.info(
+                        "block-scaled FP8 (%dx%d): weights re-rounded per output channel "
+                        "at load (dlmrt's kernels take per-channel scales)",
+                        *block,
+                    )
                 self.rerounded += 1
                 return to_per_channel(tensor, self._float_scale(name), block)
         return Fp8Weight(tensor, self._row_scale(name, tensor))
@@ -178,8 +191,12 @@ class Fp8Reader:
         return out
 
 
-def quantized_reader(found: Found, source: dict[str, str], qcfg: QuantConfig | None,
-                     slices: dict[str, tuple[str, int]]) -> tuple[Found, Any]:  # fmt: skip
+def quantized_reader(
+    found: Found,
+    source: dict[str, str],
+    qcfg: QuantConfig | None,
+    slices: dict[str, tuple[str, int]],
+) -> tuple[Found, Any]:
     """(the tensors the model must hold, the reader of the checkpoint's quantized weights): an
     `Nvfp4Reader` (`nvfp4_reader.py`) for the "nvfp4" scheme, else an `Fp8Reader` (one that
     finds nothing when the checkpoint declares no quantization). Both answer `take`, `weights`,

@@ -2,12 +2,13 @@
 and who quantizes their input.
 
 `install_quantized(model, weights, rows)` takes the loader's `{parameter name: Fp8Weight or
-Nvfp4Weight}` (per-channel e4m3, `dlmrt/formats/fp8.py`; `dlmrt/formats/nvfp4.py`) and returns the names it did not install (the loader dequantizes
-those into their bf16 parameters). What runs FP8, and why:
-- Routed experts (LLaDA2, DiffusionGemma): always. Their GEMMs read weights, not compute (a
-  32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations quantized
-  per group, the codes fed to an FP8 MMA) unless weight-only W8A16 (codes converted to bf16 in
-  registers) times faster at the block rows (`ops/moe_fp8_choice.py`); routing is unchanged.
+Nvfp4Weight}` (per-channel e4m3, `dlmrt/formats/fp8.py`; `dlmrt/formats/nvfp4.py`) and returns the
+names it did not install (the loader dequantizes those into their bf16 parameters). What runs FP8,
+and why:
+- Routed experts (LLaDA2, DiffusionGemma; `expert_install.py`): always. Their GEMMs read weights,
+  not compute (a 32-row block touches most experts): W8A8 (kernels/moe_mlp_fp8.py: the activations
+  quantized per group, the codes fed to an FP8 MMA) unless weight-only W8A16 (codes converted to
+  bf16 in registers) times faster at the block rows (`ops/moe_fp8_choice.py`); routing is unchanged.
 - Dense linears of every family (q|k|v, o, gate|up, down, the LM head; a tied LM head gets an
   FP8 copy of the embedding): FP8 GEMMs, on cuBLAS or kernels/fp8_gemm.py, kept where they
   measure faster than bf16 at the model's block rows (`ops/fp8_choice.py`). Their activations
@@ -30,16 +31,15 @@ import logging
 import torch
 from torch import nn
 
-from dlmrt import envs
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.formats.nvfp4 import Nvfp4Weight
+from dlmrt.models.expert_install import install_experts
 from dlmrt.models.fp8_glu_install import install_glu
 from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
 from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import use_fp8_gemm
-from dlmrt.ops.moe_fp8_choice import HALF, keep_nvfp4, use_fp8_for_nvfp4, use_w8a8
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
 
 log = logging.getLogger("dlmrt")
@@ -54,7 +54,7 @@ def _free(*linears: nn.Linear) -> None:
         lin.weight = nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
 
 
-class _Installer:
+class Installer:
     def __init__(self, model: nn.Module, fp8: dict, rows: int, emulate: bool = False) -> None:
         self.fp8 = {n: w for n, w in fp8.items() if isinstance(w, Fp8Weight)}
         self.nvfp4 = {n: w for n, w in fp8.items() if isinstance(w, Nvfp4Weight)}
@@ -64,8 +64,9 @@ class _Installer:
         self.done: list[str] = []
         self.emulate = emulate  # W4A4 emulation: every all-NVFP4 dense MLP is installed
 
-    def linear(self, names: list[str], fused_input: bool = True, w: Fp8Weight | None = None
-               ) -> Fp8Linear | None:  # fmt: skip
+    def linear(
+        self, names: list[str], fused_input: bool = True, w: Fp8Weight | None = None
+    ) -> Fp8Linear | None:
         """An Fp8Linear of the concatenated weights of `names` (or of `w`) if all are FP8 and
         the FP8 GEMM wins at the block rows, else None."""
         given = w
@@ -82,84 +83,9 @@ class _Installer:
         plan = None
         if config is not None:
             plan = fp8_ops.GemmPlan.new(self.rows, n_out, config, self.device)
-        return Fp8Linear(Fp8Weight(w.qweight.to(self.device), w.scale.to(self.device)),
-                         self.dtype, plan)  # fmt: skip
-
-    def experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...], top_k: int,
-                activation: str) -> None:  # fmt: skip
-        names = [f"{prefix}.{p}" for p in projs]
-        if all(n in self.nvfp4 for n in names):
-            self.nvfp4_experts(prefix, experts, projs, top_k, activation)
-            return
-        if not all(n in self.fp8 for n in names):
-            return
-        scales = []
-        for proj, name in zip(projs, names):
-            w = self.fp8[name]
-            setattr(experts, proj, nn.Parameter(w.qweight.to(self.device), requires_grad=False))
-            scales.append(w.scale.to(self.device).float())
-        if len(scales) == 2:  # fused gate|up [E, 2I]: split into the gate and up halves
-            gate, up = scales[0].chunk(2, dim=1)
-            scales = [gate.contiguous(), up.contiguous(), scales[1]]
-        experts.fp8_scales = tuple(scales)
-        self.done += names
-        gate_up = (experts.gate_proj, experts.up_proj) if len(projs) == 3 else (
-            experts.gate_up_proj.chunk(2, dim=1))  # fmt: skip
-        w8a8, why = use_w8a8(self.rows, top_k, tuple(gate_up), getattr(experts, projs[-1]),
-                             experts.fp8_scales, activation, self.dtype)  # fmt: skip
-        experts.fp8_w8a8 = w8a8
-        kind = "W8A8" if w8a8 else "weight-only W8A16"
-        log.debug("fp8 %s: FP8 %s (routed experts; %s)", prefix, kind, why)
-
-    def nvfp4_experts(self, prefix: str, experts: nn.Module, projs: tuple[str, ...],
-                      top_k: int, activation: str) -> None:  # fmt: skip
-        """NVFP4 routed experts: `experts.nvfp4` = (gate, up, down) on the device (W4A16 kernel,
-        kernels/moe_mlp_nvfp4.py), or, where it times faster, converted to per-channel FP8 codes
-        on the W8A8 kernel (`ops/moe_fp8_choice.py`; never under W4A4 emulation); the bf16
-        stacks are freed."""
-        from dlmrt.ops.nvfp4 import split_gate_up
-
-        ws = [self.nvfp4_to_device(self.nvfp4[f"{prefix}.{p}"]) for p in projs]
-        nvfp4 = (*split_gate_up(ws[0]), ws[1]) if len(ws) == 2 else tuple(ws)
-        if self.emulate:
-            keep_nvfp4(self.rows, top_k, nvfp4[2], activation, "W4A4 emulation")
-        elif self.nvfp4_as_fp8(prefix, experts, nvfp4, top_k, activation):
-            self.done += [f"{prefix}.{p}" for p in projs]
-            return
-        experts.nvfp4 = nvfp4
-        for proj in projs:
-            old = getattr(experts, proj)
-            setattr(experts, proj, nn.Parameter(old.new_empty(0), requires_grad=False))
-        self.done += [f"{prefix}.{p}" for p in projs]
-        log.debug("nvfp4 %s: NVFP4 weight-only W4A16 (routed experts)", prefix)
-
-    def nvfp4_as_fp8(self, prefix: str, experts: nn.Module, nvfp4: tuple, top_k: int,
-                     activation: str) -> bool:  # fmt: skip
-        """Convert NVFP4 experts (gate, up, down) to per-channel FP8 codes on the W8A8 kernel if
-        that times faster (installed into `experts`); False (nothing installed) otherwise."""
-        if envs.nvfp4_experts() == "w4a16" or self.dtype not in HALF:  # as `experts`
-            why = "DLMRT_NVFP4_EXPERTS=w4a16" if self.dtype in HALF else f"a {self.dtype} model"
-            keep_nvfp4(self.rows, top_k, nvfp4[2], activation, why)
-            return False
-        fp8 = [quantize_per_channel(w.dequantize(torch.float32)) for w in nvfp4]
-        scales = tuple(w.scale.float() for w in fp8)
-        codes = ((fp8[0].qweight, fp8[1].qweight), fp8[2].qweight, scales)
-        ok, why = use_fp8_for_nvfp4(self.rows, top_k, nvfp4, codes, activation)
-        log.debug("nvfp4 %s: %s (routed experts; %s)", prefix,
-                 "converted to FP8 W8A8" if ok else "NVFP4 weight-only W4A16", why)  # fmt: skip
-        if not ok:
-            return False
-        if hasattr(experts, "gate_up_proj"):  # DiffusionGemma: one fused gate|up stack
-            gate_up = torch.cat([fp8[0].qweight, fp8[1].qweight], dim=1)
-            experts.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
-            gate, up = gate_up.chunk(2, dim=1)
-        else:
-            gate, up = fp8[0].qweight, fp8[1].qweight
-            experts.gate_proj = nn.Parameter(gate, requires_grad=False)
-            experts.up_proj = nn.Parameter(up, requires_grad=False)
-        experts.down_proj = nn.Parameter(fp8[2].qweight, requires_grad=False)
-        experts.fp8_scales, experts.fp8_w8a8 = scales, True
-        return True
+        return Fp8Linear(
+            Fp8Weight(w.qweight.to(self.device), w.scale.to(self.device)), self.dtype, plan
+        )
 
     def nvfp4_to_device(self, w: Nvfp4Weight) -> Nvfp4Weight:
         return w.to(self.device)
@@ -201,7 +127,7 @@ def _swap(parent: nn.Module, name: str, new: nn.Module | None) -> None:
     setattr(parent, name, new)
 
 
-def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
+def _block_layer(ins: Installer, prefix: str, layer: nn.Module) -> None:
     attn = getattr(layer, "self_attn", None) or layer.attention
     if hasattr(attn, "qkv_fp8"):  # QwenDLM: q|k|v as one FP8 GEMM
         qkv = ins.linear([f"{prefix}.self_attn.{p}_proj.weight" for p in "qkv"])
@@ -233,7 +159,7 @@ def _block_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
             install_glu(p, mlp, ins.rows, gelu=False)
     elif hasattr(mlp, "experts"):
         projs = ("gate_proj", "up_proj", "down_proj")
-        ins.experts(f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
+        install_experts(ins, f"{prefix}.mlp.experts", mlp.experts, projs, mlp.gate.top_k, "silu")
 
 
 def install_quantized(
@@ -242,7 +168,7 @@ def install_quantized(
     """Install what runs FP8 or NVFP4 (see the module docstring; NVFP4: routed experts and dense
     gated MLPs whose three projections are all NVFP4, those where the kernel is faster unless
     `emulate`: W4A4 emulation installs them all); returns the names left to dequantize."""
-    ins = _Installer(model, weights, rows, emulate)
+    ins = Installer(model, weights, rows, emulate)
     is_block = hasattr(model, "adapter")  # QwenDLM / LLaDA2 (BlockLM) vs DiffusionGemma
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}"
@@ -258,7 +184,7 @@ def install_quantized(
     return [n for n in weights if n not in set(ins.done)]
 
 
-def _tied_head(ins: _Installer, model: nn.Module) -> Fp8Weight | None:
+def _tied_head(ins: Installer, model: nn.Module) -> Fp8Weight | None:
     """FP8 codes of a tied LM head (the embedding stays bf16 for the lookups; the head's GEMM
     reads the copy), if the model runs FP8 weights at all; else None."""
     head = model.lm_head
@@ -269,11 +195,11 @@ def _tied_head(ins: _Installer, model: nn.Module) -> Fp8Weight | None:
     return quantize_per_channel(head.weight.detach())
 
 
-def _gemma_layer(ins: _Installer, prefix: str, layer: nn.Module) -> None:
+def _gemma_layer(ins: Installer, prefix: str, layer: nn.Module) -> None:
     """DiffusionGemma: routed experts, q|k|v (full layers q|k) as one FP8 GEMM, o, and the dense
     GeGLU beside the experts (NVFP4 if all three are, else FP8 gate|up and down)."""
     projs, k = ("gate_up_proj", "down_proj"), layer.router.k
-    ins.experts(f"{prefix}.experts", layer.experts, projs, k, "gelu_tanh")
+    install_experts(ins, f"{prefix}.experts", layer.experts, projs, k, "gelu_tanh")
     attn, p = layer.self_attn, f"{prefix}.self_attn"
     linears = [getattr(attn, f"{n}_proj") for n in "qkv"]  # full layers: no v_proj (K = V)
     names = [f"{p}.{n}_proj.weight" for n, lin in zip("qkv", linears) if lin is not None]

@@ -30,8 +30,11 @@ def launch(q: torch.Tensor, k: torch.Tensor) -> Launch:
         ieee = q.dtype == torch.float32
         tiles = kernel.tile_config(rows, head_dim, ieee, kernel._smem(q.device))
         bm, bn, warps, stages = tiles
-        pick = f"split-KV kernel, {splits} key splits" if splits > 1 else (
-            f"one-pass kernel, {bm}x{bn} tiles, {warps} warps, {stages} stages")  # fmt: skip
+        pick = (
+            f"split-KV kernel, {splits} key splits"
+            if splits > 1
+            else (f"one-pass kernel, {bm}x{bn} tiles, {warps} warps, {stages} stages")
+        )
         what = f"arena attention launch: {heads} heads x {rows} rows over {k.shape[1]} keys"
         what += f", head_dim {head_dim}, {str(q.dtype).removeprefix('torch.')}"
         choices.record(what, pick, "shape table, kernels/arena_attention.py")

@@ -88,8 +88,14 @@ def arena_attention(
     `flash_attn_varlen_func`, default the installed one). Same result as
     `reference.arena_attention` when the rows are one block."""
     fn = fn or varlen_fn()
-    res = fn(_bshd(q), _bshd(k), _bshd(v), seqused_k=visible_keys(positions, block_size),
-             softmax_scale=scale, causal=False)  # fmt: skip
+    res = fn(
+        _bshd(q),
+        _bshd(k),
+        _bshd(v),
+        seqused_k=visible_keys(positions, block_size),
+        softmax_scale=scale,
+        causal=False,
+    )
     out = res[0] if isinstance(res, tuple) else res  # (out, lse) in 4.0 betas
     return out[0].transpose(0, 1)
 

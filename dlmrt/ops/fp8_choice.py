@@ -132,8 +132,11 @@ def describe(config: tuple | None) -> str:
     if config is None:
         return "cuBLAS"
     bm, bn, _, split, _, _, tma = config
-    return f"split-K kernel {bm}x{bn}" + (f", K in {split}" if split > 1 else "") + (
-        ", TMA" if tma else "")  # fmt: skip
+    return (
+        f"split-K kernel {bm}x{bn}"
+        + (f", K in {split}" if split > 1 else "")
+        + (", TMA" if tma else "")
+    )
 
 
 def use_fp8_gemm(
@@ -152,8 +155,9 @@ def gemm_key(rows: int, n: int, k: int, fused_input: bool) -> str:
     return f"fp8 gemm {rows}x{k}->{n}" + ("" if fused_input else ", input quantized before it")
 
 
-def _decide(rows: int, n: int, k: int, device: torch.device, fused_input: bool
-            ) -> tuple[bool, str, tuple | None, dict[str, float]]:  # fmt: skip
+def _decide(
+    rows: int, n: int, k: int, device: torch.device, fused_input: bool
+) -> tuple[bool, str, tuple | None, dict[str, float]]:
     if k % 16 or n % 16:
         return False, f"{n}x{k}: FP8 GEMMs need both dims multiples of 16", None, {}
     policy = envs.fp8_gemms()

@@ -52,8 +52,11 @@ def _fused(rows, i, k, n_down, gelu, x, device) -> tuple[float, tuple | None, tu
     y = fp8_ops.glu_fp8(x, gu[0], torch.bfloat16, fp8_ops.GluPlan(rows, best_glu), gelu)
     assert isinstance(y, AmaxAct)
     _, down = cold_weights(n_down, i, device)
-    ran = {c: t for c, t in kernel_times(rows, n_down, i, y, down, device).items()
-           if isinstance(t, float)}  # fmt: skip
+    ran = {
+        c: t
+        for c, t in kernel_times(rows, n_down, i, y, down, device).items()
+        if isinstance(t, float)
+    }
     if not ran:
         return float("inf"), None, None
     best_down = min(ran, key=ran.__getitem__)
@@ -99,8 +102,10 @@ def _decide(rows, i, k, n_down, device, gelu) -> tuple[bool, str, tuple | None, 
         _MEASURED[key] = (_separate(rows, i, k, n_down, gelu, device), fused + quant, glu, down)
     separate, fused, glu, down = _MEASURED[key]
     options = {"separate": separate, "one kernel": fused}
-    why = (f"{rows}x{k}->2x{i}->{n_down}: separate {separate:.1f} us, one kernel {fused:.1f} us "
-           f"(glu {glu}, down on {describe(down)})")  # fmt: skip
+    why = (
+        f"{rows}x{k}->2x{i}->{n_down}: separate {separate:.1f} us, one kernel {fused:.1f} us "
+        f"(glu {glu}, down on {describe(down)})"
+    )
     if glu is None:
         return False, why, None, None, options
     if policy == "on":

@@ -53,8 +53,9 @@ def moe_mlp_w8a8(
     half = x.dtype in (torch.bfloat16, torch.float16)  # fp32 models: the twin
     if x.is_cuda and half and implementation("moe_mlp") == "triton":
         kernel = importlib.import_module("dlmrt._kernels.moe_mlp_fp8").moe_mlp_fp8
-        return kernel(x, weights, index, (gate, up), down, activation, scales,
-                      bn=HIDDEN_GROUP, add=add)  # fmt: skip
+        return kernel(
+            x, weights, index, (gate, up), down, activation, scales, bn=HIDDEN_GROUP, add=add
+        )
     g, u, d = ((w.float() * s.unsqueeze(-1)).to(x.dtype) for w, s in zip((gate, up, down), scales))
     xq = fake_quant_groups(x, X_GROUP)
     hook = lambda h: fake_quant_groups(h, HIDDEN_GROUP)  # noqa: E731

@@ -33,8 +33,9 @@ _MEASURED: dict[tuple, tuple[float, float]] = {}
 HALF = (torch.bfloat16, torch.float16)  # model dtypes the W8A8 expert kernel serves
 
 
-def measure(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: tuple,
-            activation: str) -> tuple[float, float]:  # fmt: skip
+def measure(
+    rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: tuple, activation: str
+) -> tuple[float, float]:
     """(W8A16 µs, W8A8 µs) of one expert layer call at `rows` rows (cached per shape)."""
     experts, hidden, inter = down.shape
     key = (rows, top_k, experts, hidden, inter, activation)
@@ -47,8 +48,15 @@ def measure(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: t
     return _MEASURED[key]
 
 
-def use_w8a8(rows: int, top_k: int, gate_up: tuple, down: torch.Tensor, scales: tuple,
-             activation: str, dtype: torch.dtype | None = None) -> tuple[bool, str]:  # fmt: skip
+def use_w8a8(
+    rows: int,
+    top_k: int,
+    gate_up: tuple,
+    down: torch.Tensor,
+    scales: tuple,
+    activation: str,
+    dtype: torch.dtype | None = None,
+) -> tuple[bool, str]:
     """(run these FP8 experts W8A8?, why) for `rows` rows routed to `top_k` experts each of a
     `dtype` model (the W8A8 kernel rounds like a bf16 / fp16 model: others keep the codes' exact
     sums, W8A16); recorded in the choices registry."""
@@ -83,8 +91,9 @@ def keep_nvfp4(rows: int, top_k: int, down, activation: str, why: str) -> None:
     _record(rows, top_k, down, activation, False, why, {})
 
 
-def use_fp8_for_nvfp4(rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activation: str
-                      ) -> tuple[bool, str]:  # fmt: skip
+def use_fp8_for_nvfp4(
+    rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activation: str
+) -> tuple[bool, str]:
     """(run these NVFP4 experts as their FP8 conversion, W8A8?, why). `nvfp4`: (gate, up, down)
     `Nvfp4Weight`s; `fp8`: ((gate, up) codes, down codes, scales) of the conversion."""
     policy = envs.nvfp4_experts()
@@ -98,8 +107,9 @@ def use_fp8_for_nvfp4(rows: int, top_k: int, nvfp4: tuple, fp8: tuple, activatio
     if key not in _MEASURED:
         x, weights, index = _random_routing(rows, top_k, hidden, experts, down.device)
         w4 = graph_time_us(lambda: moe_mlp_nvfp4(x, weights, index, *nvfp4, activation))
-        w8 = graph_time_us(lambda: moe_mlp_w8a8(x, weights, index, fp8[0], down, activation,
-                                                fp8[2]))  # fmt: skip
+        w8 = graph_time_us(
+            lambda: moe_mlp_w8a8(x, weights, index, fp8[0], down, activation, fp8[2])
+        )
         _MEASURED[key] = (w4, w8)
     w4, w8 = _MEASURED[key]
     ok, why = w8 < w4, f"{rows} rows: NVFP4 W4A16 {w4:.1f} us, as FP8 W8A8 {w8:.1f} us"

@@ -50,8 +50,9 @@ def use_nvfp4_dense(
     return ok, why
 
 
-def _decide(rows: int, shapes: list[tuple[int, int]], device: torch.device
-            ) -> tuple[bool, str, dict[str, float]]:  # fmt: skip
+def _decide(
+    rows: int, shapes: list[tuple[int, int]], device: torch.device
+) -> tuple[bool, str, dict[str, float]]:
     policy = envs.nvfp4_dense()
     if policy != "measured" or device.type != "cuda":
         why = f"DLMRT_NVFP4_DENSE={policy}" if device.type == "cuda" else "CPU"

@@ -34,7 +34,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         errs = [t["rel_output_error"] for t in tensors.values()]
         amax = [t["amax_rel_output_error"] for t in tensors.values()]
         if errs:
-            print(f"{len(errs)} tensors in NVFP4: mean relative output error "
-                  f"{sum(errs) / len(errs):.3e} (amax scales: {sum(amax) / len(amax):.3e})")  # fmt: skip
+            print(
+                f"{len(errs)} tensors in NVFP4: mean relative output error "
+                f"{sum(errs) / len(errs):.3e} (amax scales: {sum(amax) / len(amax):.3e})"
+            )
     print(f"wrote {out}")
     return 0

@@ -74,8 +74,13 @@ def write_nvfp4_checkpoint(
     return out
 
 
-def _quantize_file(tensors: dict[str, torch.Tensor], fmt: str, ignore: tuple[str, ...],
-                   kept: set[str], quantizer: Quantizer) -> dict[str, torch.Tensor]:  # fmt: skip
+def _quantize_file(
+    tensors: dict[str, torch.Tensor],
+    fmt: str,
+    ignore: tuple[str, ...],
+    kept: set[str],
+    quantizer: Quantizer,
+) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         ok = t.is_floating_point() and t.dim() in (2, 3) and t.shape[-1] % BLOCK == 0
@@ -93,13 +98,15 @@ def _quantize_file(tensors: dict[str, torch.Tensor], fmt: str, ignore: tuple[str
     return out
 
 
-def _input_scales(tensors: dict[str, torch.Tensor], fmt: str,
-                  input_amax: Callable[[str], torch.Tensor | None]) -> dict[str, torch.Tensor]:  # fmt: skip
+def _input_scales(
+    tensors: dict[str, torch.Tensor], fmt: str, input_amax: Callable[[str], torch.Tensor | None]
+) -> dict[str, torch.Tensor]:
     """The input scales of the NVFP4 weights written to this file (those with a known amax)."""
     out = {}
     for name in [n for n in tensors if n.endswith(("_scale_2", "_global_scale"))]:
-        weight = name.removesuffix("_scale_2") if fmt == MODELOPT else name.removesuffix(
-            "_global_scale")  # fmt: skip
+        weight = (
+            name.removesuffix("_scale_2") if fmt == MODELOPT else name.removesuffix("_global_scale")
+        )
         amax = input_amax(weight)
         if amax is None:
             continue
@@ -116,14 +123,24 @@ def _write_config(out: Path, fmt: str, ignore: list[str]) -> None:
     if fmt == MODELOPT:
         hf = {
             "producer": {"name": "modelopt", "version": "dlmrt"},
-            "quantization": {"quant_algo": "NVFP4", "group_size": BLOCK,
-                             "kv_cache_quant_algo": None, "exclude_modules": ignore},
-        }  # fmt: skip
+            "quantization": {
+                "quant_algo": "NVFP4",
+                "group_size": BLOCK,
+                "kv_cache_quant_algo": None,
+                "exclude_modules": ignore,
+            },
+        }
         (out / "hf_quant_config.json").write_text(json.dumps(hf, indent=2))
         return
     cfg = read_json(out / "config.json")
-    weights = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": BLOCK,
-               "symmetric": True, "dynamic": False}  # fmt: skip
+    weights = {
+        "num_bits": 4,
+        "type": "float",
+        "strategy": "tensor_group",
+        "group_size": BLOCK,
+        "symmetric": True,
+        "dynamic": False,
+    }
     cfg["quantization_config"] = {
         "quant_method": COMPRESSED_TENSORS,
         "format": CT_NVFP4,

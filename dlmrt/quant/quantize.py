@@ -124,9 +124,15 @@ def run_quantize(cfg: QuantizeConfig) -> Path:
     prompts = calibration_prompts(cfg)
     diag, amax, model = _hessians(cfg, prompts) if prompts else ({}, {}, None)
     quantizer = _Quantizer(diag, amax, model, cfg.hessian != "none")
-    write_nvfp4_checkpoint(src, out, fmt=cfg.layout, quantizer=quantizer,
-                           input_amax=quantizer.input_amax)  # fmt: skip
-    summary = {"format": cfg.format, "layout": cfg.layout, "calibration_prompts": len(prompts),
-               "hessian": cfg.hessian if prompts else None, "tensors": quantizer.report}  # fmt: skip
+    write_nvfp4_checkpoint(
+        src, out, fmt=cfg.layout, quantizer=quantizer, input_amax=quantizer.input_amax
+    )
+    summary = {
+        "format": cfg.format,
+        "layout": cfg.layout,
+        "calibration_prompts": len(prompts),
+        "hessian": cfg.hessian if prompts else None,
+        "tensors": quantizer.report,
+    }
     (out / REPORT).write_text(json.dumps(summary, indent=2))
     return out

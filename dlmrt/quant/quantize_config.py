@@ -8,8 +8,11 @@ from typing import Any
 
 from dlmrt.tasks import TASKS as _TASK_MODULES  # stdlib only: cheap
 
-QUANT_FORMATS, LAYOUTS, HESSIANS = ("nvfp4", "fp8"), ("modelopt", "compressed-tensors"), (
-    "block", "diag", "none")  # fmt: skip
+QUANT_FORMATS, LAYOUTS, HESSIANS = (
+    ("nvfp4", "fp8"),
+    ("modelopt", "compressed-tensors"),
+    ("block", "diag", "none"),
+)
 TASKS = tuple(_TASK_MODULES)
 REPORT = "quantize_report.json"
 
@@ -24,13 +27,18 @@ class QuantizeConfig:
     out: str | None = _f(None, "output checkpoint directory")
     format: str = _f("nvfp4", "weight format", QUANT_FORMATS)
     layout: str = _f("modelopt", "checkpoint layout written", LAYOUTS)
-    calibration: str | None = _f(None, "JSONL of calibration prompts ('prompt', 'question' or "
-                                 "'text' per line); nvfp4 only")  # fmt: skip
+    calibration: str | None = _f(
+        None, "JSONL of calibration prompts ('prompt', 'question' or 'text' per line); nvfp4 only"
+    )
     task: str | None = _f(None, "calibrate on a task's training prompts instead", TASKS)
     samples: int = _f(64, "calibration prompts used")
     max_new_tokens: int = _f(32, "tokens decoded per calibration prompt")
-    hessian: str = _f("block", "block-scale search under H = XᵀX: block = its 16 x 16 diagonal "
-                      "blocks, diag = its diagonal, none = amax / 6", HESSIANS)  # fmt: skip
+    hessian: str = _f(
+        "block",
+        "block-scale search under H = XᵀX: block = its 16 x 16 diagonal "
+        "blocks, diag = its diagonal, none = amax / 6",
+        HESSIANS,
+    )
     device: str | None = _f(None, "calibration device (default: cuda if available)")
 
     def __post_init__(self) -> None:
@@ -42,8 +50,9 @@ class QuantizeConfig:
             ("hessian", HESSIANS),
         ):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got "
-                                 f"{getattr(self, name)!r}")  # fmt: skip
+                raise ValueError(
+                    f"{name}: expected one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         if self.task is not None and self.task not in TASKS:
             raise ValueError(f"task: expected one of {', '.join(TASKS)}, got {self.task!r}")
         if self.calibration and self.task:

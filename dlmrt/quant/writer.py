@@ -56,8 +56,10 @@ def write_fp8_checkpoint(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if (fmt == FINEGRAINED) != (strategy == "block") and fmt != COMPRESSED_TENSORS:
-        raise ValueError(f"fmt {fmt!r} with strategy {strategy!r}: '{FINEGRAINED}' is block-scaled "
-                         "only, ModelOpt has no blocks")  # fmt: skip
+        raise ValueError(
+            f"fmt {fmt!r} with strategy {strategy!r}: '{FINEGRAINED}' is block-scaled "
+            "only, ModelOpt has no blocks"
+        )
     src, out = Path(src), Path(out)
     declared = read_quant_config(src, read_json(src / "config.json"))
     if declared is not None:
@@ -82,9 +84,12 @@ def write_fp8_checkpoint(
 
 
 def _quantize_file(
-    tensors: dict[str, torch.Tensor], fmt: str, scheme: tuple[str, tuple[int, int]],
-    ignore: tuple[str, ...], kept_bf16: set[str],
-) -> dict[str, torch.Tensor]:  # fmt: skip
+    tensors: dict[str, torch.Tensor],
+    fmt: str,
+    scheme: tuple[str, tuple[int, int]],
+    ignore: tuple[str, ...],
+    kept_bf16: set[str],
+) -> dict[str, torch.Tensor]:
     strategy, block = scheme
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
@@ -114,28 +119,40 @@ def _stored_scale(w: Fp8Weight, fmt: str, strategy: str) -> torch.Tensor:
     return (scale.reshape(-1, 1, 1) if scale.dim() == 1 else scale.reshape(1)).contiguous()
 
 
-def _write_config(out: Path, fmt: str, scheme: tuple[str, tuple[int, int]],
-                  ignore: list[str]) -> None:  # fmt: skip
+def _write_config(
+    out: Path, fmt: str, scheme: tuple[str, tuple[int, int]], ignore: list[str]
+) -> None:
     strategy, block = scheme
     if fmt == MODELOPT:
         algo = "FP8_PER_CHANNEL_PER_TOKEN" if strategy == "channel" else "FP8"
         hf = {
             "producer": {"name": "modelopt", "version": "dlmrt"},
-            "quantization": {"quant_algo": algo, "kv_cache_quant_algo": None,
-                             "exclude_modules": ignore},
-        }  # fmt: skip
+            "quantization": {
+                "quant_algo": algo,
+                "kv_cache_quant_algo": None,
+                "exclude_modules": ignore,
+            },
+        }
         (out / "hf_quant_config.json").write_text(json.dumps(hf, indent=2))
         return
     cfg = read_json(out / "config.json")
     if fmt == FINEGRAINED:
         cfg["quantization_config"] = {
-            "quant_method": FINEGRAINED, "fmt": "e4m3", "activation_scheme": "dynamic",
-            "weight_block_size": list(block), "modules_to_not_convert": ignore,
-        }  # fmt: skip
+            "quant_method": FINEGRAINED,
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": list(block),
+            "modules_to_not_convert": ignore,
+        }
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
         return
-    weights = {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True,
-               "dynamic": False}  # fmt: skip
+    weights = {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": strategy,
+        "symmetric": True,
+        "dynamic": False,
+    }
     acts = {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True, "dynamic": True}
     if strategy == "block":  # llm-compressor's FP8_BLOCK: activations per column group
         weights["block_structure"] = list(block)

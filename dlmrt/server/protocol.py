@@ -201,8 +201,12 @@ def _unicode(text: str, param: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise APIError(400, f"{param}: not valid Unicode (a lone surrogate {text[e.start]!r} at "
-                       f"character {e.start})", param) from None  # fmt: skip
+        raise APIError(
+            400,
+            f"{param}: not valid Unicode (a lone surrogate {text[e.start]!r} at "
+            f"character {e.start})",
+            param,
+        ) from None
     return text
 
 

@@ -173,9 +173,12 @@ class Worker:
         try:
             on_round = self._draft_events(job) if spec.drafts else None
             out = self.llm.generate(
-                spec.prompt_ids, on_progress=on_progress, should_stop=stop_requested,
-                on_round=on_round, params=spec.params,
-            )  # fmt: skip
+                spec.prompt_ids,
+                on_progress=on_progress,
+                should_stop=stop_requested,
+                on_round=on_round,
+                params=spec.params,
+            )
             reason, tokens, forwards = out.finish_reason, out.token_ids, out.num_denoising_forwards
         except _StopString:
             reason, tokens, forwards = "stop", seen["tokens"], seen["rounds"]

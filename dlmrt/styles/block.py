@@ -41,8 +41,9 @@ class BlockStyle:
             )
         decoder = DecoderDefaults.of_checkpoint(path, setup.default_rule, setup.auto_rule)
         kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, path)  # the checkpoint may say fp8
-        engine = BlockEngine(setup.model, setup.device, setup.dtype, setup.mode,
-                             setup.config.fold_commits, kv)  # fmt: skip
+        engine = BlockEngine(
+            setup.model, setup.device, setup.dtype, setup.mode, setup.config.fold_commits, kv
+        )
         log.info("default decoder %s, block %d", decoder, cfg.block_size)
         return cls(engine, setup, decoder, mask_id)
 
@@ -51,8 +52,13 @@ class BlockStyle:
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
         cfg = self.cfg
-        check_block_length(len(ids), params, self._block(params.block_length),
-                           cfg.max_position_embeddings, cfg.block_size)  # fmt: skip
+        check_block_length(
+            len(ids),
+            params,
+            self._block(params.block_length),
+            cfg.max_position_embeddings,
+            cfg.block_size,
+        )
 
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """Whole blocks over prompt + new tokens (the last block is decoded whole)."""
@@ -67,8 +73,16 @@ class BlockStyle:
         knobs["denoising_steps"] = knobs["denoising_steps"] or block  # fixed_steps: B by default
         rule = make_rule(name, **knobs)
         return self.engine.generate(
-            ids, rule=rule, block_length=block, max_new_tokens=params.max_new_tokens,
-            mask_id=self.mask_id, stop_ids=self.stop_ids, temperature=params.temperature,
-            seed=params.seed or 0, ignore_eos=params.ignore_eos, recorder=hooks.recorder,
-            on_progress=hooks.on_progress, should_stop=hooks.should_stop,
-        )  # fmt: skip
+            ids,
+            rule=rule,
+            block_length=block,
+            max_new_tokens=params.max_new_tokens,
+            mask_id=self.mask_id,
+            stop_ids=self.stop_ids,
+            temperature=params.temperature,
+            seed=params.seed or 0,
+            ignore_eos=params.ignore_eos,
+            recorder=hooks.recorder,
+            on_progress=hooks.on_progress,
+            should_stop=hooks.should_stop,
+        )

@@ -64,8 +64,14 @@ class EncoderDecoderStyle:
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
         overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
         return self.engine.generate(
-            ids, replace(self.canvas_settings, **overrides), max_new_tokens=params.max_new_tokens,
-            stop_ids=sorted(self.stop_ids), seed=params.seed or 0, rng=self.rng(params.rng),
-            ignore_eos=params.ignore_eos, on_progress=hooks.on_progress,
-            should_stop=hooks.should_stop, recorder=hooks.recorder,
-        )  # fmt: skip
+            ids,
+            replace(self.canvas_settings, **overrides),
+            max_new_tokens=params.max_new_tokens,
+            stop_ids=sorted(self.stop_ids),
+            seed=params.seed or 0,
+            rng=self.rng(params.rng),
+            ignore_eos=params.ignore_eos,
+            on_progress=hooks.on_progress,
+            should_stop=hooks.should_stop,
+            recorder=hooks.recorder,
+        )

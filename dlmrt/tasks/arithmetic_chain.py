@@ -22,8 +22,17 @@ OPS = (3, 8)
 MAX_RESPONSE_CHARS = 480  # 8 equations of at most 4-digit values and the answer sentence
 ANSWER_PREFIX = arithmetic.ANSWER_PREFIX
 
-__all__ = ["NAME", "OPS", "Problem", "extract_answer", "generate", "is_test", "iter_split",
-           "problems", "verify"]  # fmt: skip
+__all__ = [
+    "NAME",
+    "OPS",
+    "Problem",
+    "extract_answer",
+    "generate",
+    "is_test",
+    "iter_split",
+    "problems",
+    "verify",
+]
 
 
 def generate(seed: int) -> Problem:

@@ -64,8 +64,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("src", help="run directory or checkpoint")
     ex.add_argument("dest", help="new model directory")
     ex.add_argument("--dtype", default="bfloat16", help="weights dtype (default: bfloat16)")
-    ex.add_argument("--rule", help="the model's default decoder rule (generation_config.json "
-                    "'dlmrt_decoder', docs/decoding.md); none of these: the source's entry, if any, is kept")  # fmt: skip
+    ex.add_argument(
+        "--rule",
+        help="the model's default decoder rule (generation_config.json "
+        "'dlmrt_decoder', docs/decoding.md); none of these: the source's entry, if any, is kept",
+    )
     _decoder_flags(ex, lambda knob: f"its default `{knob.name}` (the rule's knob)")
     ex.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
 

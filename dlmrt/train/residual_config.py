@@ -13,7 +13,7 @@ class WarmupConfig:
         metadata={
             "help": "Base checkpoint (QwenDLM format; an adapter is added unless it has "
             "one); None: the shipped demo model"
-        },  # fmt: skip
+        },
     )
     task: str = field(default="sum_set_small", metadata={"help": "procedural task of the SFT rows"})
     steps: int = field(default=400, metadata={"help": "optimizer steps (one packed row each)"})
@@ -27,7 +27,7 @@ class WarmupConfig:
         metadata={
             "help": "a fresh adapter's W_d ~ N(0, std) (0: the zero init, no gradient to "
             "W_g / W_u until W_d grows)"
-        },  # fmt: skip
+        },
     )
     rows: int = field(default=1024, metadata={"help": "rows of a packed SFT row"})
     seed: int = field(default=0, metadata={"help": "data, noise and acceptance seed"})

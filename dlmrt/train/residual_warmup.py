@@ -86,8 +86,15 @@ def step_losses(model, batch, generator: torch.Generator) -> dict:
     ids2[rows[accept]] = logits1.argmax(-1)[accept]
     rows2 = rows[~accept]  # never empty: every block keeps a masked row
     ce2 = F.cross_entropy(_forward_with_z(model, ids2, ctx, rows2, z).float(), labels[rows2])
-    return {"ce1": ce1, "ce2": ce2, "accepted": accept.float().mean(), "ids2": ids2,
-            "rows2": rows2, "z": z, "ctx": ctx}  # fmt: skip
+    return {
+        "ce1": ce1,
+        "ce2": ce2,
+        "accepted": accept.float().mean(),
+        "ids2": ids2,
+        "rows2": rows2,
+        "z": z,
+        "ctx": ctx,
+    }
 
 
 @torch.no_grad()
@@ -115,8 +122,9 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
     base = Path(cfg.model) if cfg.model else demo_model_path()
     ops.use("torch")  # training runs the torch twins (no autograd through Triton)
     fresh = "orl_residual" not in read_config(base)
-    model, raw = start_model(ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base,
-                             torch.device("cpu"))  # fmt: skip
+    model, raw = start_model(
+        ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base, torch.device("cpu")
+    )
     if fresh and cfg.down_init_std > 0:
         with torch.no_grad():
             gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -124,11 +132,17 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
             w.copy_(torch.randn(w.shape, generator=gen) * cfg.down_init_std)
     is_adapter = [("residual_adapter" in n, p) for n, p in model.named_parameters()]
     opt = torch.optim.AdamW(
-        [{"params": [p for a, p in is_adapter if not a], "lr": cfg.lr},
-         {"params": [p for a, p in is_adapter if a], "lr": cfg.adapter_lr,
-          "eps": cfg.adapter_adam_eps}],
-        betas=(0.9, 0.95), weight_decay=0.0,
-    )  # fmt: skip
+        [
+            {"params": [p for a, p in is_adapter if not a], "lr": cfg.lr},
+            {
+                "params": [p for a, p in is_adapter if a],
+                "lr": cfg.adapter_lr,
+                "eps": cfg.adapter_adam_eps,
+            },
+        ],
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+    )
     packs = SFTPacks(cfg.task, base, model.cfg.block_size, cfg.rows, 0.5, seed=cfg.seed + 7)
     gen, t0 = torch.Generator().manual_seed(cfg.seed), time.time()
     out.mkdir(parents=True, exist_ok=True)

@@ -111,8 +111,10 @@ class Checkpointer:
             self._write(tmp, step, model, optimizer, scheduler, state)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
             shutil.rmtree(tmp, ignore_errors=True)
-            raise OSError(f"saving checkpoint step {step} under {self.root} failed ({e}); "
-                          "the earlier checkpoints are unchanged") from e  # fmt: skip
+            raise OSError(
+                f"saving checkpoint step {step} under {self.root} failed ({e}); "
+                "the earlier checkpoints are unchanged"
+            ) from e
         if final.exists():  # the same step saved by an earlier, interrupted process
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -1,4 +1,4 @@
-"""Block-diffusion SFT loop: `train_sft(cfg, out)`, resumable after a kill with nothing lost.
+"""Block-diffusion SFT: `train_sft(cfg, out)` (the loop: `sft_run.py`), resumable after a kill.
 
 Per step: `grad_accum` packs of train examples (pack j is a pure function of the run and j:
 its examples and its noise, see `data.SFTPacks`; DataLoader workers build them ahead on CUDA)
@@ -28,37 +28,22 @@ import json
 import logging
 import math
 import os
-import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from dlmrt import ops
 from dlmrt.models.config import model_config_from_hf
-from dlmrt.tasks import get_task
 from dlmrt.train.config import TrainConfig
 from dlmrt.train.data import SFTPacks
-from dlmrt.train.evaluate import evaluate, live_llm
-from dlmrt.train.masks import FLEX_TILE, attention_mask
+from dlmrt.train.masks import FLEX_TILE
 from dlmrt.train.model import build_model, count_parameters
 from dlmrt.train.progress import progress_bar
 from dlmrt.train.run_dir import open_run, restore, truncate_log
-from dlmrt.train.sft_loss import normalizer, sft_loss
+from dlmrt.train.sft_run import SFTRun, TrainResult
 from dlmrt.train.stop_flag import StopFlag, ignore_stop_signals
 
 log = logging.getLogger("dlmrt")
-
-
-@dataclass
-class TrainResult:
-    out: Path
-    step: int  # the last step taken (== cfg.steps unless interrupted)
-    losses: dict[int, float] = field(default_factory=dict)  # step -> loss, this process's steps
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    interrupted: bool = False
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -149,14 +134,9 @@ def train_sft(
     step, train_time = restore(ckpt, model, optimizer, scheduler, out)
     truncate_log(out / "log.jsonl", step)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
-    run = _Run(cfg, out, model, optimizer, scheduler, device, model_cfg.block_size, bf16)
+    run = SFTRun(cfg, out, model, optimizer, scheduler, device, model_cfg.block_size, bf16)
     result = TrainResult(out, step)
-    log.info(
-        "model %.2fM parameters; %d packs of %d rows per step, attention %s, %s, %d data "
-        "workers, on %s",
-        count_parameters(model) / 1e6, cfg.grad_accum, cfg.pack_rows, cfg.attention,
-        "bf16 autocast" if bf16 else "fp32", cfg.data_workers, device,
-    )  # fmt: skip
+    _log_plan(cfg, model, bf16, device)
     with open(out / "log.jsonl", "a") as log_file, StopFlag() as stop:
         if ckpt is not None:
             log_file.write(json.dumps({"step": step, "event": "resume"}) + "\n")
@@ -167,8 +147,17 @@ def train_sft(
         batches_in = _loader(packs, step * accum, cfg.steps * accum, cfg.data_workers, cuda)
         ops.use("torch")  # Triton kernels have no autograd: training runs the torch twins
         try:
-            step = run.loop(step, train_time, batches_in, log_file, stop, ckpts, result,
-                            progress_bar(cfg.steps, step, progress), on_step)  # fmt: skip
+            step = run.loop(
+                step,
+                train_time,
+                batches_in,
+                log_file,
+                stop,
+                ckpts,
+                result,
+                progress_bar(cfg.steps, step, progress),
+                on_step,
+            )
         finally:
             ops.use(None)
             del batches_in  # stops the data workers
@@ -176,115 +165,16 @@ def train_sft(
     return result
 
 
-@dataclasses.dataclass
-class _Run:
-    """The training loop's fixed parts; `loop` runs steps until the end or a stop signal."""
-
-    cfg: TrainConfig
-    out: Path
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    device: torch.device
-    block: int
-    bf16: bool
-
-    def step(self, batches) -> tuple[torch.Tensor, float]:
-        """One optimizer step over `batches`; returns ([loss, grad norm] on the device, lr)."""
-        cfg = self.cfg
-        autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else nullcontext()
-        )
-        denominator = normalizer(batches, cfg.loss_weighting)
-        loss = torch.zeros((), device=self.device)
-        for batch in batches:
-            batch = batch.to(self.device)
-            attn = attention_mask(batch.meta, cfg.attention)
-            with autocast:
-                part = sft_loss(
-                    self.model, batch, attn, self.block, cfg.loss_weighting, denominator
-                )
-            part.backward()
-            loss += part.detach()
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        lr = self.scheduler.get_last_lr()[0]  # this step's learning rate
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return torch.stack([loss.float(), grad_norm.float()]), lr
-
-    def evaluate(self, step: int, write, result: TrainResult, bar) -> None:
-        cfg = self.cfg
-        res = evaluate(
-            live_llm(self.model, self.out, self.device), get_task(cfg.task), cfg.eval_problems,
-            cfg.chat_fraction, rule="threshold", threshold=cfg.eval_threshold,
-            max_new_tokens=cfg.eval_max_new_tokens,
-        )  # fmt: skip
-        write({"step": step, "eval": res})
-        result.evals.append({"step": step, **res})
-        bar.set_postfix(acc=f"{res['accuracy']:.3f}", tpf=f"{res['tokens_per_forward']:.2f}")
-
-    def loop(
-        self, step, train_time, batches_in, log_file, stop, ckpts, result, bar, on_step
-    ) -> int:
-        cfg = self.cfg
-
-        def write(entry: dict[str, Any]) -> None:
-            log_file.write(json.dumps(entry) + "\n")
-            log_file.flush()
-
-        pending: list[torch.Tensor] = []
-        t_last, examples, masked = time.perf_counter(), 0, 0
-        while step < cfg.steps:
-            t0 = time.perf_counter()
-            batches = [next(batches_in) for _ in range(cfg.grad_accum)]
-            stats, lr = self.step(batches)
-            step += 1
-            pending.append(stats)
-            examples += sum(b.num_examples for b in batches)
-            masked += sum(b.num_masked for b in batches)
-            train_time += time.perf_counter() - t0
-            stopping = stop.set  # read once: a signal during eval/save waits a step
-            save = step % cfg.save_every == 0 or step == cfg.steps or stopping
-            if save or step % cfg.log_every == 0:  # the log is complete up to a checkpoint
-                now = time.perf_counter()
-                entry = _log_entry(
-                    pending, step, result, lr, examples, masked, now - t_last, train_time
-                )
-                write(entry)
-                bar.set_postfix(loss=f"{entry['loss']:.4f}", refresh=False)
-                pending, t_last, examples, masked = [], now, 0, 0
-            bar.update()
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                self.evaluate(step, write, result, bar)
-                t_last = time.perf_counter()
-            if save:
-                ckpts.save(
-                    step, self.model, self.optimizer, self.scheduler, {"train_time_s": train_time}
-                )
-                t_last = time.perf_counter()
-            if stopping:
-                result.interrupted = True
-                break
-            if on_step is not None:
-                on_step(step)
-        bar.close()
-        return step
-
-
-def _log_entry(pending, step, result, lr, examples, masked, seconds, train_time) -> dict[str, Any]:
-    """One log line for the steps in `pending` (one host sync); records their losses in `result`."""
-    values = torch.stack(pending).cpu()
-    for i, v in enumerate(values[:, 0].tolist()):
-        result.losses[step - len(pending) + 1 + i] = v
-    return {
-        "step": step,
-        "loss": values[:, 0].mean().item(),
-        "grad_norm": values[:, 1].mean().item(),
-        "lr": lr,
-        "examples": examples,
-        "masked_tokens": masked,
-        "steps_per_s": len(pending) / max(seconds, 1e-9),
-        "train_time_s": round(train_time, 3),
-    }
+def _log_plan(cfg: TrainConfig, model: torch.nn.Module, bf16: bool, device: torch.device) -> None:
+    """The run's shape, logged once at the start."""
+    log.info(
+        "model %.2fM parameters; %d packs of %d rows per step, attention %s, %s, %d data "
+        "workers, on %s",
+        count_parameters(model) / 1e6,
+        cfg.grad_accum,
+        cfg.pack_rows,
+        cfg.attention,
+        "bf16 autocast" if bf16 else "fp32",
+        cfg.data_workers,
+        device,
+    )

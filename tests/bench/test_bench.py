@@ -76,9 +76,10 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         for p in load_problems(str(data))
     ]
     stops = [
-        t for t in set(outs[0])
+        t
+        for t in set(outs[0])
         if any(t in o for o in outs[1:]) and any(t not in o for o in outs[1:])
-    ]  # fmt: skip
+    ]
     assert stops, "no token separates the answers: change QUESTIONS"
     (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": [min(stops)]}))
     return ckpt, data

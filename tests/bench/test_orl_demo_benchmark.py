@@ -35,10 +35,28 @@ def test_grid_orders_the_points_and_the_sweep_matches_evaluate():
 
 def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
     out = tmp_path / "sweep.json"
-    cmd = [sys.executable, str(BENCH / "orl" / "orl_demo.py"), "--model", "a=dlmrt/assets/demo",
-           "--model", "b=dlmrt/assets/demo", "--task", "arithmetic", "--problems", "2",
-           "--gammas", "0.8", "--taus", "0.9", "--device", "cpu", "--max-new-tokens", "48",
-           "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(BENCH / "orl" / "orl_demo.py"),
+        "--model",
+        "a=dlmrt/assets/demo",
+        "--model",
+        "b=dlmrt/assets/demo",
+        "--task",
+        "arithmetic",
+        "--problems",
+        "2",
+        "--gammas",
+        "0.8",
+        "--taus",
+        "0.9",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "48",
+        "--out",
+        str(out),
+    ]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())
@@ -49,8 +67,13 @@ def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
         {**p, "seconds": q["seconds"], "tokens_per_s": q["tokens_per_s"]}
         for p, q in zip(data["models"]["b"]["points"], data["models"]["a"]["points"])
     ]  # the same model twice: the same accuracy and TPF at every point
-    bad = subprocess.run(cmd[:2] + ["--model", "nodir", "--out", str(out)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        cmd[:2] + ["--model", "nodir", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode != 0 and "NAME=DIR" in bad.stderr
 
 
@@ -68,9 +91,11 @@ def test_plots_are_written(tmp_path: Path):
 
 def test_the_curves_show_the_residual_ratio_when_a_run_logged_it(tmp_path: Path, monkeypatch):
     plot = _load("orl_demo_plot")
-    rows = [{"step": 1, "reward": 0.5, "rollout_tpf": 3.0, "residual_ratio": 0.0},
-            {"step": 2, "reward": 0.5, "rollout_tpf": 3.1, "residual_ratio": None},
-            {"step": 3, "reward": 0.6, "rollout_tpf": 3.2, "residual_ratio": 2e-5}]  # fmt: skip
+    rows = [
+        {"step": 1, "reward": 0.5, "rollout_tpf": 3.0, "residual_ratio": 0.0},
+        {"step": 2, "reward": 0.5, "rollout_tpf": 3.1, "residual_ratio": None},
+        {"step": 3, "reward": 0.6, "rollout_tpf": 3.2, "residual_ratio": 2e-5},
+    ]
     assert plot.ratio_points(rows) == [(3, 2e-5)]  # no 0 on a log axis, no step without rows
     assert plot.ratio_points([{"step": 1, "reward": 0.5, "rollout_tpf": 3.0}]) == []
     pytest.importorskip("matplotlib")
@@ -89,8 +114,10 @@ def test_tpf_at_equal_accuracy_follows_the_frontier():
     """Dominated points are dropped, TPF is interpolated between frontier points, None above the
     best accuracy, and the comparison table divides by the base model's TPF."""
     plot = _load("orl_demo_plot")
-    pts = [{"accuracy": a, "tokens_per_forward": t}
-           for a, t in [(0.9, 3.0), (0.8, 5.0), (0.85, 2.0), (0.6, 7.0), (0.6, 6.0)]]  # fmt: skip
+    pts = [
+        {"accuracy": a, "tokens_per_forward": t}
+        for a, t in [(0.9, 3.0), (0.8, 5.0), (0.85, 2.0), (0.6, 7.0), (0.6, 6.0)]
+    ]
     assert plot.frontier_points(pts) == [(0.9, 3.0), (0.8, 5.0), (0.6, 7.0)]
     assert plot.tpf_at_accuracy(pts, 0.85) == pytest.approx(4.0)
     assert plot.tpf_at_accuracy(pts, 0.7) == pytest.approx(6.0)

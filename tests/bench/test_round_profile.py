@@ -12,16 +12,20 @@ from dlmrt.train.data import is_chat, prompt_text
 def test_profile_counts_each_blocks_unresolved_rows_once():
     rp = _load("round_profile")
     assert (rp.kind(" 42"), rp.kind("the"), rp.kind("."), rp.kind(" ")) == (
-        "digit", "word", "other", "other",
-    )  # fmt: skip
+        "digit",
+        "word",
+        "other",
+        "other",
+    )
     llm = LLM(device="cpu")
     got = rp.profile(llm, "arithmetic", 3, 0.9, 48)
     unresolved, blocks = 0, 0
     for p in get_task("arithmetic").problems("test", 3):  # the same requests, recorded directly
         records = []
         prompt = prompt_text(llm.tokenizer, p.question, is_chat(p.seed, 0.5))
-        llm.generate(prompt, max_new_tokens=48, rule="threshold", threshold=0.9,
-                     recorder=records.append)  # fmt: skip
+        llm.generate(
+            prompt, max_new_tokens=48, rule="threshold", threshold=0.9, recorder=records.append
+        )
         first = [r for r in records if r.round == 0]
         unresolved += sum(int(r.unresolved.sum()) for r in first)
         blocks += len(first)

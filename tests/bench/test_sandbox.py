@@ -167,8 +167,14 @@ def test_the_fallback_cannot_read_the_harness_environment(tmp_path):
         f"print(run_program({program!r}).passed)\n"
     )
     env = {**os.environ, "HARNESS_SECRET": "hunter2"}
-    done = subprocess.run([sys.executable, "-c", harness], env=env, capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", harness],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.stdout.strip() == "True", done.stdout + done.stderr
 
 

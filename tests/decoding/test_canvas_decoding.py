@@ -44,7 +44,7 @@ def llm(ckpt) -> LLM:
         slow_unless(s % 3 == i, s, n, m)
         for s in range(len(SETTINGS))
         for i, (n, m) in enumerate([(3, 20), (13, 8), (5, 30)])
-    ],  # fmt: skip
+    ],
 )
 def test_generate_matches_transformers(ckpt, llm, settings, prompt_len, max_new):
     """Same seed, same tokens as transformers' generate (torch RNG mode), over stopping regimes,

@@ -131,13 +131,20 @@ def test_tensor_parallel_without_torchrun_spawns_the_ranks(tmp_path, monkeypatch
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DLMRT_TP_TIMEOUT_S="30")
     script = SPAWNED.replace("PROMPT", repr(prompt))
-    res = subprocess.run([sys.executable, "-c", script, str(path)], env=env, capture_output=True,
-                         text=True, timeout=240)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     plain = LLM(path, device="cpu", dtype="float32")
-    want = [plain.generate(prompt, max_new_tokens=20, ignore_eos=True, **kw).token_ids
-            for kw in ({}, {"temperature": 0.8, "seed": 2})]  # fmt: skip
+    want = [
+        plain.generate(prompt, max_new_tokens=20, ignore_eos=True, **kw).token_ids
+        for kw in ({}, {"temperature": 0.8, "seed": 2})
+    ]
     assert got["tokens"] == want
     assert got["lm_head_rows"] == plain.model.lm_head.weight.shape[0] // 2
 
@@ -204,8 +211,13 @@ def test_a_spawned_follower_does_not_outlive_a_killed_rank_0(tmp_path):
     path = write_checkpoint(tmp_path / "m")
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DLMRT_TP_TIMEOUT_S="30")
-    res = subprocess.run([sys.executable, "-c", KILLED, str(path)], env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", KILLED, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == -9, res.stderr[-2000:]
     pid = int(res.stdout.split()[0])
 

@@ -65,7 +65,7 @@ KEPT = {("base", "quality", 3), ("block", "speed", 8), ("masked", "quality", 13)
         for a in ADAPTERS
         for e in ("quality", "speed")
         for n in (3, 8, 13)
-    ],  # fmt: skip
+    ],
 )
 def test_engine_matches_oracle(llms, adapter, editing, prompt_len):
     for seed in (0, 1):

@@ -100,9 +100,13 @@ def _generate(path: Path) -> list[int]:
     llm = LLM(str(path), device="cpu", dtype="float32")
     assert llm.stop_ids == set(DG_EOS)
     assert llm.canvas_settings == CanvasSettings(
-        max_denoising_steps=48, entropy_bound=0.1, t_min=0.4, t_max=0.8,
-        stability_threshold=1, confidence_threshold=0.005,
-    )  # fmt: skip
+        max_denoising_steps=48,
+        entropy_bound=0.1,
+        t_min=0.4,
+        t_max=0.8,
+        stability_threshold=1,
+        confidence_threshold=0.005,
+    )
     # a few steps suffice to compare the two forms (the file's 48 would only take longer)
     out = llm.generate([7, 8, 9], max_new_tokens=8, seed=3, ignore_eos=True, max_denoising_steps=4)
     return out.token_ids

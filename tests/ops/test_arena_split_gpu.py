@@ -31,8 +31,10 @@ def _case(heads, kv_heads, head_dim, start, rows, block, dtype, seed):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("start,rows,block", [(0, 7, 8), (1, 7, 8), (96, 32, 32), (1000, 32, 32),
-                                              (0, 256, 256), (768, 256, 256)])  # fmt: skip
+@pytest.mark.parametrize(
+    "start,rows,block",
+    [(0, 7, 8), (1, 7, 8), (96, 32, 32), (1000, 32, 32), (0, 256, 256), (768, 256, 256)],
+)
 @pytest.mark.parametrize("splits", [2, 3, 16])  # 16: more splits than key tiles at short contexts
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_matches_twin(shape, start, rows, block, splits, dtype):

@@ -140,8 +140,10 @@ def test_no_timing_inside_a_capture(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads,kv_heads,rows,arena,start", [(32, 8, 32, 4096, 1024),
-                         (32, 8, 256, 4096, 3584), (16, 4, 32, 1280, 0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "heads,kv_heads,rows,arena,start",
+    [(32, 8, 32, 4096, 1024), (32, 8, 256, 4096, 3584), (16, 4, 32, 1280, 0)],
+)
 def test_flash_attn4_matches_the_twin_and_captures(heads, kv_heads, rows, arena, start):
     """The installed library on block rows (Qwen3-4B and LLaDA-like heads), eager and replayed
     from a CUDA graph after the visible length moved."""
@@ -180,12 +182,19 @@ def test_rounds_run_flash_attn4_in_every_mode(tmp_path, monkeypatch):
     from dlmrt import LLM
 
     monkeypatch.setenv("DLMRT_FA4", "on")
-    path = write_checkpoint(tmp_path / "m", hidden_size=512, intermediate_size=1024,
-                            num_attention_heads=8, num_key_value_heads=2, head_dim=128)  # fmt: skip
+    path = write_checkpoint(
+        tmp_path / "m",
+        hidden_size=512,
+        intermediate_size=1024,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+    )
     outs = {}
     for mode in ("eager", "round_graph", "block_graph"):
         llm = LLM(path, device="cuda", dtype="bfloat16", mode=mode)
-        outs[mode] = llm.generate([5, 9, 13, 17, 21], rule="threshold", threshold=0.3,
-                                  max_new_tokens=40, ignore_eos=True)  # fmt: skip
+        outs[mode] = llm.generate(
+            [5, 9, 13, 17, 21], rule="threshold", threshold=0.3, max_new_tokens=40, ignore_eos=True
+        )
     assert_modes_agree(outs, "fa4")
     assert any(used for used in flash_attn4._CHOICE.values())  # the rounds went through it

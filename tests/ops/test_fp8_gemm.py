@@ -34,8 +34,9 @@ def _case(rows: int, n: int, k: int):
 def _gemm(a, sa, w, sw, config, dtype):
     from dlmrt._kernels.fp8_gemm import fp8_gemm, tiles
 
-    counts = torch.zeros(tiles(a.shape[0], w.shape[0], config[0], config[1]), dtype=torch.int32,
-                         device=a.device)  # fmt: skip
+    counts = torch.zeros(
+        tiles(a.shape[0], w.shape[0], config[0], config[1]), dtype=torch.int32, device=a.device
+    )
     out = fp8_gemm(a, sa, w, sw, counts, dtype, config)
     assert not counts.any(), "the counters must be left zeroed for the next call"
     return out, counts

@@ -39,8 +39,9 @@ def _twin(act, w, gelu: bool) -> torch.Tensor:
 def _glu(act, w, config, gelu):
     from dlmrt._kernels.fp8_glu_gemm import fp8_glu_gemm
 
-    return fp8_glu_gemm(act.q.to(DEV), act.scale.to(DEV), w.qweight.to(DEV), w.scale.to(DEV),
-                        DTYPE, config, gelu)  # fmt: skip
+    return fp8_glu_gemm(
+        act.q.to(DEV), act.scale.to(DEV), w.qweight.to(DEV), w.scale.to(DEV), DTYPE, config, gelu
+    )
 
 
 @kernel_test

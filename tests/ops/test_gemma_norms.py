@@ -86,9 +86,14 @@ def test_attn_residual_and_layer_out_kernels_match_twins(dtype, rows, n):
     r = want[0].to(DEV)
     got = kernels.layer_out(dense, moe, r, w[3:6], flags.to(DEV).view(torch.uint8), scalars, EPS)
     want = gemma.layer_out(
-        dense.cpu(), moe.cpu(), r.cpu(), [x.cpu() for x in w[3:6]], flags.unsqueeze(1),
-        [s.cpu() for s in scalars], EPS,
-    )  # fmt: skip
+        dense.cpu(),
+        moe.cpu(),
+        r.cpu(),
+        [x.cpu() for x in w[3:6]],
+        flags.unsqueeze(1),
+        [s.cpu() for s in scalars],
+        EPS,
+    )
     torch.testing.assert_close(got.cpu(), want, **_tol(dtype))
 
 

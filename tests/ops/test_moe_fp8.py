@@ -30,8 +30,10 @@ def _case(rows, experts, hidden, inter, top_k, dtype, seed=0, index=None):
     if index is None:
         index = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(rows)])
     weights = torch.rand(rows, top_k, generator=g)
-    gate, up = (quantize_per_channel(torch.randn(experts, inter, hidden, generator=g) / hidden**0.5)
-                for _ in "gu")  # fmt: skip
+    gate, up = (
+        quantize_per_channel(torch.randn(experts, inter, hidden, generator=g) / hidden**0.5)
+        for _ in "gu"
+    )
     down = quantize_per_channel(torch.randn(experts, hidden, inter, generator=g) / inter**0.5)
     to = lambda t: t.to(DEV)  # noqa: E731
     codes = (to(gate.qweight), to(up.qweight)), to(down.qweight)
@@ -42,8 +44,15 @@ def _case(rows, experts, hidden, inter, top_k, dtype, seed=0, index=None):
 def _twin(x, weights, index, gate_up, down, activation, scales):
     """The twin on the CPU in fp32 (the reference for the kernel wherever it runs)."""
     cpu = [t.cpu() for t in (x, weights, index, *gate_up, down)]
-    return moe_mlp_w8a8(cpu[0].float(), cpu[1].float(), cpu[2], (cpu[3], cpu[4]), cpu[5],
-                        activation, tuple(s.cpu() for s in scales))  # fmt: skip
+    return moe_mlp_w8a8(
+        cpu[0].float(),
+        cpu[1].float(),
+        cpu[2],
+        (cpu[3], cpu[4]),
+        cpu[5],
+        activation,
+        tuple(s.cpu() for s in scales),
+    )
 
 
 def _kernel(*args, **kw):

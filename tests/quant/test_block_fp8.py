@@ -94,8 +94,9 @@ def test_block_checkpoint_loads_as_its_per_channel_re_rounding(
 def test_block_checkpoint_generates(sources, tmp_path):
     from dlmrt import LLM
 
-    out = write_fp8_checkpoint(sources["qwen"], tmp_path / "fp8", fmt="fp8", strategy="block",
-                               block=BLOCK)  # fmt: skip
+    out = write_fp8_checkpoint(
+        sources["qwen"], tmp_path / "fp8", fmt="fp8", strategy="block", block=BLOCK
+    )
     kw = {"max_new_tokens": 8}
     got = LLM(str(out), device="cpu", dtype="float32").generate([5, 6, 7], **kw).token_ids
     none = LLM(str(out), device="cpu", dtype="float32", quantization="none")
@@ -113,8 +114,12 @@ def test_block_checkpoint_generates(sources, tmp_path):
     ],
 )
 def test_finegrained_config_errors_name_the_field(tmp_path, edit, message):
-    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-          "weight_block_size": [128, 128]} | edit  # fmt: skip
+    qc = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+    } | edit
     with pytest.raises(CheckpointError, match=message):
         read_quant_config(tmp_path, {"quantization_config": qc})
 
@@ -122,8 +127,9 @@ def test_finegrained_config_errors_name_the_field(tmp_path, edit, message):
 def test_a_block_scale_of_the_wrong_shape_is_named(sources, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    out = write_fp8_checkpoint(sources["qwen"], tmp_path / "fp8", fmt="fp8", strategy="block",
-                               block=BLOCK)  # fmt: skip
+    out = write_fp8_checkpoint(
+        sources["qwen"], tmp_path / "fp8", fmt="fp8", strategy="block", block=BLOCK
+    )
     tensors = load_file(str(out / "model.safetensors"))
     name = "model.layers.0.self_attn.q_proj.weight_scale_inv"
     tensors[name] = tensors[name][:, :1].contiguous()

@@ -17,8 +17,12 @@ from dlmrt.quant.per_tensor import quantize_per_tensor
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 CPU = torch.device("cpu")
-FORMATS = [("compressed-tensors", "channel"), ("compressed-tensors", "tensor"),
-           ("modelopt", "channel"), ("modelopt", "tensor")]  # fmt: skip
+FORMATS = [
+    ("compressed-tensors", "channel"),
+    ("compressed-tensors", "tensor"),
+    ("modelopt", "channel"),
+    ("modelopt", "tensor"),
+]
 QUANTIZE = {"channel": quantize_per_channel, "tensor": quantize_per_tensor}
 
 
@@ -92,8 +96,9 @@ def test_quantization_fp8_at_load_equals_a_per_channel_checkpoint(sources, tmp_p
     """LLM(DIR, quantization="fp8"): the same weights as the written per-channel FP8 checkpoint."""
     for family in ("qwen", "llada2", "dg"):
         at_load = load_checkpoint(sources[family], torch.float32, CPU, quantization="fp8")
-        stored = load_checkpoint(write_fp8_checkpoint(sources[family], tmp_path / family),
-                                 torch.float32, CPU)  # fmt: skip
+        stored = load_checkpoint(
+            write_fp8_checkpoint(sources[family], tmp_path / family), torch.float32, CPU
+        )
         assert set(at_load.quantized) == set(stored.quantized)
         a, b = at_load.model.state_dict(), stored.model.state_dict()
         assert all(torch.equal(a[n], b[n]) for n in a)

@@ -69,7 +69,21 @@ def test_generate_with_fp8_flags_end_to_end(tmp_path, capsys):
     from conftest import write_checkpoint
 
     path = write_checkpoint(tmp_path / "m")
-    argv = ["generate", "--model", str(path), "--dtype", "float32", "--max-new-tokens", "4",
-            "--ignore-eos", "--quantization", "fp8", "--kv-cache-dtype", "fp8", "--stats", "x"]  # fmt: skip
+    argv = [
+        "generate",
+        "--model",
+        str(path),
+        "--dtype",
+        "float32",
+        "--max-new-tokens",
+        "4",
+        "--ignore-eos",
+        "--quantization",
+        "fp8",
+        "--kv-cache-dtype",
+        "fp8",
+        "--stats",
+        "x",
+    ]
     assert main(argv) == 0
     assert "[4 tokens, finish=length" in capsys.readouterr().err

@@ -53,8 +53,13 @@ def test_wrong_weight_dtype(fp8_dir, tmp_path, dtype):
         t[Q] = t[Q].float().to(dtype)
 
     path = _broken(fp8_dir, tmp_path, edit)
-    _raises(path, str(path / "model.safetensors"), f"'{Q}' has dtype",
-            "expected float8_e4m3fn", f"'{Q}_scale'")  # fmt: skip
+    _raises(
+        path,
+        str(path / "model.safetensors"),
+        f"'{Q}' has dtype",
+        "expected float8_e4m3fn",
+        f"'{Q}_scale'",
+    )
 
 
 def test_missing_scale(fp8_dir, tmp_path):
@@ -68,8 +73,12 @@ def test_scale_of_the_wrong_shape(fp8_dir, tmp_path, shape):
         t[Q + "_scale"] = torch.ones(shape)
 
     path = _broken(fp8_dir, tmp_path, edit)
-    _raises(path, str(path / "model.safetensors"), f"scale '{Q}_scale' has shape {list(shape)}",
-            f"for the FP8 weight '{Q}' of shape [64, 64]")  # fmt: skip
+    _raises(
+        path,
+        str(path / "model.safetensors"),
+        f"scale '{Q}_scale' has shape {list(shape)}",
+        f"for the FP8 weight '{Q}' of shape [64, 64]",
+    )
 
 
 def test_scale_of_the_wrong_dtype(fp8_dir, tmp_path):
@@ -95,8 +104,11 @@ def test_fp8_tensor_without_a_quantization_config(fp8_dir, tmp_path):
             del t[name]
 
     path = _broken(fp8_dir, tmp_path, edit)
-    _raises(path, str(path / "model.safetensors"),
-            "has dtype float8_e4m3fn but the checkpoint declares no quantization")  # fmt: skip
+    _raises(
+        path,
+        str(path / "model.safetensors"),
+        "has dtype float8_e4m3fn but the checkpoint declares no quantization",
+    )
 
 
 def test_stacked_experts_all_or_none_fp8(tmp_path):
@@ -112,8 +124,14 @@ def test_stacked_experts_all_or_none_fp8(tmp_path):
 
 
 def _ct(weights: dict, **top) -> dict:
-    return {"quantization_config": {"quant_method": "compressed-tensors",
-            "format": "float-quantized", "config_groups": {"g": {"weights": weights}}, **top}}  # fmt: skip
+    return {
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"g": {"weights": weights}},
+            **top,
+        }
+    }
 
 
 FP8_W = {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}
@@ -148,8 +166,14 @@ def test_quant_config_detection(tmp_path):
     assert read_quant_config(tmp_path, {}) is None
     ct = read_quant_config(tmp_path, _ct({**FP8_W, "strategy": "tensor"}, ignore=["lm_head"]))
     assert (ct.method, ct.strategy, ct.ignore) == ("compressed-tensors", "tensor", ("lm_head",))
-    new = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8",
-                                   "ignore": ["lm_head"], "kv_cache_quant_algo": "FP8"}}  # fmt: skip
+    new = {
+        "quantization_config": {
+            "quant_method": "modelopt",
+            "quant_algo": "FP8",
+            "ignore": ["lm_head"],
+            "kv_cache_quant_algo": "FP8",
+        }
+    }
     mo = read_quant_config(tmp_path, new)
     assert (mo.method, mo.strategy, mo.ignore, mo.kv_cache) == (
         "modelopt",
@@ -157,8 +181,13 @@ def test_quant_config_detection(tmp_path):
         ("lm_head",),
         "FP8",
     )
-    legacy = {"producer": {"name": "modelopt"}, "quantization": {
-        "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN", "exclude_modules": ["*router*"]}}  # fmt: skip
+    legacy = {
+        "producer": {"name": "modelopt"},
+        "quantization": {
+            "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN",
+            "exclude_modules": ["*router*"],
+        },
+    }
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(legacy))
     mo = read_quant_config(tmp_path, {})
     assert (mo.method, mo.strategy, mo.ignore) == ("modelopt", "channel", ("*router*",))

@@ -134,17 +134,23 @@ def test_modes_agree_with_fp8_weights_and_arena(checkpoints, monkeypatch, name, 
     llms = {m: LLM(checkpoints[name], mode=m, **kw) for m in MODES}
     for plen, temp in ((3, 0.0), (13, 0.8)):
         outs = {
-            m: llm.generate([(37 * i + 11) % 256 for i in range(plen)], max_new_tokens=29,
-                            temperature=temp, seed=plen, ignore_eos=True)
+            m: llm.generate(
+                [(37 * i + 11) % 256 for i in range(plen)],
+                max_new_tokens=29,
+                temperature=temp,
+                seed=plen,
+                ignore_eos=True,
+            )
             for m, llm in llms.items()
-        }  # fmt: skip
+        }
         assert_modes_agree(outs, name, plen)
 
 
 @pytest.mark.parametrize("experts_path", ["w8a8", "w8a16"])
 @pytest.mark.parametrize("kv", ["auto", "fp8"])
-def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypatch, kv,
-                                                      experts_path):  # fmt: skip
+def test_diffusion_gemma_modes_agree_with_fp8_experts(
+    tmp_path_factory, monkeypatch, kv, experts_path
+):
     """FP8 routed experts, W8A8 or weight-only (+ FP8 context arena): block_graph ==
     round_graph == static eager."""
     import transformers.models.diffusion_gemma as dg
@@ -154,10 +160,21 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(tmp_path_factory, monkeypa
     monkeypatch.setenv("DLMRT_FP8_GEMM_KERNEL", "triton")
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", experts_path)
     torch.manual_seed(1)
-    cfg = _config(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
-                  layer_types=[S, S, F_], num_attention_heads=8, num_key_value_heads=2,
-                  head_dim=32, global_head_dim=64, sliding_window=16, num_experts=8,
-                  moe_intermediate_size=128, max_position_embeddings=1024)  # fmt: skip
+    cfg = _config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        layer_types=[S, S, F_],
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        global_head_dim=64,
+        sliding_window=16,
+        num_experts=8,
+        moe_intermediate_size=128,
+        max_position_embeddings=1024,
+    )
     cfg.canvas_length = 32
     hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
     _randomise(hf, 2)

@@ -63,8 +63,9 @@ def test_moe_mlp_nvfp4_with_act_scales_quantizes_both_gemm_inputs():
     got = moe_mlp_nvfp4(x, weights, index, g, u, d, "silu", act_scales=(sx, sh))
     deq = [w.dequantize(x.dtype) for w in (g, u, d)]
     xq = fake_quant_act(x, sx)
-    want = reference.moe_mlp(xq, weights, index, tuple(deq[:2]), deq[2], "silu", None,
-                             lambda h: fake_quant_act(h, sh))  # fmt: skip
+    want = reference.moe_mlp(
+        xq, weights, index, tuple(deq[:2]), deq[2], "silu", None, lambda h: fake_quant_act(h, sh)
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     w4a16 = moe_mlp_nvfp4(x, weights, index, g, u, d, "silu")
     assert not torch.equal(got, w4a16)
@@ -87,7 +88,7 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
     return {
         f"{fam}-{fmt}": write_nvfp4_checkpoint(
             src[fam], root / f"{fam}-{fmt}", fmt=fmt, input_amax=amax
-        )  # fmt: skip
+        )
         for fam in ("llada2", "dg")
         for fmt in ("modelopt", "compressed-tensors")
     } | {"plain": src["llada2"]}
@@ -102,8 +103,9 @@ def test_loaded_input_scales_are_the_written_ones_and_generation_runs(quantized,
     stored = load_file(str(path / "model.safetensors"))
     key = "input_scale" if "modelopt" in name else "input_global_scale"
     scales = {n: v if key == "input_scale" else 1.0 / v for n, v in stored.items() if key in n}
-    down = max(v.max() for n, v in scales.items() if ".0.mlp" not in n and "down" in n
-               and "layers.1." in n)  # fmt: skip
+    down = max(
+        v.max() for n, v in scales.items() if ".0.mlp" not in n and "down" in n and "layers.1." in n
+    )
     torch.testing.assert_close(experts[0].nvfp4_act[1], down, rtol=1e-6, atol=0)
     from dlmrt import LLM
 
@@ -120,8 +122,10 @@ def test_w4a4_errors_name_what_is_missing(quantized, tmp_path):
     for f in quantized["llada2-modelopt"].iterdir():
         (bare / f.name).write_bytes(f.read_bytes())
     tensors = load_file(str(bare / "model.safetensors"))
-    save_file({n: t for n, t in tensors.items() if "input_scale" not in n},
-              str(bare / "model.safetensors"))  # fmt: skip
+    save_file(
+        {n: t for n, t in tensors.items() if "input_scale" not in n},
+        str(bare / "model.safetensors"),
+    )
     load_checkpoint(bare, torch.float32, CPU)  # W4A16 needs no input scales
     with pytest.raises(ValueError, match="gate projection's NVFP4 weight has no input scale"):
         load_checkpoint(bare, torch.float32, CPU, activations="nvfp4")

@@ -46,8 +46,9 @@ def test_nvfp4_checkpoint_on_cuda_modes_agree(tmp_path, monkeypatch, family, fmt
     # DiffusionGemma's eager default draws from torch's generator (the oracle's noise): the
     # counter RNG makes all three modes draw the same noise
     kw = {"rng": "counter"} if family == "dg" else {}
-    outs = {m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw)
-            for m, llm in llms.items()}  # fmt: skip
+    outs = {
+        m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw) for m, llm in llms.items()
+    }
     assert_modes_agree(outs, family, fmt)
     plain = LLM(path, device="cuda", mode="eager", quantization="none")  # dequantized bf16
     assert not any(getattr(m, "nvfp4", None) is not None for m in plain.model.modules())
@@ -66,8 +67,9 @@ def test_w4a4_emulation_on_cuda_modes_agree_and_match_the_cpu_twin(tmp_path, fam
     vocab = 96 if family == "dg" else 256
     prompt = [(31 * i + 7) % (vocab - 6) + 6 for i in range(9)]
     kw = {"rng": "counter"} if family == "dg" else {}
-    outs = {m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw)
-            for m, llm in llms.items()}  # fmt: skip
+    outs = {
+        m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw) for m, llm in llms.items()
+    }
     assert_modes_agree(outs, family, "w4a4")
     cpu = LLM(path, device="cpu", dtype="float32", mode="eager", activations="nvfp4")
     gpu = LLM(path, device="cuda", dtype="float32", mode="eager", activations="nvfp4")

@@ -90,8 +90,9 @@ def test_emulation_installs_the_dense_mlps_and_quantizes_both_gemm_inputs(ckpts,
         assert (got - w4a16).norm() > 1e-3 * w4a16.norm()  # 4-bit inputs: not W4A16's output
     # only the dense MLPs: never attention, the ORL adapter, shared experts, self-conditioning
     dense = {n for n, m in ckpt.model.named_modules() if isinstance(m, Nvfp4Linear)}
-    assert dense == {f"model.layers.{i}.mlp.{p}" for i in DENSE[family]
-                     for p in ("gate_up_fp8", "down_proj")}  # fmt: skip
+    assert dense == {
+        f"model.layers.{i}.mlp.{p}" for i in DENSE[family] for p in ("gate_up_fp8", "down_proj")
+    }
 
 
 def test_emulated_generation_equals_fake_quant_hooks_on_the_dequantized_model(ckpts):
@@ -133,8 +134,9 @@ def test_without_emulation_the_cpu_dequantizes_and_w4a16_installed_gives_its_tok
     assert installed.generate(prompt, **kw).token_ids == plain.generate(prompt, **kw).token_ids
 
 
-@pytest.mark.parametrize("drop, named", [("", "gate_proj"), ("up_proj", "up_proj"),
-                                         ("down_proj", "down_proj")])  # fmt: skip
+@pytest.mark.parametrize(
+    "drop, named", [("", "gate_proj"), ("up_proj", "up_proj"), ("down_proj", "down_proj")]
+)
 def test_emulation_names_the_dense_weight_without_an_input_scale(ckpts, tmp_path, drop, named):
     path = ckpts["bare"] if not drop else tmp_path / "partial"
     if drop:
@@ -146,6 +148,9 @@ def test_emulation_names_the_dense_weight_without_an_input_scale(ckpts, tmp_path
         save_file({n: t for n, t in tensors.items() if n != gone}, str(path / "model.safetensors"))
     load_checkpoint(path, torch.float32, CPU)  # W4A16 needs no input scales
     layer = 0 if not drop else 1
-    with pytest.raises(ValueError, match=f"dense NVFP4 weight model.layers.{layer}.mlp.{named}"
-                                         r".weight has no input scale"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=f"dense NVFP4 weight model.layers.{layer}.mlp.{named}"
+        r".weight has no input scale",
+    ):
         load_checkpoint(path, torch.float32, CPU, activations="nvfp4")

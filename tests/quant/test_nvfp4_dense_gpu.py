@@ -41,8 +41,9 @@ def _generate(llms: dict[str, LLM], family: str, seed: int) -> dict:
     # DiffusionGemma's eager default draws from torch's generator: the counter RNG makes all
     # modes draw the same noise
     kw = {"rng": "counter"} if family == "dg" else {}
-    return {m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw)
-            for m, llm in llms.items()}  # fmt: skip
+    return {
+        m: llm.generate(prompt, max_new_tokens=16, ignore_eos=True, **kw) for m, llm in llms.items()
+    }
 
 
 def _twin(mlp, x: torch.Tensor) -> torch.Tensor:

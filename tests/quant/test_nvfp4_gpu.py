@@ -30,8 +30,14 @@ def test_demo_model_accuracy_and_tpf_hold_in_nvfp4(tmp_path):
     demo = str(demo_model_path())
     paths = {"bf16": demo}
     for hessian in ("block", "diag", "none"):
-        cfg = QuantizeConfig(model=demo, out=str(tmp_path / hessian), task="arithmetic",
-                             samples=64, hessian=hessian, device="cuda")  # fmt: skip
+        cfg = QuantizeConfig(
+            model=demo,
+            out=str(tmp_path / hessian),
+            task="arithmetic",
+            samples=64,
+            hessian=hessian,
+            device="cuda",
+        )
         paths[f"nvfp4_{hessian}"] = str(run_quantize(cfg))
     results = {k: evaluate(LLM(p, device="cuda"), arithmetic, 300) for k, p in paths.items()}
     errors = {}

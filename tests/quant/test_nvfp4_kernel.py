@@ -51,8 +51,10 @@ def _twin(x, weights, index, gate_up, down, activation):
 
 def _run(x, weights, index, gate_up, down, activation, **kw):
     gate, up = split_gate_up(gate_up)
-    args = [(w.packed, w.block_scale, w.global_scale.reshape(-1).expand(w.packed.shape[0])
-             .contiguous()) for w in (gate, up, down)]  # fmt: skip
+    args = [
+        (w.packed, w.block_scale, w.global_scale.reshape(-1).expand(w.packed.shape[0]).contiguous())
+        for w in (gate, up, down)
+    ]
     return _kernel()(x, weights, index, *args, activation, **kw)
 
 

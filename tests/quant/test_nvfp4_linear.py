@@ -66,10 +66,14 @@ def test_per_row_global_scales_dequantize_to_the_concatenated_halves():
     half = w.narrow(24, 40)  # a view of the up rows, with their scales
     assert torch.equal(half.dequantize(torch.float32), up.dequantize(torch.float32))
     x = torch.randn(5, 48, generator=gen)
-    assert torch.equal(linear_nvfp4(x, w), F.linear(x, torch.cat([gate.dequantize(x.dtype),
-                                                                  up.dequantize(x.dtype)])))  # fmt: skip
-    with_scales = [Nvfp4Weight(q.packed, q.block_scale, q.global_scale, torch.tensor(s))
-                   for q, s in ((gate, 0.003), (up, 0.005))]  # fmt: skip
+    assert torch.equal(
+        linear_nvfp4(x, w),
+        F.linear(x, torch.cat([gate.dequantize(x.dtype), up.dequantize(x.dtype)])),
+    )
+    with_scales = [
+        Nvfp4Weight(q.packed, q.block_scale, q.global_scale, torch.tensor(s))
+        for q, s in ((gate, 0.003), (up, 0.005))
+    ]
     assert cat_rows(with_scales).input_scale == 0.005  # one shared input: the larger scale
     assert cat_rows([with_scales[0], up]).input_scale is None
 

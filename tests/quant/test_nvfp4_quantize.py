@@ -53,8 +53,9 @@ def test_local_hessian_search_beats_amax_on_the_layer_output_error():
 def test_block_hessian_beats_the_diagonal_when_inputs_correlate_within_blocks():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 128, generator=gen)
-    mix = torch.block_diag(*[torch.eye(16) + 0.9 * torch.randn(16, 16, generator=gen)
-                             for _ in range(8)])  # fmt: skip
+    mix = torch.block_diag(
+        *[torch.eye(16) + 0.9 * torch.randn(16, 16, generator=gen) for _ in range(8)]
+    )
     x = torch.randn(1024, 128, generator=gen) @ mix
     xb = x.unflatten(-1, (-1, 16))
     diag, blocks = (x**2).sum(0), torch.einsum("tbi,tbj->bij", xb, xb)
@@ -83,9 +84,21 @@ def sources(tmp_path_factory):
 @pytest.mark.parametrize("family", ["llada2", "dg"])
 def test_cli_nvfp4_with_calibration_end_to_end(sources, tmp_path, family, capsys):
     out = tmp_path / "q"
-    argv = ["quantize", "--model", str(sources[family]), "--out", str(out), "--device", "cpu",
-            "--calibration", str(_prompts(tmp_path / "p.jsonl")), "--max-new-tokens", "4",
-            "--layout", "compressed-tensors" if family == "dg" else "modelopt"]  # fmt: skip
+    argv = [
+        "quantize",
+        "--model",
+        str(sources[family]),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--calibration",
+        str(_prompts(tmp_path / "p.jsonl")),
+        "--max-new-tokens",
+        "4",
+        "--layout",
+        "compressed-tensors" if family == "dg" else "modelopt",
+    ]
     assert main(argv) == 0
     assert "tensors in NVFP4" in capsys.readouterr().out
     report = json.loads((out / "quantize_report.json").read_text())
@@ -108,11 +121,41 @@ def test_cli_nvfp4_with_calibration_end_to_end(sources, tmp_path, family, capsys
 def test_cli_demo_model_fp8_and_nvfp4_task(tmp_path):
     from dlmrt import LLM
 
-    assert main(["quantize", "--model", str(demo_model_path()), "--format", "fp8",
-                 "--out", str(tmp_path / "fp8")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                str(demo_model_path()),
+                "--format",
+                "fp8",
+                "--out",
+                str(tmp_path / "fp8"),
+            ]
+        )
+        == 0
+    )
     assert load_checkpoint(tmp_path / "fp8", torch.float32, CPU).quantized
-    assert main(["quantize", "--model", str(demo_model_path()), "--task", "arithmetic", "--samples", "2",
-                 "--max-new-tokens", "8", "--device", "cpu", "--out", str(tmp_path / "nv")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "quantize",
+                "--model",
+                str(demo_model_path()),
+                "--task",
+                "arithmetic",
+                "--samples",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "nv"),
+            ]
+        )
+        == 0
+    )
     llm = LLM(tmp_path / "nv", device="cpu")
     assert llm.generate("Tom has 3 apples and buys 4 more. How many?", max_new_tokens=16).token_ids
 

@@ -207,8 +207,10 @@ def test_a_stalled_body_is_a_408_and_a_long_stream_is_not_cut(llm, chunked):
     with live(llm, body_timeout_s=0.5) as url:
         where = urlparse(url)
         length = "Transfer-Encoding: chunked" if chunked else "Content-Length: 200"
-        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                f"{length}\r\n\r\n")  # fmt: skip
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"{length}\r\n\r\n"
+        )
         part = b'a\r\n{"prompt":\r\n' if chunked else b'{"prompt":'
         with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
             sock.sendall(head.encode() + part)

@@ -17,8 +17,9 @@ from dlmrt.train.orl.start import load_trainable
 
 def tiny_orl(tmp_path: Path, positions: str = "masked", seed: int = 0):
     """(model, LLM around it, checkpoint path): fp32, CPU, block 8, an adapter on `positions`."""
-    path = write_checkpoint(tmp_path / f"orl-{positions}", seed=seed,
-                            residual=residual_config(positions=positions))  # fmt: skip
+    path = write_checkpoint(
+        tmp_path / f"orl-{positions}", seed=seed, residual=residual_config(positions=positions)
+    )
     raw = json.loads((path / "config.json").read_text())
     model = load_trainable(path, raw, torch.device("cpu"), seed)
     llm = LLM.from_model(model, Tokenizer(path), path=path, role="orl", mode="eager")
@@ -30,8 +31,14 @@ PROMPTS = [Prompt(0, "What is 12 + 3?", False, 15), Prompt(1, "Compute 7 * 8 now
 
 def rollouts(llm, path: Path, n: int = 2, tap_first: bool = True, tokens: int = 20, **kw):
     """`n` sampled rollouts per prompt (13 and 21 prompt bytes: neither a block multiple)."""
-    cfg = ORLConfig(model=str(path), rollouts_per_prompt=n, max_new_tokens=tokens,
-                    temperature=1.0, verifier_workers=0, **kw)  # fmt: skip
+    cfg = ORLConfig(
+        model=str(path),
+        rollouts_per_prompt=n,
+        max_new_tokens=tokens,
+        temperature=1.0,
+        verifier_workers=0,
+        **kw,
+    )
     rs = generate_rollouts(llm, PROMPTS, cfg, step=0, tap_first=tap_first)
     for r in rs:
         r.verified = True
@@ -52,8 +59,16 @@ def crafted_rollout(prompt_len: int, n_tokens: int, block: int, rounds: list[int
             unres[min(k, block - 1) :] = True
             acc = torch.zeros(block, dtype=torch.bool)
             acc[min(k, block - 1)] = True
-            states.append(State(b, k, torch.arange(block) + 10 * b + k, unres,
-                                torch.full((block, hidden), float(k)), torch.full((block,), 0.5),
-                                acc))  # fmt: skip
+            states.append(
+                State(
+                    b,
+                    k,
+                    torch.arange(block) + 10 * b + k,
+                    unres,
+                    torch.full((block, hidden), float(k)),
+                    torch.full((block,), 0.5),
+                    acc,
+                )
+            )
     prompt = list(range(100, 100 + prompt_len))
     return Rollout(0, prompt, list(range(200, 200 + n_tokens)), "", 0, states, len(states), True)

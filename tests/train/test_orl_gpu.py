@@ -89,8 +89,10 @@ def test_flex_block_mask_equals_the_dense_mask(tmp_path):
         for row in rows:
             mask = dense_mask(row.meta) if kind == "dense" else block_mask(row.meta)
             lg = replay_logits(model, row, mask)
-            total = total + combine(row_terms(lg, lg.detach(), row, spec), p.responses,
-                                    p.aec_den, spec)[0]  # fmt: skip
+            total = (
+                total
+                + combine(row_terms(lg, lg.detach(), row, spec), p.responses, p.aec_den, spec)[0]
+            )
             logits.append(lg.detach())
         total.backward()
         out[kind] = torch.cat(logits), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
@@ -113,8 +115,15 @@ def test_replay_reproduces_the_rollout_logits_on_cuda(tmp_path):
 
 
 def test_a_short_bf16_flex_run(tmp_path):
-    cfg = ORLConfig(steps=2, rollouts_per_prompt=4, max_new_tokens=48, verifier_workers=0,
-                    check_replay=True, lr=1e-4, device="cuda")  # fmt: skip
+    cfg = ORLConfig(
+        steps=2,
+        rollouts_per_prompt=4,
+        max_new_tokens=48,
+        verifier_workers=0,
+        check_replay=True,
+        lr=1e-4,
+        device="cuda",
+    )
     res = train_orl(cfg, tmp_path / "o", progress=False)
     assert [e["step"] for e in res.entries] == [1, 2]
     assert all("replay_max_abs_err" in e for e in res.entries)

@@ -96,8 +96,10 @@ def test_largest_cost_first_assignment_balances_ranks():
     from dlmrt.train.orl.plan import Doc, Target
 
     r = crafted_rollout(6, 9, 4, [3, 2, 2])
-    docs = [Doc(r, [r.blocks[b][0] for b in bs], 1.0, [Target()] * len(bs))
-            for bs in ([1], [1, 2, 3], [2], [3], [1, 2])]  # fmt: skip
+    docs = [
+        Doc(r, [r.blocks[b][0] for b in bs], 1.0, [Target()] * len(bs))
+        for bs in ([1], [1, 2, 3], [2], [3], [1, 2])
+    ]
     lengths = [d.length for d in docs]  # 8, 24, 12, 16, 16
     parts = assign(docs, 2)
     assert [[lengths[docs.index(d)] for d in p] for p in parts] == [[24, 12], [16, 16, 8]]

@@ -89,8 +89,13 @@ def test_flex_rows_are_padded_to_power_of_two_tiles():
     from dlmrt.train.orl.row import flex_length
 
     assert [flex_length(n, 128) for n in (1, 128, 129, 300, 513, 4096)] == [
-        128, 128, 256, 512, 1024, 4096,
-    ]  # fmt: skip
+        128,
+        128,
+        256,
+        512,
+        1024,
+        4096,
+    ]
     docs = _docs()
     row = build_row(docs, 512, torch.device("cpu"), length=64)
     assert row.num_tokens == 64 and torch.equal(dense_mask(row.meta), reference(docs, 64))

@@ -55,8 +55,9 @@ def _loss(model, rows, p, spec):
     for docs in rows:
         row = build_row(docs, model.cfg.vocab_size, CPU, pad_to=16)
         logits = replay_logits(model, row, dense_mask(row.meta))
-        loss, _ = combine(row_terms(logits, logits.detach(), row, spec), p.responses, p.aec_den,
-                          spec)  # fmt: skip
+        loss, _ = combine(
+            row_terms(logits, logits.detach(), row, spec), p.responses, p.aec_den, spec
+        )
         total = total + loss
     return total
 
@@ -67,8 +68,9 @@ def test_packed_loss_equals_one_by_one(tmp_path, gated):
     rs = rollouts(llm, path, n=2, tap_first=False)
     p = plan(rs, 0.25, None, model.cfg.vocab_size)
     assert p.responses == 4 and p.pairs > 0 and len(p.docs) > 4
-    spec = LossSpec(temperature=1.0, rho=0.3, aec_weight=2.0, entropy_gate=gated, zeta=0.3,
-                    rkl_cap=5.0)  # fmt: skip
+    spec = LossSpec(
+        temperature=1.0, rho=0.3, aec_weight=2.0, entropy_gate=gated, zeta=0.3, rkl_cap=5.0
+    )
     one = _loss(model, [[d] for d in p.docs], p, spec)
     packed_rows = pack_docs(p.docs, 256)
     assert len(packed_rows) < len(p.docs)

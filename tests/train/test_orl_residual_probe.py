@@ -182,16 +182,34 @@ def test_a_cli_run_logs_the_diagnostics_and_saves_the_adapter_eps(tmp_path, monk
     verified, so the step updates."""
     monkeypatch.setattr("dlmrt.train.orl.rollout._verify", lambda task, data, text, answer: True)
     out = tmp_path / "o"
-    argv = ["train", "orl", "--model", str(write_checkpoint(tmp_path / "base")), "--out",
-            str(out), "--steps", "1", "--rollouts-per-prompt", "2", "--max-new-tokens", "24",
-            "--verifier-workers", "0", "--device", "cpu", "--no-progress",
-            "--adapter-adam-eps", "3e-11"]  # fmt: skip
+    argv = [
+        "train",
+        "orl",
+        "--model",
+        str(write_checkpoint(tmp_path / "base")),
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+        "--rollouts-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--verifier-workers",
+        "0",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--adapter-adam-eps",
+        "3e-11",
+    ]
     assert main(argv) == 0
     (entry,) = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert entry["optimizer_step"] and entry["residual_rows"] > 0
     assert entry["residual_ratio"] == 0.0 and entry["update_adapter_output"] is None
-    state = torch.load(out / "checkpoints" / "step-0000001" / "trainer_state.pt",
-                       weights_only=False)  # fmt: skip
+    state = torch.load(
+        out / "checkpoints" / "step-0000001" / "trainer_state.pt", weights_only=False
+    )
     eps = {g["adapter"]: g["eps"] for g in state["optimizer"]["param_groups"]}
     assert eps == {True: 3e-11, False: 1e-8}
     assert json.loads((out / "orl_config.json").read_text())["adapter_adam_eps"] == 3e-11

@@ -100,8 +100,9 @@ def test_the_verifier_pool_outlives_a_stop_signal_to_the_process_group():
 
 def test_a_step_without_verified_rollouts_makes_no_optimizer_step(tmp_path, monkeypatch):
     monkeypatch.setattr("dlmrt.train.orl.rollout._verify", lambda task, data, text, answer: False)
-    cfg = ORLConfig(steps=1, rollouts_per_prompt=2, max_new_tokens=16, verifier_workers=0,
-                    device="cpu")  # fmt: skip
+    cfg = ORLConfig(
+        steps=1, rollouts_per_prompt=2, max_new_tokens=16, verifier_workers=0, device="cpu"
+    )
     res = train_orl(cfg, tmp_path / "o", progress=False)
     (entry,) = res.entries
     assert entry["optimizer_step"] is False and entry["verified"] == 0 and "grad_norm" not in entry

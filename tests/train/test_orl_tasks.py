@@ -14,8 +14,10 @@ from dlmrt.train.orl.tasks import resolve_task
 
 
 def _file(tmp_path, n=40):
-    rows = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"}
-            for i in range(n)]  # fmt: skip
+    rows = [
+        {"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"}
+        for i in range(n)
+    ]
     path = tmp_path / "gsm.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -29,8 +31,9 @@ def test_math_task_splits_cycles_and_verifies(tmp_path):
     assert all(arithmetic.is_test(p.question) for p in test)
     cfg = ORLConfig(task="math", data=path, prompts_per_step=3)
     prompts = step_prompts(task, cfg, len(train))  # past the end: the train split cycles
-    assert [p.question for p in prompts] == [train[i % len(train)].question for i in range(
-        3 * len(train), 3 * len(train) + 3)]  # fmt: skip
+    assert [p.question for p in prompts] == [
+        train[i % len(train)].question for i in range(3 * len(train), 3 * len(train) + 3)
+    ]
     assert "\\boxed{}" in prompts[0].question and "####" in prompts[0].answer
     good = Rollout(0, [], [], "so \\boxed{14}", "7 + 7 = 14\n#### 14", [], 0)
     bad = Rollout(0, [], [], "The answer is 15.", "7 + 7 = 14\n#### 14", [], 0)
@@ -48,9 +51,15 @@ def test_math_task_needs_data_and_only_it(tmp_path):
 
 
 def test_code_task_verifies_in_the_sandbox(tmp_path):
-    rows = [{"task_id": f"t/{i}", "prompt": f"def add{i}(a, b):\n    \"\"\"a + b\"\"\"\n",
-             "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": f"add{i}"}
-            for i in range(3)]  # fmt: skip
+    rows = [
+        {
+            "task_id": f"t/{i}",
+            "prompt": f'def add{i}(a, b):\n    """a + b"""\n',
+            "test": "def check(f):\n    assert f(2, 3) == 5\n",
+            "entry_point": f"add{i}",
+        }
+        for i in range(3)
+    ]
     path = tmp_path / "he.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = resolve_task("code", str(path))

@@ -19,8 +19,14 @@ from dlmrt.train.orl.loop import train_orl
 from dlmrt.train.orl.recipe import load_recipe, to_toml
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = dict(rollouts_per_prompt=3, max_new_tokens=40, verifier_workers=0, lr=1e-4,
-             temperature=1.5, device="cpu")  # fmt: skip
+SMALL = dict(
+    rollouts_per_prompt=3,
+    max_new_tokens=40,
+    verifier_workers=0,
+    lr=1e-4,
+    temperature=1.5,
+    device="cpu",
+)
 TIMING = ("rollout_s", "step_s", "train_time_s")
 
 
@@ -38,8 +44,17 @@ def test_three_step_run_from_the_cli(tmp_path):
     """The recipe + flags, log.jsonl per step, checkpoints, OUT loads with role='orl'."""
     recipe = tmp_path / "r.toml"
     recipe.write_text(to_toml(ORLConfig(steps=3, save_every=2, **SMALL), out=str(tmp_path / "o")))
-    cmd = [sys.executable, "-m", "dlmrt", "train", "orl", "--recipe", str(recipe),
-           "--check-replay", "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlmrt",
+        "train",
+        "orl",
+        "--recipe",
+        str(recipe),
+        "--check-replay",
+        "--no-progress",
+    ]
     res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     out = tmp_path / "o"
@@ -89,8 +104,13 @@ def test_kill_9_then_resume_gives_the_same_log_and_weights(tmp_path, one_thread)
     straight = train_orl(ORLConfig(**cfg), tmp_path / "a", progress=False)
     script = tmp_path / "kill.py"
     script.write_text(KILL.replace("{cfg}", repr(cfg)))
-    res = subprocess.run([sys.executable, str(script), str(tmp_path / "b")], env=_env(),
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "b")],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == -9, res.stderr
     assert len(_steps(tmp_path / "b")) == 3  # step 3 was logged, then lost with the kill
     resumed = train_orl(ORLConfig(**cfg), tmp_path / "b", resume=True, progress=False)
@@ -104,14 +124,49 @@ def test_kill_9_then_resume_gives_the_same_log_and_weights(tmp_path, one_thread)
 
 @pytest.mark.slow
 def test_two_process_gloo_equals_one_process(tmp_path):
-    args = ["train", "orl", "--steps", "2", "--prompts-per-step", "2", "--rollouts-per-prompt",
-            "2", "--max-new-tokens", "40", "--verifier-workers", "0", "--lr", "1e-4",
-            "--temperature", "1.5", "--device", "cpu", "--no-progress"]  # fmt: skip
-    one = subprocess.run([sys.executable, "-m", "dlmrt", *args, "--out", str(tmp_path / "one")],
-                         env=_env(), capture_output=True, text=True, timeout=180)  # fmt: skip
+    args = [
+        "train",
+        "orl",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--rollouts-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "40",
+        "--verifier-workers",
+        "0",
+        "--lr",
+        "1e-4",
+        "--temperature",
+        "1.5",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
+    one = subprocess.run(
+        [sys.executable, "-m", "dlmrt", *args, "--out", str(tmp_path / "one")],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert one.returncode == 0, one.stderr
-    run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-port", "29517", "-m", "dlmrt", *args, "--out", str(tmp_path / "two")]  # fmt: skip
+    run = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        "29517",
+        "-m",
+        "dlmrt",
+        *args,
+        "--out",
+        str(tmp_path / "two"),
+    ]
     two = subprocess.run(run, env=_env(), capture_output=True, text=True, timeout=180)
     assert two.returncode == 0, two.stderr
     la, lb = _steps(tmp_path / "one"), _steps(tmp_path / "two")
@@ -134,8 +189,16 @@ def test_recipe_round_trip_and_errors(tmp_path):
     assert raw.pop("out") == "runs/x" and ORLConfig(**raw) == cfg
     shipped = load_recipe(ROOT / "recipes" / "arithmetic-orl.toml")
     assert shipped.pop("out") == "runs/arithmetic-orl"
-    every = {f.name for f in dataclasses.fields(ORLConfig)} - {"model", "gamma", "data", "device",
-             "rule", "entropy_budget", "threshold", "adapter_intermediate_size"}  # fmt: skip
+    every = {f.name for f in dataclasses.fields(ORLConfig)} - {
+        "model",
+        "gamma",
+        "data",
+        "device",
+        "rule",
+        "entropy_budget",
+        "threshold",
+        "adapter_intermediate_size",
+    }
     assert set(shipped) == every  # every knob that has a value, recorded
     assert ORLConfig(**shipped).rollouts_per_prompt == 8
     demo_runs = [f"{t}-orl{v}" for t in ("chain", "sumset") for v in ("", "-no-aec", "-refresh25")]
@@ -165,8 +228,11 @@ def test_rollout_refresh_runs_rollouts_on_a_snapshot_refreshed_every_n_steps(tmp
 
     monkeypatch.setattr(loop, "generate_rollouts", spy)
     cfg = {**SMALL, "temperature": 0.3, "max_new_tokens": 64}  # verified rollouts: updates
-    res = train_orl(ORLConfig(steps=3, save_every=3, rollout_refresh=2, check_replay=False, **cfg),
-                    tmp_path / "r", progress=False)  # fmt: skip
+    res = train_orl(
+        ORLConfig(steps=3, save_every=3, rollout_refresh=2, check_replay=False, **cfg),
+        tmp_path / "r",
+        progress=False,
+    )
     assert all(e["optimizer_step"] for e in res.entries[:2])
     assert torch.equal(seen[0], seen[1])  # u = 1: still the snapshot of u = 0
     assert not torch.equal(seen[1], seen[2])  # u = 2: refreshed with two updates in it

@@ -47,8 +47,24 @@ def test_a_bad_setting_is_named(field, value, match):
 
 def test_the_stage_trains_backbone_and_adapter_and_writes_an_orl_checkpoint(tmp_path: Path, capsys):
     out = tmp_path / "warm"
-    rc = main(["train", "residual", "--out", str(out), "--task", "arithmetic", "--steps", "3",
-               "--rows", "256", "--log-every", "1", "--adapter-lr", "1e-2"])  # fmt: skip
+    rc = main(
+        [
+            "train",
+            "residual",
+            "--out",
+            str(out),
+            "--task",
+            "arithmetic",
+            "--steps",
+            "3",
+            "--rows",
+            "256",
+            "--log-every",
+            "1",
+            "--adapter-lr",
+            "1e-2",
+        ]
+    )
     assert rc == 0 and json.loads(capsys.readouterr().out)["out"] == str(out)
     lines = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2]

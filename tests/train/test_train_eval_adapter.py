@@ -46,8 +46,9 @@ def test_adapter_off_equals_a_zero_adapter_output_and_differs_from_on(
     # the reference: the same checkpoint and problems with g(z) = 0 by construction
     monkeypatch.setattr(ResidualAdapter, "forward", lambda self, z: torch.zeros_like(z))
     ref_tokens = _record(monkeypatch)
-    ref = evaluate(LLM(orl_ckpt, device="cpu", dtype="float32"), get_task("arithmetic"), 2,
-                   max_new_tokens=24)  # fmt: skip
+    ref = evaluate(
+        LLM(orl_ckpt, device="cpu", dtype="float32"), get_task("arithmetic"), 2, max_new_tokens=24
+    )
     assert off_tokens == ref_tokens
     for key in ("accuracy", "generated_tokens", "denoising_forwards"):
         assert off[key] == ref[key], key

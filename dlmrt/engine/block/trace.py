@@ -71,9 +71,15 @@ class RoundTrace:
         """The block's first `rounds` rows as records (copies: the trace is reused next block)."""
         z = None if self.z is None else self.z[:rounds].clone()
         fields = (
-            self.canvas, self.unresolved, self.entropy, self.accepted, self.edited,
-            self.proposal, self.confidence, self.canvas_after,
-        )  # fmt: skip
+            self.canvas,
+            self.unresolved,
+            self.entropy,
+            self.accepted,
+            self.edited,
+            self.proposal,
+            self.confidence,
+            self.canvas_after,
+        )
         canvas, unresolved, entropy, accepted, edited, proposal, confidence, after = (
             f[:rounds].clone() for f in fields
         )
@@ -90,6 +96,6 @@ class RoundTrace:
                 proposal[r],
                 confidence[r],
                 after[r],
-            )  # fmt: skip
+            )
             for r in range(rounds)
         ]

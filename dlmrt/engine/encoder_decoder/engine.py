@@ -105,11 +105,8 @@ class EncoderDecoderEngine:
         inside the step and handed over after each canvas (before its `on_progress`)."""
         kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
         if rng == "torch":
-            self._log_torch_rng()
-            return reference.canvas.generate(
-                self.model, prompt, settings, seed=seed, rng=rng, on_progress=on_progress,
-                should_stop=should_stop, recorder=recorder, **kw,
-            )  # fmt: skip
+            hooks = dict(on_progress=on_progress, should_stop=should_stop, recorder=recorder)
+            return self._generate_reference(prompt, settings, seed, hooks, kw)
         if rng != "counter":
             raise ValueError(f"rng: expected 'torch' or 'counter', got {rng!r}")
         length = self.canvas_length
@@ -144,6 +141,15 @@ class EncoderDecoderEngine:
         )
         res.prefill_forwards = int(bool(prompt))
         return res
+
+    def _generate_reference(
+        self, prompt: list[int], settings: ebc.CanvasSettings, seed: int, hooks: dict, kw: dict
+    ) -> EngineResult:
+        """rng="torch": the request on the eager oracle (transformers' draws; no graphs)."""
+        self._log_torch_rng()
+        return reference.canvas.generate(
+            self.model, prompt, settings, seed=seed, rng="torch", **hooks, **kw
+        )
 
     def _encode_prompt(self, prompt: list[int], arena: ContextArena) -> None:
         """The prompt's causal encoder pass. Graph modes: captured chunks per length bucket, the

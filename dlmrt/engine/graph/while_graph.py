@@ -134,8 +134,9 @@ class GraphChain:
             flag = _assign_default_flag()
             h = _handle_int(ck(cudart.cudaGraphConditionalHandleCreate(self.outer, 1, flag)))
             if init is not None:
-                deps = [_add_child(self.outer, deps, lambda i=init, h=h: i(h), stream, pool,
-                                   self.keep)]  # fmt: skip
+                deps = [
+                    _add_child(self.outer, deps, lambda i=init, h=h: i(h), stream, pool, self.keep)
+                ]
             node, inner = _add_while(self.outer, deps, h)
             _add_child(inner, [], lambda b=body, h=h: b(h), stream, pool, self.keep)
             deps = [node]

@@ -22,10 +22,17 @@ def _portable(doc: Doc) -> Doc:
     """The document with its rollout's other states dropped and its tensors on the CPU."""
     r = dataclasses.replace(doc.rollout, states=[], blocks={})
     states = [
-        State(s.block, s.round, s.canvas.cpu(), s.unresolved.cpu(),
-              None if s.z is None else s.z.cpu(), s.entropy.cpu(), s.accepted.cpu())
+        State(
+            s.block,
+            s.round,
+            s.canvas.cpu(),
+            s.unresolved.cpu(),
+            None if s.z is None else s.z.cpu(),
+            s.entropy.cpu(),
+            s.accepted.cpu(),
+        )
         for s in doc.states
-    ]  # fmt: skip
+    ]
     return Doc(r, states, doc.token_weight, doc.targets)
 
 

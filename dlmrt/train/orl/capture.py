@@ -85,6 +85,14 @@ class StateCapture:
         self.count += 1
         logits = self.logits_from.pop(0) if self.logits_from else None
         self.states.append(
-            State(rec.block_index, rec.round, rec.canvas, rec.unresolved, rec.z,
-                  rec.entropy.float(), rec.accepted, logits)
-        )  # fmt: skip
+            State(
+                rec.block_index,
+                rec.round,
+                rec.canvas,
+                rec.unresolved,
+                rec.z,
+                rec.entropy.float(),
+                rec.accepted,
+                logits,
+            )
+        )

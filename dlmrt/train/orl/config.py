@@ -129,10 +129,18 @@ class ORLConfig:
             raise ValueError(f"task: unknown task {self.task!r} (choose from {', '.join(NAMES)})")
         if (self.task in FILE_TASKS) != (self.data is not None):
             raise ValueError("data: needed by the tasks math and code (a JSONL file), only by them")
-        for name in ("steps", "prompts_per_step", "rollouts_per_prompt", "max_new_tokens",
-                     "capture_limit", "rollout_refresh", "pack_tokens", "eval_problems",
-                     "save_every",
-                     "keep_checkpoints"):  # fmt: skip
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "rollouts_per_prompt",
+            "max_new_tokens",
+            "capture_limit",
+            "rollout_refresh",
+            "pack_tokens",
+            "eval_problems",
+            "save_every",
+            "keep_checkpoints",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
@@ -156,8 +164,10 @@ class ORLConfig:
             if not ok:
                 raise ValueError(f"{name}: must be {want}, got {getattr(self, name)!r}")
         if self.check_replay and self.rollout_refresh > 1:
-            raise ValueError("check_replay: needs rollout_refresh = 1 (a snapshot's rollouts are "
-                             "not the trained weights' logits)")  # fmt: skip
+            raise ValueError(
+                "check_replay: needs rollout_refresh = 1 (a snapshot's rollouts are "
+                "not the trained weights' logits)"
+            )
         for name in DECODER_KNOBS:
             KNOBS[name].check(getattr(self, name))
         for name, allowed in CHOICES.items():

@@ -81,14 +81,14 @@ def _warmup(cfg: ORLConfig):
     return lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
 
 
-def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: bool = True,
-              on_step=None) -> ORLResult:  # fmt: skip
+def train_orl(
+    cfg: ORLConfig, out: str | Path, resume: bool = False, progress: bool = True, on_step=None
+) -> ORLResult:
     """Train (or, with `resume`, continue) an ORL run in `out`. See the module docstring."""
     out, device = Path(out), _device(cfg)
     rank, world = dist.init(device)
     model, ckpt, ckpts = open_orl_run(cfg, out, resume, device, rank)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr,
-                                  betas=(cfg.beta1, cfg.beta2))  # fmt: skip
+    optimizer = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup(cfg))
     step, train_time = restore(ckpt, model, optimizer, scheduler, out)
     if rank == 0:
@@ -97,8 +97,9 @@ def train_orl(cfg: ORLConfig, out: str | Path, resume: bool = False, progress: b
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
     replayer = Replayer(cfg, model, device, _attention(cfg, device), bf16, (rank, world))
     snapshot = _snapshot(model) if cfg.rollout_refresh > 1 else None
-    llm = LLM.from_model(snapshot or model, Tokenizer(out), path=out, role="orl",
-                         mode=cfg.rollout_mode)  # fmt: skip
+    llm = LLM.from_model(
+        snapshot or model, Tokenizer(out), path=out, role="orl", mode=cfg.rollout_mode
+    )
     eager = None
     if cfg.check_replay and llm.mode != EAGER:
         eager = LLM.from_model(model, Tokenizer(out), path=out, role="orl", mode=EAGER)
@@ -142,8 +143,9 @@ class _Loop:
         self.model.eval()
         if self.snapshot is not None and (u % cfg.rollout_refresh == 0 or not self.refreshed):
             with torch.no_grad():  # in place: captured graphs keep pointing at these tensors
-                for dst, src in zip(self.snapshot.state_dict().values(),
-                                    self.model.state_dict().values()):  # fmt: skip
+                for dst, src in zip(
+                    self.snapshot.state_dict().values(), self.model.state_dict().values()
+                ):
                     dst.copy_(src)
             self.refreshed = True
         tap = cfg.check_replay and self.rank == 0
@@ -174,8 +176,13 @@ class _Loop:
     def evaluate(self, u: int, write) -> None:
         cfg = self.cfg
         task = resolve_task(cfg.task, cfg.data)
-        res = evaluate(self.eval_llm or self.llm, task, cfg.eval_problems, cfg.chat_fraction,
-                       max_new_tokens=cfg.max_new_tokens)  # fmt: skip
+        res = evaluate(
+            self.eval_llm or self.llm,
+            task,
+            cfg.eval_problems,
+            cfg.chat_fraction,
+            max_new_tokens=cfg.max_new_tokens,
+        )
         write({"step": u, "eval": res})
 
     def loop(self, u, train_time, log_file, stop, ckpts, verifier, result, bar, on_step) -> int:

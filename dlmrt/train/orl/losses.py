@@ -73,8 +73,9 @@ def row_terms(logits, ref_logits, row, spec: LossSpec) -> dict[str, torch.Tensor
         w = w * gate
     out = {"ce": (w * ce).sum(), "rkl": rkl}
     s = row.aec_weight.shape[0]
-    h_next = segment_mean(normalized_entropy(logits, spec.temperature), row.unresolved,
-                          row.segment, s)  # fmt: skip
+    h_next = segment_mean(
+        normalized_entropy(logits, spec.temperature), row.unresolved, row.segment, s
+    )
     hinge = aec_hinge(h_next, row.h_source, spec.rho)
     out["aec"] = (row.aec_weight * hinge).sum()
     out["aec_diag"] = aec_diagnostics(h_next.detach(), hinge.detach(), row)
@@ -87,14 +88,18 @@ def aec_diagnostics(h_next: torch.Tensor, hinge: torch.Tensor, row) -> torch.Ten
     (1 - rho) H_source), sum of H_source, sum of H_next: the log's view of how much AEC acts."""
     pair = (row.aec_weight > 0).float()
     active = (hinge > 0).float()
-    return torch.stack([pair.sum(), (pair * active).sum(), (pair * row.h_source).sum(),
-                        (pair * h_next).sum()])  # fmt: skip
+    return torch.stack(
+        [pair.sum(), (pair * active).sum(), (pair * row.h_source).sum(), (pair * h_next).sum()]
+    )
 
 
 def combine(nums: dict[str, torch.Tensor], responses: float, aec_den: float, spec: LossSpec):
     """(loss, parts): L = (ce + rkl) / responses + lambda * aec / D (D = 0: no AEC term)."""
     pred = (nums["ce"] + nums["rkl"]) / max(responses, 1e-12)
     aec = nums["aec"] / aec_den if aec_den > 0 else nums["aec"] * 0.0
-    parts = {"ce": nums["ce"] / max(responses, 1e-12), "rkl": nums["rkl"] / max(responses, 1e-12),
-             "aec": aec}  # fmt: skip
+    parts = {
+        "ce": nums["ce"] / max(responses, 1e-12),
+        "rkl": nums["rkl"] / max(responses, 1e-12),
+        "aec": aec,
+    }
     return pred + spec.aec_weight * aec, parts

@@ -95,13 +95,26 @@ def generate_rollouts(
                 capture.start()
                 run = eager if tap is not None and eager is not None else llm
                 out = run.generate(
-                    p.question, chat=p.chat, recorder=capture, temperature=cfg.temperature,
+                    p.question,
+                    chat=p.chat,
+                    recorder=capture,
+                    temperature=cfg.temperature,
                     seed=rollout_seed(cfg.seed, step, p.index, g),
-                    max_new_tokens=cfg.max_new_tokens, **decode_params(cfg),
-                )  # fmt: skip
+                    max_new_tokens=cfg.max_new_tokens,
+                    **decode_params(cfg),
+                )
                 ids = prompt_ids(llm.tokenizer, p.question, p.chat, llm.model_config.vocab_size)
-                rollouts.append(Rollout(p.index, ids, out.token_ids, out.text, p.answer,
-                                        capture.states, out.num_denoising_forwards))  # fmt: skip
+                rollouts.append(
+                    Rollout(
+                        p.index,
+                        ids,
+                        out.token_ids,
+                        out.text,
+                        p.answer,
+                        capture.states,
+                        out.num_denoising_forwards,
+                    )
+                )
                 if tap is not None:  # the first rollout only
                     tap.close()
                     tap, capture.logits_from = None, None

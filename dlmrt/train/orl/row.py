@@ -73,13 +73,15 @@ def flex_length(n: int, tile: int) -> int:
     return tile * (1 << (tiles - 1).bit_length())
 
 
-def build_row(docs: list[Doc], vocab: int, device: torch.device, pad_to: int = 1,
-              length: int | None = None) -> PackedRow:  # fmt: skip
+def build_row(
+    docs: list[Doc], vocab: int, device: torch.device, pad_to: int = 1, length: int | None = None
+) -> PackedRow:
     """The packed row of `docs` (documents in order), padded to a multiple of `pad_to` (or to
     `length`, when given)."""
-    cols: dict[str, list] = {k: [] for k in
-                             ("ids", "pos", "doc", "noisy_flag", "block", "noisy", "target",
-                              "weight", "states")}  # fmt: skip
+    cols: dict[str, list] = {
+        k: []
+        for k in ("ids", "pos", "doc", "noisy_flag", "block", "noisy", "target", "weight", "states")
+    }
     targets = []
     for d, doc in enumerate(docs):
         _doc_rows(doc, d, cols)
@@ -99,8 +101,11 @@ def build_row(docs: list[Doc], vocab: int, device: torch.device, pad_to: int = 1
     def t(x, dtype):
         return torch.tensor(x, dtype=dtype, device=device)
 
-    meta = MaskMeta(t(cols["doc"], torch.int32), t(cols["noisy_flag"], torch.bool),
-                    t(cols["block"], torch.int32))  # fmt: skip
+    meta = MaskMeta(
+        t(cols["doc"], torch.int32),
+        t(cols["noisy_flag"], torch.bool),
+        t(cols["block"], torch.int32),
+    )
     return PackedRow(
         ids=t(cols["ids"], torch.long),
         positions=t(cols["pos"], torch.long),

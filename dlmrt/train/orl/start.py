@@ -63,8 +63,13 @@ def init_adapter(model: QwenDLM, std: float, seed: int) -> None:
 
 
 @torch.no_grad()
-def load_trainable(path: Path, raw: dict[str, Any], device: torch.device, seed: int,
-                   allow_missing_adapter: bool = False) -> QwenDLM:  # fmt: skip
+def load_trainable(
+    path: Path,
+    raw: dict[str, Any],
+    device: torch.device,
+    seed: int,
+    allow_missing_adapter: bool = False,
+) -> QwenDLM:
     """`raw`'s model with `path`'s weights, unfused, fp32, requiring grad."""
     model = build_model(model_config_from_hf(raw, path), device, seed)
     tensors, expected = _weights(path), state_tensors(model)
@@ -92,8 +97,11 @@ def start_model(cfg: ORLConfig, path: Path, device: torch.device):
     model = load_trainable(path, raw, device, cfg.seed, allow_missing_adapter=added)
     if added:
         init_adapter(model, cfg.adapter_init_std, cfg.seed)
-        log.warning("%s has no ORL adapter: added one (width %d) with a zero output projection",
-                    path, raw["orl_residual"]["intermediate_size"])  # fmt: skip
+        log.warning(
+            "%s has no ORL adapter: added one (width %d) with a zero output projection",
+            path,
+            raw["orl_residual"]["intermediate_size"],
+        )
     if cfg.gamma is not None:
         if added:
             raise ValueError("gamma: rescales an existing adapter; the start model has none")

@@ -50,18 +50,54 @@ class Replayer:
         tokens = sum(len(r.token_ids) for r in rollouts)
         forwards = sum(r.forwards for r in rollouts)
         responses, aec_den, n_rollouts, verified, states, pairs, tokens, forwards = dist.all_sum(
-            [p.responses, p.aec_den, len(rollouts), verified, p.states, p.pairs, tokens,
-             forwards], self.device)  # fmt: skip
-        stats = {"rollouts": n_rollouts, "verified": verified, "reward": verified / n_rollouts,
-                 "states": states, "pairs": pairs, "rollout_tokens": tokens,
-                 "rollout_tpf": tokens / max(forwards, 1)}  # fmt: skip
-        sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
-        diag = torch.zeros(4, device=self.device)  # AEC pairs: count, active, H_source, H_next
-        replay_tokens = 0
+            [p.responses, p.aec_den, len(rollouts), verified, p.states, p.pairs, tokens, forwards],
+            self.device,
+        )
+        stats = {
+            "rollouts": n_rollouts,
+            "verified": verified,
+            "reward": verified / n_rollouts,
+            "states": states,
+            "pairs": pairs,
+            "rollout_tokens": tokens,
+            "rollout_tpf": tokens / max(forwards, 1),
+        }
         mine = share(p.docs, *self.rank_world) if responses > 0 else []
         if probe is not None:
             probe.keep_rows([s for d in mine for s in d.states])
-        for docs in pack_docs(mine, cfg.pack_tokens):
+        sums, diag, replay_tokens = self._replay(mine, responses, aec_den, probe)
+        loss, ce, rkl, aec, gated, active, h_src, h_next, replay_tokens = dist.all_sum(
+            [*sums.tolist(), *diag.tolist(), replay_tokens], self.device
+        )
+        n = max(gated, 1)
+        aec_stats = {
+            "aec_pairs_gated": gated,
+            "aec_active_share": active / n,
+            "aec_h_source": h_src / n,
+            "aec_h_next": h_next / n,
+        }
+        residual = probe.ratio() if probe is not None else {}
+        return {
+            **stats,
+            "replay_tokens": replay_tokens,
+            "loss": loss,
+            "ce": ce,
+            "rkl": rkl,
+            "aec": aec,
+            "responses": responses,
+            **aec_stats,
+            **residual,
+        }
+
+    def _replay(
+        self, mine: list[Doc], responses: float, aec_den: float, probe: ResidualProbe | None
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Replay this rank's documents a packed row at a time, backward of each row's loss; (the
+        sums of loss, ce, rkl, aec; the AEC pairs' count, active, H_source, H_next; tokens)."""
+        sums = torch.zeros(4, device=self.device)  # loss, ce, rkl, aec
+        diag = torch.zeros(4, device=self.device)  # AEC pairs: count, active, H_source, H_next
+        replay_tokens = 0
+        for docs in pack_docs(mine, self.cfg.pack_tokens):
             row = self.row(docs)
             with self.autocast():
                 mask = attention_mask(row.meta, self.attention)
@@ -72,14 +108,7 @@ class Replayer:
             sums += torch.stack([loss, parts["ce"], parts["rkl"], parts["aec"]]).detach().float()
             diag += nums["aec_diag"].float()
             replay_tokens += row.num_tokens
-        loss, ce, rkl, aec, gated, active, h_src, h_next, replay_tokens = dist.all_sum(
-            [*sums.tolist(), *diag.tolist(), replay_tokens], self.device)  # fmt: skip
-        n = max(gated, 1)
-        aec_stats = {"aec_pairs_gated": gated, "aec_active_share": active / n,
-                     "aec_h_source": h_src / n, "aec_h_next": h_next / n}  # fmt: skip
-        residual = probe.ratio() if probe is not None else {}
-        return {**stats, "replay_tokens": replay_tokens, "loss": loss, "ce": ce, "rkl": rkl,
-                "aec": aec, "responses": responses, **aec_stats, **residual}  # fmt: skip
+        return sums, diag, replay_tokens
 
     def row(self, docs: list[Doc]) -> PackedRow:
         """The packed row; flex rows padded to a power-of-two number of tiles (few shapes)."""
@@ -112,8 +141,12 @@ def param_groups(model: torch.nn.Module, cfg: ORLConfig) -> list[dict]:
         groups.setdefault((adapter, decay), []).append(p)
     out = []
     for (adapter, decay), ps in sorted(groups.items()):
-        group = {"params": ps, "lr": cfg.lr, "weight_decay": cfg.weight_decay if decay else 0.0,
-                 "adapter": adapter}  # fmt: skip
+        group = {
+            "params": ps,
+            "lr": cfg.lr,
+            "weight_decay": cfg.weight_decay if decay else 0.0,
+            "adapter": adapter,
+        }
         if adapter:
             group.update(lr=cfg.lr * cfg.adapter_lr_scale, eps=cfg.adapter_adam_eps)
         out.append(group)
