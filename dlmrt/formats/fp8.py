@@ -59,13 +59,10 @@ class QuantAct(NamedTuple):
 class AmaxAct(NamedTuple):
     """An activation x [M, K] in the model dtype with its rows' amax [M] fp32, for a consumer that
     quantizes it while loading it (kernels/fp8_gemm.py's `amax` form): made by a producer that
-    sees only tiles of a row (kernels/fp8_glu_gemm.py). `quantize()` gives the same codes."""
+    sees only tiles of a row (kernels/fp8_glu_gemm.py); quantize_rows(x) gives the same codes."""
 
     x: torch.Tensor
     amax: torch.Tensor
-
-    def quantize(self) -> QuantAct:
-        return quantize_rows(self.x)
 
 
 CHUNK = (
