@@ -23,8 +23,8 @@ class Fp8Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.plan = plan
-        if plan is not None:  # the kernel's counters move with the module (not saved)
-            self.register_buffer("gemm_counts", plan.counts, persistent=False)
+        if plan is not None:
+            self.set_plan(plan)
         self.register_buffer("qweight", weight.qweight.contiguous())
         self.register_buffer("scale", weight.scale.float().contiguous())
         self.out_dtype = out_dtype
@@ -36,7 +36,8 @@ class Fp8Linear(nn.Module):
         return self
 
     def set_plan(self, plan: fp8_ops.GemmPlan) -> None:
-        """Run the block rows on kernels/fp8_gemm.py with `plan` (its counters move with us)."""
+        """Run the block rows on kernels/fp8_gemm.py with `plan`; the kernel's counters are a
+        buffer, so they move with the module (not saved)."""
         self.plan = plan
         self.register_buffer("gemm_counts", plan.counts, persistent=False)
 

@@ -203,13 +203,20 @@ class SwiGLU(nn.Module):
         # gate|up and the activation as one kernel at the block rows (models/fp8_glu_install.py)
         self.glu_plan: fp8_ops.GluPlan | None = None
 
+    gelu = False  # the activation: SiLU (GeGLU: gelu_tanh)
+
     def fuse(self) -> None:
         self.gate_up_weight = fuse_weights(self.gate_proj, self.up_proj)
 
+    def _glu(self, x: torch.Tensor) -> torch.Tensor:
+        """down(act(gate) * up) with gate|up and the activation as one kernel (`glu_plan`)."""
+        lin = self.gate_up_fp8
+        act = fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan, self.gelu)
+        return self.down_proj(act)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.glu_plan is not None:
-            lin = self.gate_up_fp8
-            return self.down_proj(fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan))
+            return self._glu(x)
         if self.gate_up_fp8 is not None:
             gate_up = self.gate_up_fp8(x)
             act = fp8_ops.silu_mul_fp8(gate_up) if self.down_fp8 else ops.silu_mul(gate_up)
@@ -222,11 +229,11 @@ class SwiGLU(nn.Module):
 class GeGLU(SwiGLU):
     """down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma's gated MLP, `gelu_pytorch_tanh`)."""
 
+    gelu = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.glu_plan is not None:
-            lin = self.gate_up_fp8
-            act = fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan, gelu=True)
-            return self.down_proj(act)
+            return self._glu(x)
         if self.gate_up_fp8 is not None:  # Fp8Linear / Nvfp4Linear (models/quantized_install.py)
             return self.down_proj(gemma.gelu_mul(self.gate_up_fp8(x)))
         if self.gate_up_weight is None:
