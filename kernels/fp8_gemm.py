@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8_quant import codes, row_scale  # relative: kernels/ imports nothing from dlmrt
+
 
 @triton.jit
 def _fp8_gemm_kernel(
@@ -65,17 +67,17 @@ def _fp8_gemm_kernel(
 
 @triton.jit
 def _row_scale(sa_ptr, rm, M, AMAX: tl.constexpr):
-    """The rows' fp32 scales: given, or from their amax (`fp8_quant._store_fp8_row`'s rule)."""
+    """The rows' fp32 scales: given, or from their amax (the row quantizer's rule)."""
     sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
     if AMAX:
-        sa = tl.maximum(sa / 448.0, 1e-12)
+        sa = row_scale(sa)
     return sa
 
 
 @triton.jit
 def _codes(a, sa, code_dtype):
     """A plain activation tile as the e4m3 codes `quant_rows` gives it (rows' scales `sa`)."""
-    return tl.minimum(tl.maximum(a.to(tl.float32) / sa[:, None], -448.0), 448.0).to(code_dtype)
+    return codes(a.to(tl.float32), sa[:, None], code_dtype)
 
 
 @triton.jit

@@ -21,11 +21,21 @@ MIN_SCALE = 1e-12
 
 
 @triton.jit
+def row_scale(amax):
+    """A row's fp32 scale from its amax: amax / 448, at least 1e-12 (an all-zero row)."""
+    return tl.maximum(amax / 448.0, 1e-12)
+
+
+@triton.jit
+def codes(y, scale, code_dtype):
+    """e4m3 codes of fp32 values y at `scale` (clamped to the finite range)."""
+    return tl.minimum(tl.maximum(y / scale, -448.0), 448.0).to(code_dtype)
+
+
+@triton.jit
 def _store_fp8_row(y, q_ptr, s_ptr, row, offs, mask, n):
-    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), 0)
-    scale = tl.maximum(amax / 448.0, 1e-12)
-    q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
-    tl.store(q_ptr + row * n + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    scale = row_scale(tl.max(tl.where(mask, tl.abs(y), 0.0), 0))
+    tl.store(q_ptr + row * n + offs, codes(y, scale, q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row, scale)
 
 
