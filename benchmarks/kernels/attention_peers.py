@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
+from common import PEAK_BYTES, graph_ms, write_result  # noqa: E402
 
 LAYERS, PEAK_FLOPS, DIM = 16, 790e12, 128
 VARIANTS = ["triton", "triton_ws", "flashinfer_fa2", "flashinfer_fa3", "flashinfer_fa3_nhd"]
@@ -36,19 +36,8 @@ SHAPES = {"qwen_dlm_256": (256, 32, 8), "llada2_32": (32, 16, 4)}  # rows, heads
 
 
 def _per_call_us(call, iters: int) -> float:
-    def fn():
-        for layer in range(LAYERS):
-            call(layer)
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # JIT and workspaces outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return cuda_time(graph.replay, iters) * 1e6 / LAYERS
+    """µs per layer of call(layer) over LAYERS distinct layers, replayed from one CUDA graph."""
+    return graph_ms(lambda: [call(layer) for layer in range(LAYERS)], iters) * 1e3 / LAYERS
 
 
 def _flashinfer():

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
+from common import PEAK_BYTES, graph_ms, write_result  # noqa: E402
 
 LAYERS, ARENA, PEAK_FLOPS = 16, 8192, 790e12
 SHAPES = {"llada2_32": (32, 16, 4), "qwen_dlm_256": (256, 32, 8)}  # rows, heads, kv heads
@@ -35,15 +35,8 @@ SPLITS = {32: [2, 4, 8, 16], 256: [2, 4]}
 
 
 def _per_call_us(fn, iters: int) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # JIT outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return cuda_time(graph.replay, iters) * 1e6 / LAYERS
+    """µs per layer call of fn (LAYERS calls), replayed from one CUDA graph."""
+    return graph_ms(fn, iters) * 1e3 / LAYERS
 
 
 def case(name: str, context: int, iters: int) -> dict:
