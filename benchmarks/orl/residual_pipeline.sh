@@ -4,13 +4,16 @@
 # ORL from a warmed model with the paper's QwenDLM recipe (lambda_AEC 1 beside 0), and the sweep.
 #
 #   bash benchmarks/orl/residual_pipeline.sh STAGE WORK OUT
-#     base    WORK/base (`dlmrt train sft`, 5,000 steps, ~4 GPU-minutes) -> OUT/base (bf16)
+#     base    one Base per seed in $BASE_SEEDS (default 0), in parallel (`dlmrt train sft`, 5,000
+#             steps, ~4 GPU-minutes) -> OUT/base (seed 0), OUT/base-sN (seed N, its spread) (bf16)
 #     warmup  OUT/base -> WORK/warm-LR for LR in $WARM_LRS (in parallel), each -> OUT/warm-LR
-#             (bf16) with its log and `dlmrt train eval` adapter on / off -> OUT/warm-LR-{on,off}.json
-#     orl     $WARM (a warm-up's export) -> recipes/sumset-residual-orl{,-no-aec}.toml in parallel,
-#             stopped after $ORL_WALL seconds (the trainer saves and exits) -> OUT/orl-aec{1,0}
-#     sweep   benchmarks/orl/orl_demo.py over OUT/base, $WARM and OUT/orl-aec{1,0} on the issue's
-#             grids -> OUT/sweep.json; the ORL models with the adapter off -> OUT/*-off.json
+#             (bf16) with its log and `dlmrt train eval` adapter on / off -> OUT/warm-LR-{on,off}.json;
+#             then benchmarks/orl/warmup_summary.py: OUT/warmups.json (the gate) and OUT/warm.txt
+#             (the warm-up ORL starts from)
+#     orl     $WARM (default: OUT/warm.txt's) -> recipes/sumset-residual-orl{,-no-aec}.toml in
+#             parallel, stopped after $ORL_WALL seconds (the trainer saves and exits) -> OUT/orl-aec{1,0}
+#     sweep   benchmarks/orl/orl_demo.py over OUT/base, OUT/base-s*, $WARM and OUT/orl-aec{1,0} on
+#             the issue's grids -> OUT/sweep.json; the ORL models with the adapter off -> OUT/*-off.json
 # OUT's exports are bf16 (~10 MB each): what comes back from a device call and is carried into
 # the next. SMOKE=1 runs every stage in seconds on the CPU (tiny steps, few problems): a check of
 # the commands, not a measurement. docs/orl-demo.md says what the stages measured.
@@ -24,25 +27,32 @@ else
   dev=cuda base_steps=5000 warm_steps=400 orl_wall=${ORL_WALL:-480} problems=500 steps_flag=""
 fi
 WARM_LRS=${WARM_LRS:-"1e-4 3e-4 1e-3"}
+BASE_SEEDS=${BASE_SEEDS:-0}
+[ -z "${WARM:-}" ] && [ -f "$out/warm.txt" ] && WARM=$(cat "$out/warm.txt")
 evaluate() {  # MODEL ADAPTER FILE: accuracy and TPF at entropy_budget 0.4 on the held-out problems
   dlmrt train eval --model "$1" --task sum_set_small --problems "$problems" --max-new-tokens 64 \
     --rule entropy_budget --entropy-budget 0.4 --device "$dev" --adapter "$2" --out "$3" >/dev/null
 }
 case $stage in
   base)
-    dlmrt train sft --out "$work/base" --task sum_set_small --block-size 32 --steps "$base_steps" \
-      --eval-every 0 --device "$dev" --no-progress
-    dlmrt train export "$work/base" "$out/base" --dtype bfloat16 ;;
+    for seed in $BASE_SEEDS; do
+      name=base; [ "$seed" = 0 ] || name=base-s$seed
+      (dlmrt train sft --out "$work/$name" --task sum_set_small --block-size 32 --seed "$seed" \
+         --steps "$base_steps" --eval-every 0 --device "$dev" --no-progress >/dev/null &&
+       dlmrt train export "$work/$name" "$out/$name" --dtype bfloat16) &
+    done
+    wait ;;
   warmup)
     for lr in $WARM_LRS; do
       (dlmrt train residual --out "$work/warm-$lr" --model "$out/base" --task sum_set_small \
-         --steps "$warm_steps" --adapter-lr "$lr" --log-every 20 >/dev/null &&
+         --steps "$warm_steps" --adapter-lr "$lr" --log-every 20 --device "$dev" >/dev/null &&
        dlmrt train export "$work/warm-$lr" "$out/warm-$lr" --dtype bfloat16 >/dev/null &&
        cp "$work/warm-$lr/log.jsonl" "$out/warm-$lr.log.jsonl" &&
        evaluate "$out/warm-$lr" on "$out/warm-$lr-on.json" &&
        evaluate "$out/warm-$lr" off "$out/warm-$lr-off.json") &
     done
-    wait ;;
+    wait
+    python "$here/warmup_summary.py" "$out" | tail -1 >"$out/warm.txt" ;;
   orl)
     for arm in aec1:sumset-residual-orl aec0:sumset-residual-orl-no-aec; do
       name=${arm%%:*} recipe=${arm#*:}
@@ -56,7 +66,8 @@ case $stage in
   sweep)
     taus="0.95 0.9 0.85 0.8 0.75 0.7 0.6 0.5" gammas="0.1 0.2 0.3 0.4 0.6 0.8 1.5 3.0"
     [ "${SMOKE:-0}" = 1 ] && taus="0.9" gammas="0.4"
-    python "$here/orl_demo.py" --model base="$out/base" --model warm="$WARM" \
+    seeds=(); for d in "$out"/base-s*/; do [ -d "$d" ] && seeds+=(--model "$(basename "$d")=$d"); done
+    python "$here/orl_demo.py" --model base="$out/base" "${seeds[@]}" --model warm="$WARM" \
       --model orl_aec1="$out/orl-aec1" --model orl_aec0="$out/orl-aec0" \
       --task sum_set_small --problems "$problems" --max-new-tokens 64 --device "$dev" \
       --gammas $gammas --taus $taus --out "$out/sweep.json"

@@ -31,6 +31,9 @@ class WarmupConfig:
     )
     rows: int = field(default=1024, metadata={"help": "rows of a packed SFT row"})
     seed: int = field(default=0, metadata={"help": "data, noise and acceptance seed"})
+    device: str | None = field(
+        default=None, metadata={"help": "cpu | cuda | cuda:N; None: cuda if available"}
+    )
     log_every: int = field(default=10, metadata={"help": "steps between log lines"})
 
     def __post_init__(self) -> None:

@@ -118,15 +118,15 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
     from dlmrt.train.model import state_tensors
     from dlmrt.train.orl.config import ORLConfig
     from dlmrt.train.orl.start import read_config, start_model
+    from dlmrt.train.trainer import resolve_device
 
     base = Path(cfg.model) if cfg.model else demo_model_path()
     ops.use("torch")  # training runs the torch twins (no autograd through Triton)
+    device = resolve_device(cfg)
     fresh = "orl_residual" not in read_config(base)
-    model, raw = start_model(
-        ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base, torch.device("cpu")
-    )
+    model, raw = start_model(ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base, device)
     if fresh and cfg.down_init_std > 0:
-        with torch.no_grad():
+        with torch.no_grad():  # drawn on the host: the same init on every device
             gen = torch.Generator().manual_seed(cfg.seed + 1)
             w = model.adapter.down_proj.weight
             w.copy_(torch.randn(w.shape, generator=gen) * cfg.down_init_std)
@@ -149,7 +149,7 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
     write_json(out / "warmup_config.json", {k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
     with open(out / "log.jsonl", "w") as log:
         for step in range(cfg.steps):
-            batch = packs[step]
+            batch = packs[step].to(device)
             losses = step_losses(model, batch, gen)
             (losses["ce1"] + losses["ce2"]).backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -13,7 +13,7 @@ from dlmrt import LLM
 from dlmrt.cli import main
 from dlmrt.demo import demo_model_path
 from dlmrt.train.residual_config import WarmupConfig
-from dlmrt.train.residual_warmup import accept_lowest_entropy
+from dlmrt.train.residual_warmup import accept_lowest_entropy, train
 
 
 def test_each_block_accepts_its_lowest_entropy_rows_and_keeps_one_masked():
@@ -80,3 +80,24 @@ def test_the_stage_trains_backbone_and_adapter_and_writes_an_orl_checkpoint(tmp_
     llm = LLM(str(out), role="orl", device="cpu")
     assert llm.model.adapter is not None
     assert llm.generate("What is 2 + 3?", max_new_tokens=16).token_ids
+
+
+def _warm(out: Path, device: str) -> list[dict]:
+    cfg = WarmupConfig(task="arithmetic", steps=2, rows=256, log_every=1, device=device)
+    train(cfg, out)
+    return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_stage_on_cuda_follows_the_cpu_run(tmp_path: Path):
+    """Data, noise, acceptance and the W_d init are drawn on the host: fp32 on the GPU sees the
+    same rows and accepts the same share as the CPU, with the same losses to summation order."""
+    (cpu0, cpu1), (cuda0, cuda1) = _warm(tmp_path / "cpu", "cpu"), _warm(tmp_path / "cuda", "cuda")
+    assert cpu0["accepted"] == cuda0["accepted"] and cpu1["accepted"] == cuda1["accepted"]
+    for key in ("ce1", "ce2", "residual_ratio"):  # step 0: before any update
+        assert cpu0[key] == pytest.approx(cuda0[key], rel=2e-3, abs=2e-5), key
+    # after one Adam step (eps 1e-15: near-zero gradients move by a full step, sign and all)
+    assert cpu1["residual_ratio"] == pytest.approx(cuda1["residual_ratio"], rel=0.2)
+    warm = load_file(str(tmp_path / "cuda" / "model.safetensors"))
+    assert warm["model.residual_adapter.down_proj.weight"].abs().sum() > 0

@@ -1,0 +1,78 @@
+"""The residual warm-ups' verdict (issue 39's gate) and the one ORL starts from.
+
+    python benchmarks/orl/warmup_summary.py OUT [--revision REV]
+
+Reads what `residual_pipeline.sh warmup` left in OUT for each adapter rate LR: `warm-LR.log.jsonl`
+(the trainer's log) and `warm-LR-{on,off}.json` (`dlmrt train eval` with the adapter on / off).
+Writes OUT/warmups.json: per rate the final residual ratio, CE of the second pass with and without
+z, accuracy and TPF with the adapter on and off, and whether it passes the gate (ratio 0.3-1.1 and
+the adapter-off ablation costs >= 2 points or >= 10% TPF). Prints the directory of the chosen
+warm-up: among those passing, the ratio nearest the paper's 0.91; else the ratio nearest 0.91 in
+log space, so the next stage still runs (the summary says the gate was missed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import write_result  # noqa: E402
+
+PAPER_RATIO = 0.91  # the paper's QwenDLM at the start of ORL (Figure 19)
+RATIO_GATE = (0.3, 1.1)
+POINTS_GATE, TPF_GATE = 0.02, 0.10
+
+
+def summarize(out: Path, lr: str) -> dict:
+    """One warm-up's last log line and its two evaluations."""
+    last = json.loads((out / f"warm-{lr}.log.jsonl").read_text().splitlines()[-1])
+    on = json.loads((out / f"warm-{lr}-on.json").read_text())
+    off = json.loads((out / f"warm-{lr}-off.json").read_text())
+    cost_points = on["accuracy"] - off["accuracy"]
+    cost_tpf = on["tokens_per_forward"] / off["tokens_per_forward"] - 1
+    ratio = last["residual_ratio"]
+    return {
+        "adapter_lr": float(lr),
+        "steps": last["step"] + 1,
+        "residual_ratio": ratio,
+        "ce2": last["ce2"],
+        "ce2_without_z": last["ce2_without_z"],
+        "on": {k: on[k] for k in ("accuracy", "tokens_per_forward")},
+        "off": {k: off[k] for k in ("accuracy", "tokens_per_forward")},
+        "ablation_cost_points": round(100 * cost_points, 2),
+        "ablation_cost_tpf": round(cost_tpf, 4),
+        "passes_gate": RATIO_GATE[0] <= ratio <= RATIO_GATE[1]
+        and (cost_points >= POINTS_GATE or cost_tpf >= TPF_GATE),
+    }
+
+
+def choose(rows: list[dict]) -> dict:
+    """The warm-up ORL starts from (see the module docstring)."""
+    passing = [r for r in rows if r["passes_gate"]] or rows
+    return min(passing, key=lambda r: abs(math.log(max(r["residual_ratio"], 1e-12) / PAPER_RATIO)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--revision", default=None)
+    args = ap.parse_args()
+    rates = sorted(
+        p.name[len("warm-") : -len("-off.json")] for p in args.out.glob("warm-*-off.json")
+    )
+    if not rates:
+        sys.exit(f"{args.out}: no warm-*-off.json (run residual_pipeline.sh warmup first)")
+    rows = sorted((summarize(args.out, lr) for lr in rates), key=lambda r: r["adapter_lr"])
+    chosen = choose(rows)
+    payload = {"warmups": rows, "chosen_adapter_lr": chosen["adapter_lr"]}
+    write_result(str(args.out / "warmups.json"), payload, args.revision)
+    lr = next(x for x in rates if float(x) == chosen["adapter_lr"])
+    print(args.out / f"warm-{lr}")
+
+
+if __name__ == "__main__":
+    main()
