@@ -6,8 +6,9 @@
 #   bash benchmarks/orl/residual_pipeline.sh STAGE WORK OUT
 #     base    one Base per seed in $BASE_SEEDS (default 0), in parallel (`dlmrt train sft`, 5,000
 #             steps, ~4 GPU-minutes) -> OUT/base (seed 0), OUT/base-sN (seed N, its spread) (bf16)
-#     warmup  OUT/base -> WORK/warm-LR for LR in $WARM_LRS (in parallel), each -> OUT/warm-LR
-#             (bf16) with its log and `dlmrt train eval` adapter on / off -> OUT/warm-LR-{on,off}.json;
+#     warmup  OUT/base -> WORK/warm-TAG for each LR or LR:EPS:STEPS in $WARM_LRS (in parallel; TAG
+#             the spec with - for :), each -> OUT/warm-TAG (bf16) with its log and config and
+#             `dlmrt train eval` adapter on / off -> OUT/warm-TAG-{on,off}.json;
 #             then benchmarks/orl/warmup_summary.py: OUT/warmups.json (the gate) and OUT/warm.txt
 #             (the warm-up ORL starts from)
 #     orl     $WARM (default: OUT/warm.txt's) -> recipes/sumset-residual-orl{,-no-aec}.toml in
@@ -43,13 +44,17 @@ case $stage in
     done
     wait ;;
   warmup)
-    for lr in $WARM_LRS; do
-      (dlmrt train residual --out "$work/warm-$lr" --model "$out/base" --task sum_set_small \
-         --steps "$warm_steps" --adapter-lr "$lr" --log-every 20 --device "$dev" >/dev/null &&
-       dlmrt train export "$work/warm-$lr" "$out/warm-$lr" --dtype bfloat16 >/dev/null &&
-       cp "$work/warm-$lr/log.jsonl" "$out/warm-$lr.log.jsonl" &&
-       evaluate "$out/warm-$lr" on "$out/warm-$lr-on.json" &&
-       evaluate "$out/warm-$lr" off "$out/warm-$lr-off.json") &
+    for spec in $WARM_LRS; do  # LR, or LR:EPS:STEPS (the adapter's AdamW eps, the steps)
+      IFS=: read -r lr eps steps <<<"$spec"
+      tag=${spec//:/-} eps=${eps:-1e-15} steps=${steps:-$warm_steps}
+      (dlmrt train residual --out "$work/warm-$tag" --model "$out/base" --task sum_set_small \
+         --steps "$steps" --adapter-lr "$lr" --adapter-adam-eps "$eps" --log-every 20 \
+         --device "$dev" >/dev/null &&
+       dlmrt train export "$work/warm-$tag" "$out/warm-$tag" --dtype bfloat16 >/dev/null &&
+       cp "$work/warm-$tag/log.jsonl" "$out/warm-$tag.log.jsonl" &&
+       cp "$work/warm-$tag/warmup_config.json" "$out/warm-$tag.config.json" &&
+       evaluate "$out/warm-$tag" on "$out/warm-$tag-on.json" &&
+       evaluate "$out/warm-$tag" off "$out/warm-$tag-off.json") &
     done
     wait
     python "$here/warmup_summary.py" "$out" | tail -1 >"$out/warm.txt" ;;

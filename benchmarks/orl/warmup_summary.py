@@ -2,9 +2,9 @@
 
     python benchmarks/orl/warmup_summary.py OUT [--revision REV]
 
-Reads what `residual_pipeline.sh warmup` left in OUT for each adapter rate LR: `warm-LR.log.jsonl`
-(the trainer's log) and `warm-LR-{on,off}.json` (`dlmrt train eval` with the adapter on / off).
-Writes OUT/warmups.json: per rate the final residual ratio, CE of the second pass with and without
+Reads what `residual_pipeline.sh warmup` left in OUT for each warm-up TAG: `warm-TAG.log.jsonl`
+(the trainer's log), `warm-TAG.config.json` (its settings) and `warm-TAG-{on,off}.json` (`dlmrt
+train eval` with the adapter on / off). Writes OUT/warmups.json: per warm-up the final residual ratio, CE of the second pass with and without
 z, accuracy and TPF with the adapter on and off, and whether it passes the gate (ratio 0.3-1.1 and
 the adapter-off ablation costs >= 2 points or >= 10% TPF). Prints the directory of the chosen
 warm-up: among those passing, the ratio nearest the paper's 0.91; else the ratio nearest 0.91 in
@@ -27,16 +27,19 @@ RATIO_GATE = (0.3, 1.1)
 POINTS_GATE, TPF_GATE = 0.02, 0.10
 
 
-def summarize(out: Path, lr: str) -> dict:
-    """One warm-up's last log line and its two evaluations."""
-    last = json.loads((out / f"warm-{lr}.log.jsonl").read_text().splitlines()[-1])
-    on = json.loads((out / f"warm-{lr}-on.json").read_text())
-    off = json.loads((out / f"warm-{lr}-off.json").read_text())
+def summarize(out: Path, tag: str) -> dict:
+    """One warm-up's settings, last log line and its two evaluations."""
+    cfg = json.loads((out / f"warm-{tag}.config.json").read_text())
+    last = json.loads((out / f"warm-{tag}.log.jsonl").read_text().splitlines()[-1])
+    on = json.loads((out / f"warm-{tag}-on.json").read_text())
+    off = json.loads((out / f"warm-{tag}-off.json").read_text())
     cost_points = on["accuracy"] - off["accuracy"]
     cost_tpf = on["tokens_per_forward"] / off["tokens_per_forward"] - 1
     ratio = last["residual_ratio"]
     return {
-        "adapter_lr": float(lr),
+        "tag": tag,
+        "adapter_lr": cfg["adapter_lr"],
+        "adapter_adam_eps": cfg["adapter_adam_eps"],
         "steps": last["step"] + 1,
         "residual_ratio": ratio,
         "ce2": last["ce2"],
@@ -61,17 +64,16 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--revision", default=None)
     args = ap.parse_args()
-    rates = sorted(
+    tags = sorted(
         p.name[len("warm-") : -len("-off.json")] for p in args.out.glob("warm-*-off.json")
     )
-    if not rates:
+    if not tags:
         sys.exit(f"{args.out}: no warm-*-off.json (run residual_pipeline.sh warmup first)")
-    rows = sorted((summarize(args.out, lr) for lr in rates), key=lambda r: r["adapter_lr"])
+    rows = sorted((summarize(args.out, t) for t in tags), key=lambda r: (r["adapter_lr"], r["tag"]))
     chosen = choose(rows)
-    payload = {"warmups": rows, "chosen_adapter_lr": chosen["adapter_lr"]}
+    payload = {"warmups": rows, "chosen": chosen["tag"]}
     write_result(str(args.out / "warmups.json"), payload, args.revision)
-    lr = next(x for x in rates if float(x) == chosen["adapter_lr"])
-    print(args.out / f"warm-{lr}")
+    print(args.out / f"warm-{chosen['tag']}")
 
 
 if __name__ == "__main__":

@@ -54,8 +54,12 @@ def test_glu_kernel_matches_its_twin(rows, i, k, gelu):
     y, amax = _glu(act, w, config, gelu)
     want = _twin(act, w, gelu)
     assert y.shape == (rows, i) and y.dtype == DTYPE and amax.shape == (rows,)
-    tol = 2e-2 if CUDA else 1e-5  # bf16: the gate / up roundings can flip with summation order
-    torch.testing.assert_close(y.float().cpu(), want.float(), rtol=tol, atol=tol)
+    # CUDA: bf16 gate / up roundings flip with summation order, and Hopper's FP8 MMA accumulates
+    # with ~14 mantissa bits, an error that scales with the sum of |a w| rather than the result:
+    # bounded by the output's scale, as in test_fp8_gemm.py (a wrong tile or half is off by ~all)
+    tol = 1e-2 if CUDA else 1e-5
+    atol = tol * want.abs().max().item() if CUDA else tol
+    torch.testing.assert_close(y.float().cpu(), want.float(), rtol=tol, atol=atol)
     assert torch.equal(amax.cpu(), y.float().abs().amax(1).cpu()), "amax is exact: a max"
 
 
