@@ -61,9 +61,10 @@ def _twin(mlp, x: torch.Tensor) -> torch.Tensor:
 def test_dense_nvfp4_mlps_run_the_kernel_and_modes_agree(tmp_path, caplog, monkeypatch, family):
     monkeypatch.setenv("DLMRT_NVFP4_DENSE", "kernel")  # not the measured choice: the kernel's test
     path = write_nvfp4_checkpoint(nvfp4_sources(tmp_path / "src")[family], tmp_path / "q")
-    with caplog.at_level(logging.INFO, logger="dlmrt"):
+    with caplog.at_level(logging.DEBUG, logger="dlmrt"):  # per-layer lines are debug
         llms = {m: LLM(path, device="cuda", mode=m) for m in MODES}
     assert "nvfp4 model.layers.0.mlp: NVFP4 weight-only W4A16 (dense MLP)" in caplog.text
+    assert "W4A16 kernel (DLMRT_NVFP4_DENSE=kernel)" in caplog.text  # the choice, logged once
     mlps = _dense(llms["eager"])
     assert mlps and all(isinstance(m.gate_up_fp8, Nvfp4Linear) for m in mlps)
     assert all(m.gate_up_fp8.packed.is_cuda and m.gate_up_fp8.act_scale is None for m in mlps)
