@@ -35,8 +35,8 @@ from dlmrt.loading.tensors import (
     tensor_shapes,
     weight_files,
 )
+from dlmrt.loading.weight_check import FiniteCheck
 from dlmrt.models.config import eos_ids
-from dlmrt.weight_check import FiniteCheck
 
 log = logging.getLogger("dlmrt")
 

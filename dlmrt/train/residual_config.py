@@ -33,6 +33,13 @@ class WarmupConfig:
         },
     )
     rows: int = field(default=1024, metadata={"help": "rows of a packed SFT row"})
+    passes: int = field(
+        default=1,
+        metadata={
+            "help": "passes with z per step: 1, z from the z = 0 pass; more, each next z from "
+            "the previous pass, which had z (the engine's later rounds)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "data, noise and acceptance seed"})
     device: str | None = field(
         default=None, metadata={"help": "cpu | cuda | cuda:N; None: cuda if available"}
@@ -40,7 +47,7 @@ class WarmupConfig:
     log_every: int = field(default=10, metadata={"help": "steps between log lines"})
 
     def __post_init__(self) -> None:
-        for name in ("steps", "rows", "log_every"):
+        for name in ("steps", "rows", "passes", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("lr", "adapter_lr", "adapter_adam_eps", "down_init_std"):

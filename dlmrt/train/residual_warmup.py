@@ -13,7 +13,10 @@ SFT noise M0):
    (what an `entropy_budget` round of some budget would accept; at least one row stays masked);
    the rest, M1, is state k, what the engine would see next;
 3. pass 2 on state k with z = softmax(logits_1) E at M1's rows (`soft_embedding`, no gradient, as
-   the engine computes it), injected by the adapter (the ORL replay's forward): CE on M1.
+   the engine computes it), injected by the adapter (the ORL replay's forward): CE on M1;
+4. with `passes` > 1, steps 2-3 again from pass 2 (its logits had z): the engine's later rounds,
+   where z comes from a forward that itself had z (docs/orl-demo.md: a warm-up on pass 1's z alone
+   learns a residual that costs accuracy when the model decodes).
 
 Loss ce_1 + ce_2; backbone and adapter trained together (the adapter in its own AdamW group: its
 lr and a small eps, since its second moments start far below Adam's default 1e-8). A fresh adapter
@@ -67,31 +70,39 @@ def _forward_with_z(model, ids, ctx, rows: torch.Tensor, z: torch.Tensor) -> tor
     return replay_logits(model, row, ctx.mask)
 
 
-def step_losses(model, batch, generator: torch.Generator) -> dict:
-    """ce1 (pass 1, z = 0), ce2 (state k with z) and what the log reads."""
+def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> dict:
+    """ce1 (pass 1, z = 0), loss2 (the mean CE over the `passes` passes with z), ce2 (the last
+    one's) and what the log reads. Each pass with z starts from the previous pass: its lowest-entropy rows accepted, z
+    from its logits at the rest. With passes > 1 a z comes from logits that themselves had z, as
+    in the engine's later rounds."""
     from dlmrt.train.masks import attention_mask
 
     mask = attention_mask(batch.meta, "dense")
     ctx = AttnContext(batch.positions, model.cfg.block_size, mask=mask)
-    rows, labels = batch.loss_rows, batch.labels
-    logits1 = model(batch.input_ids, ctx)[rows].float()
-    ce1 = F.cross_entropy(logits1, labels[rows])
-    with torch.no_grad():
-        logp = torch.log_softmax(logits1, -1)
-        entropy = -(logp.exp() * logp).sum(-1)
-        group = batch.meta.doc[rows].long() * GROUP_STRIDE + batch.meta.block[rows].long()
-        accept = accept_lowest_entropy(entropy.cpu(), group.cpu(), generator).to(rows.device)
-        z = soft_embedding(logits1, model.embed_table, model.adapter.cfg.temperature)[~accept]
-    ids2 = batch.input_ids.clone()
-    ids2[rows[accept]] = logits1.argmax(-1)[accept]
-    rows2 = rows[~accept]  # never empty: every block keeps a masked row
-    ce2 = F.cross_entropy(_forward_with_z(model, ids2, ctx, rows2, z).float(), labels[rows2])
+    live, labels = batch.loss_rows, batch.labels  # live: the rows still masked
+    logits = model(batch.input_ids, ctx)[live].float()
+    ce1, ids, z = F.cross_entropy(logits, labels[live]), batch.input_ids, None
+    with_z, shares = [], []  # per pass: CE with z, the share of its rows accepted before it
+    group = batch.meta.doc[live].long() * GROUP_STRIDE + batch.meta.block[live].long()
+    for _ in range(passes):
+        with torch.no_grad():
+            logp = torch.log_softmax(logits, -1)
+            entropy = -(logp.exp() * logp).sum(-1)
+            accept = accept_lowest_entropy(entropy.cpu(), group.cpu(), generator).to(live.device)
+            z = soft_embedding(logits, model.embed_table, model.adapter.cfg.temperature)[~accept]
+            shares.append(accept.float().mean())
+        ids = ids.clone()
+        ids[live[accept]] = logits.argmax(-1)[accept]
+        live, group = live[~accept], group[~accept]  # never empty: every block keeps a row
+        logits = _forward_with_z(model, ids, ctx, live, z).float()
+        with_z.append(F.cross_entropy(logits, labels[live]))
     return {
         "ce1": ce1,
-        "ce2": ce2,
-        "accepted": accept.float().mean(),
-        "ids2": ids2,
-        "rows2": rows2,
+        "ce2": with_z[-1],  # the log compares it with the same state without z
+        "loss2": sum(with_z) / passes,
+        "accepted": shares[0],
+        "ids2": ids,
+        "rows2": live,
         "z": z,
         "ctx": ctx,
     }
@@ -150,8 +161,8 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
     with open(out / "log.jsonl", "w") as log:
         for step in range(cfg.steps):
             batch = packs[step].to(device)
-            losses = step_losses(model, batch, gen)
-            (losses["ce1"] + losses["ce2"]).backward()
+            losses = step_losses(model, batch, gen, cfg.passes)
+            (losses["ce1"] + losses["loss2"]).backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             if step % cfg.log_every == 0 or step == cfg.steps - 1:
                 line = {"step": step} | {

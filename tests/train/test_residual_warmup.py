@@ -101,3 +101,26 @@ def test_the_stage_on_cuda_follows_the_cpu_run(tmp_path: Path):
     assert cpu1["residual_ratio"] == pytest.approx(cuda1["residual_ratio"], rel=0.2)
     warm = load_file(str(tmp_path / "cuda" / "model.safetensors"))
     assert warm["model.residual_adapter.down_proj.weight"].abs().sum() > 0
+
+
+def test_later_passes_take_z_from_a_pass_that_had_z_and_keep_a_row_per_block():
+    from dlmrt import ops
+    from dlmrt.train.data import SFTPacks
+    from dlmrt.train.orl.config import ORLConfig
+    from dlmrt.train.orl.start import start_model
+    from dlmrt.train.residual_warmup import GROUP_STRIDE, step_losses
+
+    base = demo_model_path()
+    ops.use("torch")
+    model, _ = start_model(ORLConfig(model=str(base), task="arithmetic"), base, torch.device("cpu"))
+    batch = SFTPacks("arithmetic", base, model.cfg.block_size, 256, 0.5, seed=3)[0]
+    key = batch.meta.doc.long() * GROUP_STRIDE + batch.meta.block.long()
+    one = step_losses(model, batch, torch.Generator().manual_seed(0), passes=1)
+    three = step_losses(model, batch, torch.Generator().manual_seed(0), passes=3)
+    assert torch.equal(one["ce1"], three["ce1"]) and one["accepted"] == three["accepted"]
+    assert set(three["rows2"].tolist()) <= set(one["rows2"].tolist())  # later passes accept more
+    assert set(key[three["rows2"]].tolist()) == set(key[batch.loss_rows].tolist())  # a row each
+    assert three["z"].shape == (len(three["rows2"]), model.embed_table.shape[1])
+    assert torch.equal(three["ids2"][three["rows2"]], batch.input_ids[three["rows2"]])  # masked
+    assert torch.equal(one["loss2"], one["ce2"])  # one pass: the loss is its CE
+    assert torch.isfinite(three["loss2"]) and not torch.equal(three["loss2"], three["ce2"])
