@@ -72,9 +72,9 @@ def _forward_with_z(model, ids, ctx, rows: torch.Tensor, z: torch.Tensor) -> tor
 
 def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> dict:
     """ce1 (pass 1, z = 0), loss2 (the mean CE over the `passes` passes with z), ce2 (the last
-    one's) and what the log reads. Each pass with z starts from the previous pass: its lowest-entropy rows accepted, z
-    from its logits at the rest. With passes > 1 a z comes from logits that themselves had z, as
-    in the engine's later rounds."""
+    one's) and what the log reads. Each pass with z starts from the previous pass: its
+    lowest-entropy rows accepted, z from its logits at the rest. With passes > 1 a z comes from
+    logits that themselves had z, as in the engine's later rounds."""
     from dlmrt.train.masks import attention_mask
 
     mask = attention_mask(batch.meta, "dense")
@@ -82,7 +82,7 @@ def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> di
     live, labels = batch.loss_rows, batch.labels  # live: the rows still masked
     logits = model(batch.input_ids, ctx)[live].float()
     ce1, ids, z = F.cross_entropy(logits, labels[live]), batch.input_ids, None
-    with_z, shares = [], []  # per pass: CE with z, the share of its rows accepted before it
+    with_z = []  # per pass: its CE with z
     group = batch.meta.doc[live].long() * GROUP_STRIDE + batch.meta.block[live].long()
     for _ in range(passes):
         with torch.no_grad():
@@ -90,7 +90,8 @@ def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> di
             entropy = -(logp.exp() * logp).sum(-1)
             accept = accept_lowest_entropy(entropy.cpu(), group.cpu(), generator).to(live.device)
             z = soft_embedding(logits, model.embed_table, model.adapter.cfg.temperature)[~accept]
-            shares.append(accept.float().mean())
+            if not with_z:  # the log's share: of pass 1's rows (M0)
+                accepted = accept.float().mean()
         ids = ids.clone()
         ids[live[accept]] = logits.argmax(-1)[accept]
         live, group = live[~accept], group[~accept]  # never empty: every block keeps a row
@@ -100,7 +101,7 @@ def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> di
         "ce1": ce1,
         "ce2": with_z[-1],  # the log compares it with the same state without z
         "loss2": sum(with_z) / passes,
-        "accepted": shares[0],
+        "accepted": accepted,
         "ids2": ids,
         "rows2": live,
         "z": z,
@@ -133,7 +134,7 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
 
     base = Path(cfg.model) if cfg.model else demo_model_path()
     ops.use("torch")  # training runs the torch twins (no autograd through Triton)
-    device = resolve_device(cfg)
+    device = resolve_device(cfg.device)
     fresh = "orl_residual" not in read_config(base)
     model, raw = start_model(ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base, device)
     if fresh and cfg.down_init_std > 0:

@@ -55,11 +55,12 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def resolve_device(cfg: TrainConfig) -> torch.device:
-    if cfg.device is not None:
-        device = torch.device(cfg.device)
+def resolve_device(name: str | None) -> torch.device:
+    """A trainer's `device` setting: cpu | cuda | cuda:N, or None for cuda when available."""
+    if name is not None:
+        device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device: {cfg.device!r} requested but CUDA is not available")
+            raise ValueError(f"device: {name!r} requested but CUDA is not available")
         return device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -118,7 +119,7 @@ def train_sft(
 ) -> TrainResult:
     """Train (or, with `resume`, continue) an SFT run in `out`. See the module docstring."""
     out = Path(out)
-    device = resolve_device(cfg)
+    device = resolve_device(cfg.device)
     cfg = resolved(cfg, device)
     ckpt, ckpts = open_run(cfg, out, resume)
     model_cfg = model_config_from_hf(json.loads((out / "config.json").read_text()), out)

@@ -40,6 +40,7 @@ from dlmrt.train.orl.tasks import resolve_task
 from dlmrt.train.progress import progress_bar
 from dlmrt.train.run_dir import restore, truncate_log
 from dlmrt.train.stop_flag import StopFlag
+from dlmrt.train.trainer import resolve_device
 
 log = logging.getLogger("dlmrt")
 
@@ -53,13 +54,7 @@ class ORLResult:
 
 
 def _device(cfg: ORLConfig) -> torch.device:
-    if cfg.device is not None:
-        device = torch.device(cfg.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device: {cfg.device!r} requested but CUDA is not available")
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return dist.local_device(device)
+    return dist.local_device(resolve_device(cfg.device))
 
 
 def _attention(cfg: ORLConfig, device: torch.device) -> str:
