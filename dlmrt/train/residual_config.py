@@ -32,6 +32,14 @@ class WarmupConfig:
             "W_g / W_u until W_d grows)"
         },
     )
+    post_norm_scale: float | None = field(
+        default=None,
+        metadata={
+            "help": "a fresh adapter's post-norm s: every block row's input becomes "
+            "s RMSNorm(E[x] + g(z)), which bounds the residual (the paper's QwenDLM form); pick s "
+            "near the Base's embedding RMS (docs/orl-training.md); None: no post-norm"
+        },
+    )
     rows: int = field(default=1024, metadata={"help": "rows of a packed SFT row"})
     passes: int = field(
         default=1,
@@ -53,3 +61,5 @@ class WarmupConfig:
         for name in ("lr", "adapter_lr", "adapter_adam_eps", "down_init_std"):
             if not 0 <= getattr(self, name) < float("inf"):
                 raise ValueError(f"{name}: must be finite and >= 0, got {getattr(self, name)}")
+        if self.post_norm_scale is not None and not 0 < self.post_norm_scale < float("inf"):
+            raise ValueError(f"post_norm_scale: must be > 0, got {self.post_norm_scale}")

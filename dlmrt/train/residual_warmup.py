@@ -60,14 +60,25 @@ def accept_lowest_entropy(
     return accept
 
 
-def _forward_with_z(model, ids, ctx, rows: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Logits of `rows` when they get the residual z: the ORL replay's forward over a row whose
-    noisy rows are `rows`, all unresolved."""
+def _block_logits(model, ids, ctx, noisy: torch.Tensor, live: torch.Tensor, z=None):
+    """Logits of the `live` rows (still masked) when the noisy copies' rows `noisy` are the
+    blocks being denoised and `live` gets the residual z (None: z = 0, a block's first round):
+    the ORL replay's forward. Every noisy row goes through `ResidualAdapter.inject`, as every
+    row of the engine's block does: with a post-norm that rescales the resolved rows too."""
     from dlmrt.train.orl.replay import replay_logits
 
-    unresolved = torch.ones(len(rows), dtype=torch.bool, device=ids.device)
-    row = SimpleNamespace(ids=ids, positions=ctx.positions, noisy=rows, z=z, unresolved=unresolved)
-    return replay_logits(model, row, ctx.mask)
+    slot = torch.full((len(ids),), -1, dtype=torch.long, device=ids.device)
+    slot[noisy] = torch.arange(len(noisy), device=ids.device)
+    slot = slot[live]
+    unresolved = torch.zeros(len(noisy), dtype=torch.bool, device=ids.device)
+    unresolved[slot] = True
+    z_rows = torch.zeros(len(noisy), model.embed_table.shape[1], device=ids.device)
+    if z is not None:
+        z_rows[slot] = z.to(z_rows.dtype)
+    row = SimpleNamespace(
+        ids=ids, positions=ctx.positions, noisy=noisy, z=z_rows, unresolved=unresolved
+    )
+    return replay_logits(model, row, ctx.mask)[slot]
 
 
 def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> dict:
@@ -80,7 +91,8 @@ def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> di
     mask = attention_mask(batch.meta, "dense")
     ctx = AttnContext(batch.positions, model.cfg.block_size, mask=mask)
     live, labels = batch.loss_rows, batch.labels  # live: the rows still masked
-    logits = model(batch.input_ids, ctx)[live].float()
+    noisy = batch.meta.noisy.nonzero().flatten()
+    logits = _block_logits(model, batch.input_ids, ctx, noisy, live).float()
     ce1, ids, z = F.cross_entropy(logits, labels[live]), batch.input_ids, None
     with_z = []  # per pass: its CE with z
     group = batch.meta.doc[live].long() * GROUP_STRIDE + batch.meta.block[live].long()
@@ -95,7 +107,7 @@ def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> di
         ids = ids.clone()
         ids[live[accept]] = logits.argmax(-1)[accept]
         live, group = live[~accept], group[~accept]  # never empty: every block keeps a row
-        logits = _forward_with_z(model, ids, ctx, live, z).float()
+        logits = _block_logits(model, ids, ctx, noisy, live, z).float()
         with_z.append(F.cross_entropy(logits, labels[live]))
     return {
         "ce1": ce1,
@@ -106,13 +118,14 @@ def step_losses(model, batch, generator: torch.Generator, passes: int = 1) -> di
         "rows2": live,
         "z": z,
         "ctx": ctx,
+        "noisy": noisy,
     }
 
 
 @torch.no_grad()
 def diagnostics(model, out: dict, labels: torch.Tensor) -> dict[str, float]:
     """ce2 without z (the same state, no residual) and the residual ratio on M1."""
-    logits = model(out["ids2"], out["ctx"])[out["rows2"]]
+    logits = _block_logits(model, out["ids2"], out["ctx"], out["noisy"], out["rows2"])
     adapter = model.adapter
     g = adapter.cfg.strength * adapter(out["z"].to(model.embed_table.dtype))
     emb = model.embed_table[out["ids2"][out["rows2"]]]
@@ -136,7 +149,10 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
     ops.use("torch")  # training runs the torch twins (no autograd through Triton)
     device = resolve_device(cfg.device)
     fresh = "orl_residual" not in read_config(base)
-    model, raw = start_model(ORLConfig(model=str(base), task=cfg.task, seed=cfg.seed), base, device)
+    start = ORLConfig(
+        model=str(base), task=cfg.task, seed=cfg.seed, adapter_post_norm_scale=cfg.post_norm_scale
+    )
+    model, raw = start_model(start, base, device)
     if fresh and cfg.down_init_std > 0:
         with torch.no_grad():  # drawn on the host: the same init on every device
             gen = torch.Generator().manual_seed(cfg.seed + 1)

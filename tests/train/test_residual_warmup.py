@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from dlmrt import LLM
+from dlmrt.attention import AttnContext
 from dlmrt.cli import main
 from dlmrt.demo import demo_model_path
 from dlmrt.train.residual_config import WarmupConfig
@@ -124,3 +125,67 @@ def test_later_passes_take_z_from_a_pass_that_had_z_and_keep_a_row_per_block():
     assert torch.equal(three["ids2"][three["rows2"]], batch.input_ids[three["rows2"]])  # masked
     assert torch.equal(one["loss2"], one["ce2"])  # one pass: the loss is its CE
     assert torch.isfinite(three["loss2"]) and not torch.equal(three["loss2"], three["ce2"])
+
+
+def _demo_start(**start):
+    from dlmrt import ops
+    from dlmrt.train.data import SFTPacks
+    from dlmrt.train.masks import attention_mask
+    from dlmrt.train.orl.config import ORLConfig
+    from dlmrt.train.orl.start import start_model
+
+    base = demo_model_path()
+    ops.use("torch")
+    cfg = ORLConfig(model=str(base), task="arithmetic", **start)
+    model, raw = start_model(cfg, base, torch.device("cpu"))
+    batch = SFTPacks("arithmetic", base, model.cfg.block_size, 256, 0.5, seed=3)[0]
+    ctx = AttnContext(
+        batch.positions, model.cfg.block_size, mask=attention_mask(batch.meta, "dense")
+    )
+    return model, raw, batch, ctx
+
+
+def test_without_a_post_norm_the_first_pass_is_the_plain_forward():
+    from dlmrt.train.residual_warmup import _block_logits
+
+    model, _, batch, ctx = _demo_start()
+    noisy = batch.meta.noisy.nonzero().flatten()
+    with torch.no_grad():
+        plain = model(batch.input_ids, ctx)[batch.loss_rows]
+        first = _block_logits(model, batch.input_ids, ctx, noisy, batch.loss_rows)
+    torch.testing.assert_close(first, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_post_norm_rescales_every_block_row_and_leaves_the_context():
+    """The engine gives every row of the block being denoised h = s RMSNorm(E[x] + m g(z)) and the
+    context h = E[x] (docs/checkpoint-format.md); the warm-up's passes must do the same."""
+    from dlmrt.train.residual_warmup import step_losses
+
+    model, raw, batch, ctx = _demo_start(adapter_post_norm_scale=0.5)
+    assert raw["orl_residual"]["post_norm_scale"] == 0.5
+    seen = []
+    model.model.layers[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    with torch.no_grad():
+        step_losses(model, batch, torch.Generator().manual_seed(0), passes=2)
+    noisy = batch.meta.noisy
+    emb = model.embed_table[batch.input_ids[~noisy]]
+    assert len(seen) == 3  # pass 1 and both passes with z
+    for h in seen:
+        rms = h[noisy].float().pow(2).mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.full_like(rms, 0.5), rtol=1e-4, atol=1e-4)
+        assert torch.equal(h[~noisy], emb)
+
+
+def test_a_post_norm_is_a_new_adapters_setting(tmp_path: Path):
+    out = train(WarmupConfig(task="arithmetic", steps=1, rows=256, post_norm_scale=0.06), tmp_path)
+    assert json.loads((out / "config.json").read_text())["orl_residual"]["post_norm_scale"] == 0.06
+    llm = LLM(str(out), role="orl", device="cpu")
+    assert llm.model.adapter.cfg.post_norm_scale == 0.06
+    assert llm.generate("What is 2 + 3?", max_new_tokens=16).token_ids
+    with pytest.raises(ValueError, match="adapter_post_norm_scale: sets a new adapter"):
+        train(
+            WarmupConfig(model=str(out), task="arithmetic", steps=1, post_norm_scale=0.1),
+            tmp_path / "again",
+        )
+    with pytest.raises(ValueError, match="post_norm_scale: must be > 0"):
+        WarmupConfig(post_norm_scale=0.0)

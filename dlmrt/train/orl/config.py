@@ -62,6 +62,11 @@ class ORLConfig:
     )
     adapter_init_std: float = _f(1e-3, "a new adapter's gate/up init std (down starts at zero)")
     adapter_positions: str = _f("masked", "a new adapter's rows: masked | block")
+    adapter_post_norm_scale: float | None = _f(
+        None,
+        "a new adapter's post-norm s (h = s RMSNorm(E[x] + g(z)) on the block's rows; "
+        "docs/orl-training.md); None: no post-norm",
+    )
     # rollouts
     prompts_per_step: int = _f(1, "prompts B per step (spread over data-parallel ranks)")
     rollouts_per_prompt: int = _f(8, "rollouts G per prompt")
@@ -155,6 +160,7 @@ class ORLConfig:
             ("adapter_adam_eps", self.adapter_adam_eps > 0, "> 0"),
             ("rkl_cap", self.rkl_cap > 0, "> 0"),
             ("gamma", self.gamma is None or self.gamma > 0, "> 0"),
+            ("adapter_post_norm_scale", _positive_or_none(self.adapter_post_norm_scale), "> 0"),
             ("grad_clip", self.grad_clip >= 0, ">= 0"),
             ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
             ("eval_every", self.eval_every >= 0, ">= 0"),
@@ -195,3 +201,7 @@ CHOICES = {
     "adapter_positions": ("masked", "block"),
     "rollout_mode": MODES,
 }
+
+
+def _positive_or_none(value: float | None) -> bool:
+    return value is None or 0 < value < float("inf")

@@ -92,8 +92,17 @@ def start_model(cfg: ORLConfig, path: Path, device: torch.device):
     added = "orl_residual" not in raw
     if added:
         inter = cfg.adapter_intermediate_size or raw["intermediate_size"]
-        new = ResidualConfig(intermediate_size=inter, positions=cfg.adapter_positions)
+        new = ResidualConfig(
+            intermediate_size=inter,
+            positions=cfg.adapter_positions,
+            post_norm_scale=cfg.adapter_post_norm_scale,
+        )
         raw = {**raw, "orl_residual": dataclasses.asdict(new)}
+    elif cfg.adapter_post_norm_scale is not None:
+        raise ValueError(
+            f"adapter_post_norm_scale: sets a new adapter's post-norm; {path} has an adapter "
+            "(its post-norm is its config's orl_residual.post_norm_scale)"
+        )
     model = load_trainable(path, raw, device, cfg.seed, allow_missing_adapter=added)
     if added:
         init_adapter(model, cfg.adapter_init_std, cfg.seed)
