@@ -134,6 +134,23 @@ def diagnostics(model, out: dict, labels: torch.Tensor) -> dict[str, float]:
     return {"ce2_without_z": round(ce.item(), 5), "residual_ratio": float(f"{ratio.item():.4g}")}
 
 
+def _optimizer(model: torch.nn.Module, cfg: WarmupConfig) -> torch.optim.AdamW:
+    """AdamW over the backbone and, in its own group (its lr, a small eps), the adapter."""
+    is_adapter = [("residual_adapter" in n, p) for n, p in model.named_parameters()]
+    return torch.optim.AdamW(
+        [
+            {"params": [p for a, p in is_adapter if not a], "lr": cfg.lr},
+            {
+                "params": [p for a, p in is_adapter if a],
+                "lr": cfg.adapter_lr,
+                "eps": cfg.adapter_adam_eps,
+            },
+        ],
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+    )
+
+
 def train(cfg: WarmupConfig, out: Path) -> Path:
     """Warm the adapter up; `out` becomes an ORL checkpoint (fp32) with `log.jsonl`."""
     from dlmrt import ops
@@ -158,19 +175,7 @@ def train(cfg: WarmupConfig, out: Path) -> Path:
             gen = torch.Generator().manual_seed(cfg.seed + 1)
             w = model.adapter.down_proj.weight
             w.copy_(torch.randn(w.shape, generator=gen) * cfg.down_init_std)
-    is_adapter = [("residual_adapter" in n, p) for n, p in model.named_parameters()]
-    opt = torch.optim.AdamW(
-        [
-            {"params": [p for a, p in is_adapter if not a], "lr": cfg.lr},
-            {
-                "params": [p for a, p in is_adapter if a],
-                "lr": cfg.adapter_lr,
-                "eps": cfg.adapter_adam_eps,
-            },
-        ],
-        betas=(0.9, 0.95),
-        weight_decay=0.0,
-    )
+    opt = _optimizer(model, cfg)
     packs = SFTPacks(cfg.task, base, model.cfg.block_size, cfg.rows, 0.5, seed=cfg.seed + 7)
     gen, t0 = torch.Generator().manual_seed(cfg.seed), time.time()
     out.mkdir(parents=True, exist_ok=True)
