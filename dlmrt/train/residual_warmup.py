@@ -20,7 +20,10 @@ SFT noise M0):
 
 Loss ce_1 + ce_2; backbone and adapter trained together (the adapter in its own AdamW group: its
 lr and a small eps, since its second moments start far below Adam's default 1e-8). A fresh adapter
-(the Base has none) starts with W_d ~ N(0, `down_init_std`), off the bilinear dead zone of W_d = 0.
+(the Base has none) starts with W_d ~ N(0, `down_init_std`), off the bilinear dead zone of W_d = 0,
+and with the post-norm form when `post_norm_scale` is set. Every pass runs the noisy rows through
+the adapter's injection (z = 0 where a row has none), as every row of the engine's block is: the
+same as the plain forward without a post-norm, and the engine's input with one.
 `log.jsonl` every `log_every` steps: ce_1, ce_2, ce_2 without z (the same state, no residual: what
 the residual buys), the share accepted, and the residual ratio RMS(alpha g(z)) / RMS(E[x]) on M1.
 """
