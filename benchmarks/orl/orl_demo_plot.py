@@ -107,7 +107,8 @@ def read_log(path: Path) -> list[dict]:
 
 
 def read_runs(path: Path) -> dict[str, list[dict]]:
-    """The runs of a `benchmarks/results/orl_demo_runs_*.json` file (columns + rows per run)."""
+    """The runs of a results file's `runs` table (`orl_demo_runs_*.json`, `orl_residual_runs_*`,
+    `residual_levers_*`): columns + rows per run."""
     runs = json.loads(path.read_text())["runs"]
     return {name: [dict(zip(r["columns"], row)) for row in r["rows"]] for name, r in runs.items()}
 
@@ -153,7 +154,12 @@ def main() -> None:
     )
     ap.add_argument("--sweep", required=True, help="a benchmarks/orl/orl_demo.py result file")
     ap.add_argument("--log", action="append", default=[], help="NAME=log.jsonl of an ORL run")
-    ap.add_argument("--runs", default=None, help="a benchmarks/results/orl_demo_runs_*.json file")
+    ap.add_argument(
+        "--runs",
+        action="append",
+        default=[],
+        help="a results file with a 'runs' table (orl_demo_runs_*.json; repeatable)",
+    )
     ap.add_argument("--out", required=True, help="the frontier plot (PNG)")
     ap.add_argument("--curves", default=None, help="the training curves plot (PNG)")
     ap.add_argument(
@@ -173,7 +179,7 @@ def main() -> None:
     if args.compare:
         print(compare(json.loads(Path(args.sweep).read_text()), args.compare, args.levels))
     frontier(json.loads(Path(args.sweep).read_text()), Path(args.out))
-    runs = read_runs(Path(args.runs)) if args.runs else {}
+    runs = {name: rows for path in args.runs for name, rows in read_runs(Path(path)).items()}
     for spec in args.log:
         name, _, path = spec.partition("=")
         runs[name] = read_log(Path(path))
