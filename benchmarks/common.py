@@ -164,16 +164,39 @@ def graph_ms(fn: Callable[[], None], iters: int) -> float:
     return cuda_time(graph.replay, iters) * 1e3
 
 
-def shapes_main(name: str, doc: str | None, bench: Callable[..., dict], shapes) -> None:
-    """The CLI of a per-shape benchmark (`moe_fp8.py`, `moe_nvfp4.py`): --iters, --out,
-    --git-revision; one `bench(shape, iters)` row per shape, printed and written as JSON."""
+def iters_parser(
+    doc: str | None, iters: int = 50, out: str | None = None
+) -> argparse.ArgumentParser:
+    """The flags of a kernel benchmark: --iters (timed replays), --out (JSON), --git-revision;
+    each script adds its own."""
     ap = argparse.ArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--iters", type=int, default=iters, help="timed iterations per case")
+    ap.add_argument("--out", default=out, help="JSON result path (default: %(default)s)")
     ap.add_argument("--git-revision", default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def request_parser(doc: str | None, out: str) -> argparse.ArgumentParser:
+    """The flags of an end-to-end request benchmark (`rounds/e2e_tps.py`, `rounds/drafts_overhead.py`):
+    the request's shape, the execution modes, the result file; each script adds its own."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rounds", type=int, default=23, help="denoising rounds per block")
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--new-tokens", type=int, default=1024)
+    ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
+    ap.add_argument("--out", default=out, help="JSON result path")
+    ap.add_argument("--git-revision", default=None)
+    return ap
+
+
+def shapes_main(name: str, doc: str | None, bench: Callable[..., dict], shapes) -> None:
+    """The CLI of a per-shape benchmark (`moe_fp8.py`, `moe_nvfp4.py`): `iters_parser`'s flags;
+    one `bench(shape, iters)` row per shape, printed and written as JSON."""
+    args = iters_parser(doc).parse_args()
     with torch.inference_mode():
         rows = [bench(s, args.iters) for s in shapes]
     for r in rows:

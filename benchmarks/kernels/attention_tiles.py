@@ -16,14 +16,13 @@ BLOCK_D, BLOCK_DV, num_warps, num_stages, splits): the `canvas` rows.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, graph_ms, write_result  # noqa: E402
+from common import PEAK_BYTES, graph_ms, iters_parser, write_result  # noqa: E402
 
 LAYERS, ARENA, PEAK_FLOPS = 16, 8192, 790e12
 SHAPES = {"llada2_32": (32, 16, 4), "qwen_dlm_256": (256, 32, 8)}  # rows, heads, kv heads
@@ -146,13 +145,8 @@ def canvas_case(name: str, context: int, iters: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--iters", type=int, default=30)
+    ap = iters_parser(__doc__, 30, "benchmarks/results/attention_tiles.json")
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--out", default="benchmarks/results/attention_tiles.json")
-    ap.add_argument("--git-revision", default=None)
     args = ap.parse_args()
     rows = [case(name, c, args.iters) for name in SHAPES for c in args.contexts]
     rows += [canvas_case(name, c, args.iters) for name in CANVAS for c in args.contexts]

@@ -34,7 +34,6 @@ python benchmarks/kernels/moe_flashinfer.py [--iters 50] [--out results/moe_flas
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 import time
@@ -44,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import cuda_time, graph_ms, write_result  # noqa: E402
+from common import cuda_time, graph_ms, iters_parser, write_result  # noqa: E402
 from flashinfer_build import build, log  # noqa: E402
 from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
 
@@ -246,14 +245,8 @@ def bench(shape, iters: int, autotune: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--iters", type=int, default=50)
     date = datetime.datetime.now(datetime.UTC).date().isoformat()
-    ap.add_argument("--out", default=f"results/moe_flashinfer_h200_{date}.json",
-                    help="JSON result path (default: %(default)s)")  # fmt: skip
-    ap.add_argument("--git-revision", default=None)
+    ap = iters_parser(__doc__, 50, f"results/moe_flashinfer_h200_{date}.json")
     ap.add_argument("--no-autotune", action="store_true",
                     help="skip FlashInfer's tactic profiling (its heuristic default tactic)")  # fmt: skip
     ap.add_argument("--build-only", action="store_true",

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import cuda_time, graph_ms, shapes_main  # noqa: E402
-from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
+from moe_layer import SHAPES, floor_ms, glu, make_layer, sort_by_expert  # noqa: E402
 
 from dlmrt import ops  # noqa: E402
 from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
@@ -24,37 +24,21 @@ from dlmrt.ops import fp8 as fp8_ops  # noqa: E402
 def scaled_grouped(x, w, idx, gu, down, activation: str) -> torch.Tensor:
     """W8A8 experts on torch._scaled_grouped_mm: pairs sorted on the device, activations
     quantized per row, two grouped GEMMs, the activation in bf16, scatter-add back."""
-    k, experts = idx.shape[1], gu.qweight.shape[0]
-    flat = idx.flatten()
-    order = torch.argsort(flat, stable=True)
-    offs = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
-    src = order // k
-    a = fp8_ops.quant_rows(x[src])
-    h = torch._scaled_grouped_mm(
-        a.q,
-        gu.qweight.transpose(1, 2),
-        a.scale.view(-1),
-        gu.scale,
-        offs=offs,
-        out_dtype=torch.bfloat16,
-        use_fast_accum=True,
-    )
-    gate, up = h.chunk(2, dim=-1)
-    act = (
-        torch.nn.functional.silu(gate)
-        if activation == "silu"
-        else torch.nn.functional.gelu(gate, approximate="tanh")
-    )
-    b = fp8_ops.quant_rows((act * up).contiguous())
-    y = torch._scaled_grouped_mm(
-        b.q,
-        down.qweight.transpose(1, 2),
-        b.scale.view(-1),
-        down.scale,
-        offs=offs,
-        out_dtype=torch.bfloat16,
-        use_fast_accum=True,
-    )
+    order, offs, src = sort_by_expert(idx, gu.qweight.shape[0])
+
+    def gemm(rows: torch.Tensor, weight) -> torch.Tensor:
+        a = fp8_ops.quant_rows(rows)
+        return torch._scaled_grouped_mm(
+            a.q,
+            weight.qweight.transpose(1, 2),
+            a.scale.view(-1),
+            weight.scale,
+            offs=offs,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+        )
+
+    y = gemm(glu(gemm(x[src], gu), activation).contiguous(), down)
     y = y * w.flatten()[order, None].to(y.dtype)
     return torch.zeros_like(x).index_add_(0, src, y)
 

@@ -16,7 +16,6 @@ router weight, activations in and out (negligible).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from dlmrt import ops
 from dlmrt.ops import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, PEAK_FLOPS, cuda_time, write_result  # noqa: E402
+from common import PEAK_BYTES, PEAK_FLOPS, cuda_time, iters_parser, write_result  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -87,18 +86,29 @@ def make_layer(shape: Shape, device: torch.device, dtype: torch.dtype = torch.bf
     return layer, route
 
 
-def grouped_mm_experts(x, weights, index, gate_up_t, down_t, activation: str) -> torch.Tensor:
-    """The experts on torch._grouped_mm: pairs sorted by expert on the device, two grouped GEMMs,
-    the activation, routing weights, scatter-add back (no host sync)."""
-    k, experts = index.shape[1], gate_up_t.shape[0]
+def sort_by_expert(index: torch.Tensor, experts: int):
+    """(order, offs, src) of the (row, slot) pairs sorted by expert on the device: `order` the
+    pairs' flat indices in expert order, `offs` each expert's end offset (int32, the grouped GEMMs'
+    `offs`), `src` each sorted pair's row. No host sync."""
     flat = index.flatten()
     order = torch.argsort(flat, stable=True)
     offs = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
-    src = order // k
-    h = torch._grouped_mm(x[src], gate_up_t, offs=offs)
+    return order, offs, order // index.shape[1]
+
+
+def glu(h: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up of a fused [gate | up] projection: SwiGLU ("silu") or GeGLU (tanh gelu)."""
     gate, up = h.chunk(2, dim=-1)
-    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-    y = torch._grouped_mm(act * up, down_t, offs=offs) * weights.flatten()[order, None].to(x.dtype)
+    return (F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")) * up
+
+
+def grouped_mm_experts(x, weights, index, gate_up_t, down_t, activation: str) -> torch.Tensor:
+    """The experts on torch._grouped_mm: pairs sorted by expert on the device, two grouped GEMMs,
+    the activation, routing weights, scatter-add back (no host sync)."""
+    order, offs, src = sort_by_expert(index, gate_up_t.shape[0])
+    h = torch._grouped_mm(x[src], gate_up_t, offs=offs)
+    y = torch._grouped_mm(glu(h, activation), down_t, offs=offs)
+    y = y * weights.flatten()[order, None].to(x.dtype)
     return torch.zeros_like(x).index_add_(0, src, y)
 
 
@@ -154,13 +164,7 @@ def bench(shape: Shape, iters: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--out", default=None, help="JSON result path")
-    ap.add_argument("--git-revision", default=None)
-    args = ap.parse_args()
+    args = iters_parser(__doc__).parse_args()
     rows = []
     with torch.inference_mode():
         for shape in SHAPES:

@@ -22,7 +22,6 @@ masks per call (the old model path built them once per pass), a few microseconds
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 from dlmrt.ops import canvas, reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, cuda_time, write_result  # noqa: E402
+from common import PEAK_BYTES, cuda_time, iters_parser, write_result  # noqa: E402
 
 ARENA = 20_480
 CONTEXTS = (1024, 4096, 16384)
@@ -130,13 +129,7 @@ def vocab_case(iters: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--out", default=None, help="JSON result path")
-    ap.add_argument("--git-revision", default=None)
-    args = ap.parse_args()
+    args = iters_parser(__doc__).parse_args()
     results = []
     for context in CONTEXTS:
         for kind in ("sliding", "full"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import qwen_dlm_4b, random_model, wall_time, write_result
+from common import qwen_dlm_4b, random_model, request_parser, wall_time, write_result
 
 from dlmrt.decoding import make_rule
 from dlmrt.drafts import DraftBuilder
@@ -27,16 +27,7 @@ CASES = (("plain", True), ("plain", False), ("drafts", False))  # (what, fold_co
 
 
 def _args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--rounds", type=int, default=23)
-    ap.add_argument("--prompt-tokens", type=int, default=100)
-    ap.add_argument("--new-tokens", type=int, default=1024)
-    ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
-    ap.add_argument("--out", default="benchmarks/results/drafts_overhead.json")
-    ap.add_argument("--git-revision", default=None)
-    return ap.parse_args()
+    return request_parser(__doc__, "benchmarks/results/drafts_overhead.json").parse_args()
 
 
 def _measure(model, mode: str, what: str, fold: bool, prompt: list[int], rule, new_tokens: int):

@@ -20,24 +20,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 import fp8_model
 import torch
-from common import qwen_dlm_4b, random_model, wall_time, write_result
+from common import qwen_dlm_4b, random_model, request_parser, wall_time, write_result
 
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
 
 
 def _args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--rounds", type=int, default=23)
-    ap.add_argument("--prompt-tokens", type=int, default=100)
-    ap.add_argument("--new-tokens", type=int, default=1024)
-    ap.add_argument("--modes", nargs="+", default=["eager", "round_graph", "block_graph"])
+    ap = request_parser(__doc__, "benchmarks/results/e2e_tps.json")
     ap.add_argument("--fold", nargs="+", choices=["on", "off"], default=["on", "off"])
     ap.add_argument("--quantization", choices=["none", "fp8"], default="none")
-    ap.add_argument("--out", default="benchmarks/results/e2e_tps.json")
-    ap.add_argument("--git-revision", default=None)
     return ap.parse_args()
 
 

@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -50,6 +51,32 @@ def test_moe_layer_runs_on_the_twins():
         assert index.shape == (5, 4) and torch.isfinite(weights).all()
         out = layer(reference)
         assert out.shape == (5, 32) and torch.isfinite(out).all() and out.abs().sum() > 0
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_grouped_mm_experts_match_a_loop_over_the_pairs(activation: str):
+    """The peer path of moe_layer.py / moe_fp8.py (pairs sorted by expert, grouped GEMMs,
+    scatter-add) on the CPU's torch._grouped_mm against a loop over every (row, slot) pair;
+    expert 3 gets no pair."""
+    moe = _load("moe_layer")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 16, generator=gen).bfloat16()
+    gate_up_t = (torch.randn(4, 16, 32, generator=gen) / 4).bfloat16()
+    down_t = (torch.randn(4, 16, 16, generator=gen) / 4).bfloat16()
+    index = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2], [1, 0]])
+    weights = torch.rand(5, 2, generator=gen)
+    order, offs, src = moe.sort_by_expert(index, 4)
+    assert offs.tolist() == [4, 7, 10, 10] and index.flatten()[order].tolist() == sorted(
+        index.flatten().tolist()
+    )
+    got = moe.grouped_mm_experts(x, weights, index, gate_up_t, down_t, activation)
+    want = torch.zeros(5, 16)
+    for r in range(5):
+        for j in range(2):
+            e = int(index[r, j])
+            h = moe.glu(x[r].float() @ gate_up_t[e].float(), activation)
+            want[r] += weights[r, j] * (h @ down_t[e].float())
+    torch.testing.assert_close(got.float(), want, rtol=0.03, atol=0.03)
 
 
 def test_moe_round_floor_counts_dense_weights_and_touched_experts():
