@@ -198,6 +198,7 @@ def test_recipe_round_trip_and_errors(tmp_path):
         "entropy_budget",
         "threshold",
         "adapter_intermediate_size",
+        "adapter_post_norm_scale",
     }
     assert set(shipped) == every  # every knob that has a value, recorded
     assert ORLConfig(**shipped).rollouts_per_prompt == 8
