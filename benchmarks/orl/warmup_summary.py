@@ -7,9 +7,9 @@ Reads what `residual_pipeline.sh warmup` left in OUT for each warm-up TAG: `warm
 train eval` with the adapter on / off). Writes OUT/warmups.json: per warm-up the final residual
 ratio, CE of the last pass with and without z, accuracy and TPF with the adapter on and off, and
 whether it passes the gate (ratio 0.3-1.1 and the adapter-off ablation costs >= 2 points or >= 10%
-TPF). Prints the directory of the chosen
-warm-up: among those passing, the ratio nearest the paper's 0.91; else the ratio nearest 0.91 in
-log space, so the next stage still runs (the summary says the gate was missed).
+TPF). Prints the directory of the chosen warm-up: among those passing, the ratio nearest the
+paper's 0.91; else the ratio nearest 0.91 in log space, so the next stage still runs (the summary
+says the gate was missed).
 """
 
 from __future__ import annotations

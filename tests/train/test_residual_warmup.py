@@ -105,16 +105,9 @@ def test_the_stage_on_cuda_follows_the_cpu_run(tmp_path: Path):
 
 
 def test_later_passes_take_z_from_a_pass_that_had_z_and_keep_a_row_per_block():
-    from dlmrt import ops
-    from dlmrt.train.data import SFTPacks
-    from dlmrt.train.orl.config import ORLConfig
-    from dlmrt.train.orl.start import start_model
     from dlmrt.train.residual_warmup import GROUP_STRIDE, step_losses
 
-    base = demo_model_path()
-    ops.use("torch")
-    model, _ = start_model(ORLConfig(model=str(base), task="arithmetic"), base, torch.device("cpu"))
-    batch = SFTPacks("arithmetic", base, model.cfg.block_size, 256, 0.5, seed=3)[0]
+    model, _, batch, _ = _demo_start()
     key = batch.meta.doc.long() * GROUP_STRIDE + batch.meta.block.long()
     one = step_losses(model, batch, torch.Generator().manual_seed(0), passes=1)
     three = step_losses(model, batch, torch.Generator().manual_seed(0), passes=3)
