@@ -39,6 +39,11 @@ class TrainConfig:
     seed: int = _f(0, "seed of the initial weights and of every step's noise")
     steps: int = _f(8000, "optimizer steps")
     device: str | None = _f(None, "cpu | cuda | cuda:N; None: cuda if available")
+    init_from: str | None = _f(
+        None,
+        "model directory whose weights start the run instead of random ones (same shape flags "
+        "and task; e.g. a Base continued at another --block-size); None: random init",
+    )
     # model (QwenDLM / SDAR format)
     hidden_size: int = _f(256, "model width")
     intermediate_size: int = _f(768, "SwiGLU width")

@@ -16,7 +16,9 @@ Run directory OUT (`run_dir.py` writes and restores it):
                       time) + trainer_state.json; written to a temporary directory and renamed,
                       so a kill leaves either the whole checkpoint or none
 
-Resuming loads the newest checkpoint, drops log lines after it and continues at its step; since
+A new run starts from random weights (`model.init_weights`) or, with `init_from`, from a trained
+model's (`init_from.py`: same shape and tokenizer, checked first). Resuming loads the newest
+checkpoint, drops log lines after it and continues at its step; since
 pack j depends only on j, the continued run is identical to an uninterrupted one (bit for bit
 on the CPU). SIGINT/SIGTERM finish the current step, save a checkpoint and return.
 """
@@ -36,6 +38,7 @@ from dlmrt import ops
 from dlmrt.models.config import model_config_from_hf
 from dlmrt.train.config import TrainConfig
 from dlmrt.train.data import SFTPacks
+from dlmrt.train.init_from import check_init_from, init_from
 from dlmrt.train.masks import FLEX_TILE
 from dlmrt.train.model import build_model, count_parameters
 from dlmrt.train.progress import progress_bar
@@ -121,6 +124,8 @@ def train_sft(
     out = Path(out)
     device = resolve_device(cfg.device)
     cfg = resolved(cfg, device)
+    if cfg.init_from is not None and not resume:
+        check_init_from(cfg)  # before open_run writes the run directory
     ckpt, ckpts = open_run(cfg, out, resume)
     model_cfg = model_config_from_hf(json.loads((out / "config.json").read_text()), out)
     model = build_model(model_cfg, device, cfg.seed)
@@ -133,6 +138,8 @@ def train_sft(
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     step, train_time = restore(ckpt, model, optimizer, scheduler, out)
+    if ckpt is None and cfg.init_from is not None:
+        init_from(model, cfg.init_from)
     truncate_log(out / "log.jsonl", step)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda)
     run = SFTRun(cfg, out, model, optimizer, scheduler, device, model_cfg.block_size, bf16)
