@@ -63,6 +63,8 @@ class ResidualConfig:
             )
         if cfg.temperature <= 0:
             raise CheckpointError(f"{path}: 'orl_residual.temperature' must be > 0")
+        if cfg.post_norm_scale is not None and cfg.post_norm_scale <= 0:
+            raise CheckpointError(f"{path}: 'orl_residual.post_norm_scale' must be > 0 or null")
         return cfg
 
 

@@ -212,6 +212,8 @@ def test_missing_orl_intermediate_size(orl_ckpt: Path) -> None:
         ("intermediate_size", None, "orl_residual.intermediate_size"),
         ("temperature", "hot", "orl_residual.temperature"),
         ("strength", "x", "orl_residual.strength"),
+        ("post_norm_scale", 0.0, "orl_residual.post_norm_scale"),
+        ("post_norm_scale", -0.06, "orl_residual.post_norm_scale"),
     ],
     ids=[
         "positions",
@@ -220,6 +222,8 @@ def test_missing_orl_intermediate_size(orl_ckpt: Path) -> None:
         "null-size",
         "str-temperature",
         "str-strength",
+        "zero-post-norm",
+        "negative-post-norm",
     ],
 )
 def test_bad_orl_field(orl_ckpt: Path, key: str, value: Any, expect: str) -> None:
