@@ -5,9 +5,11 @@
 #
 #   bash benchmarks/orl/residual_pipeline.sh STAGE WORK OUT
 #     base    one Base per seed in $BASE_SEEDS (default 0), in parallel (`dlmrt train sft`, 5,000
-#             steps, ~4 GPU-minutes) -> OUT/base (seed 0), OUT/base-sN (seed N, its spread) (bf16)
-#     warmup  OUT/base -> WORK/warm-TAG for each LR or LR:EPS:STEPS in $WARM_LRS (in parallel; TAG
-#             the spec with - for :), each -> OUT/warm-TAG (bf16) with its log and config and
+#             steps, ~4 GPU-minutes, block $BLOCK, default 32) -> OUT/base (seed 0), OUT/base-sN
+#             (seed N, its spread) (bf16)
+#     warmup  OUT/base -> WORK/warm-TAG for each LR or LR:EPS:STEPS[:S] in $WARM_LRS (in parallel;
+#             TAG the spec with - for :; S a new adapter's post-norm scale, `--post-norm-scale`),
+#             each -> OUT/warm-TAG (bf16) with its log and config and
 #             `dlmrt train eval` adapter on / off -> OUT/warm-TAG-{on,off}.json;
 #             then benchmarks/orl/warmup_summary.py: OUT/warmups.json (the gate) and OUT/warm.txt
 #             (the warm-up ORL starts from)
@@ -29,6 +31,7 @@ else
 fi
 WARM_LRS=${WARM_LRS:-"1e-4 3e-4 1e-3"}
 BASE_SEEDS=${BASE_SEEDS:-0}
+BLOCK=${BLOCK:-32}
 [ -z "${WARM:-}" ] && [ -f "$out/warm.txt" ] && WARM=$(cat "$out/warm.txt")
 evaluate() {  # MODEL ADAPTER FILE: accuracy and TPF at entropy_budget 0.4 on the held-out problems
   dlmrt train eval --model "$1" --task sum_set_small --problems "$problems" --max-new-tokens 64 \
@@ -38,18 +41,19 @@ case $stage in
   base)
     for seed in $BASE_SEEDS; do
       name=base; [ "$seed" = 0 ] || name=base-s$seed
-      (dlmrt train sft --out "$work/$name" --task sum_set_small --block-size 32 --seed "$seed" \
+      (dlmrt train sft --out "$work/$name" --task sum_set_small --block-size "$BLOCK" --seed "$seed" \
          --steps "$base_steps" --eval-every 0 --device "$dev" --no-progress >/dev/null &&
        dlmrt train export "$work/$name" "$out/$name" --dtype bfloat16) &
     done
     wait ;;
   warmup)
-    for spec in $WARM_LRS; do  # LR, or LR:EPS:STEPS (the adapter's AdamW eps, the steps)
-      IFS=: read -r lr eps steps <<<"$spec"
+    for spec in $WARM_LRS; do  # LR, or LR:EPS:STEPS[:S] (adapter AdamW eps, steps, post-norm)
+      IFS=: read -r lr eps steps post <<<"$spec"
       tag=${spec//:/-} eps=${eps:-1e-15} steps=${steps:-$warm_steps}
+      post_flag=(); [ -n "${post:-}" ] && post_flag=(--post-norm-scale "$post")
       (dlmrt train residual --out "$work/warm-$tag" --model "$out/base" --task sum_set_small \
          --steps "$steps" --adapter-lr "$lr" --adapter-adam-eps "$eps" --log-every 20 \
-         --device "$dev" >/dev/null &&
+         "${post_flag[@]}" --device "$dev" >/dev/null &&
        dlmrt train export "$work/warm-$tag" "$out/warm-$tag" --dtype bfloat16 >/dev/null &&
        cp "$work/warm-$tag/log.jsonl" "$out/warm-$tag.log.jsonl" &&
        cp "$work/warm-$tag/warmup_config.json" "$out/warm-$tag.config.json" &&
