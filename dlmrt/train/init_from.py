@@ -4,9 +4,9 @@ The use is continuing a Base under a changed setting, for example another `--blo
 changes B by continued training; the weights do not depend on B). The network and the tokenizer
 must be the run's own: the model directory's `config.json` is compared field by field with the
 run's, and its `tokenizer.json` with the one the run trains for its task, before the run
-directory is written (a bad `init_from` leaves no run behind); a mismatch names what differs. A model with an ORL residual adapter is refused (SFT trains no
-adapter, and silently dropping it would change the model). Resuming ignores `init_from`: the
-checkpoint's weights continue the run.
+directory is written (a bad `init_from` leaves no run behind); a mismatch names what differs. A
+model with an ORL residual adapter is refused (SFT trains no adapter, and silently dropping it
+would change the model). Resuming ignores `init_from`: the checkpoint's weights continue the run.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from dlmrt.json_file import read_json
 from dlmrt.train.config import TrainConfig
 from dlmrt.train.export import WEIGHTS
 from dlmrt.train.model import load_weights
@@ -51,10 +52,7 @@ def check_init_dir(src: Path, out: Path) -> None:
     for name in ("config.json", "tokenizer.json", WEIGHTS):
         if not (src / name).is_file():
             raise ValueError(f"init_from: {src} has no {name} (expected a model directory)")
-    try:
-        theirs = json.loads((src / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"init_from: {src / 'config.json'} is not valid JSON ({e})") from e
+    theirs = read_json(src / "config.json")  # unreadable or not an object: a CheckpointError
     if "orl_residual" in theirs:
         raise ValueError(
             f"init_from: {src} has an ORL residual adapter; SFT starts from a model without one"
