@@ -1,7 +1,7 @@
 """FP8 versions of the benchmarks' random models, and the FP8 roofline floor.
 
 `quantize(model)` quantizes every FP8 candidate per channel and installs what `use_quantized` runs
-(`dlmrt/models/quantized_install.py`); the rest is dequantized back. `fp8_floor` turns a bf16 floor
+(`dlmrt/impls/install.py`); the rest is dequantized back. `fp8_floor` turns a bf16 floor
 into the FP8 one: installed weights read at 1 byte (experts scaled by the share the round
 touches), FLOPs of the FP8 GEMMs at 1,580 TFLOP/s, the rest unchanged (the KV arena counted at
 its own width, bf16 unless --kv-cache-dtype fp8 halves it).

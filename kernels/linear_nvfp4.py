@@ -4,7 +4,7 @@ The older decode of the routed experts (`_dot`: [BN, BK/2] byte tiles of weight 
 block scale per 16 weights, bit-placement E2M1 -> fp16 (kernels/e2m1_decode.py's `fp16_codes`
 placement), the nibbles interleaved back into K order, the global scale times 2^14, one dot per K
 step; the experts now decode into nibble halves instead, kernels/moe_mlp_nvfp4.py) over a plain (rows, N) grid: the kernel that serves a dense NVFP4
-projection (the models' dense MLPs on CUDA: `dlmrt/models/nvfp4_linear.py`). The global scale is
+projection (the models' dense MLPs on CUDA: `dlmrt/impls/nvfp4_linear.py`). The global scale is
 one per output row (a scalar is expanded), so gate|up run as one GEMM while each half keeps its
 own scale; each row's block scales are multiplied by that row's scale, as the twin's dequantize.
 Rounded where torch rounds F.linear: fp32 sums, one cast to x's dtype. Capturable (no host sync,

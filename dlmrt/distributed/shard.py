@@ -29,6 +29,7 @@ from torch import nn
 
 from dlmrt.models import diffusion_gemma as dg
 from dlmrt.models import layers, llada2, moe
+from dlmrt.models.experts import Experts
 from dlmrt.parallel.group import TPGroup
 from dlmrt.parallel.linear import (
     ShardError,
@@ -70,7 +71,7 @@ def _attention(m: nn.Module, group: TPGroup, q, k, v, o) -> None:
 
 
 def _qwen_attention(m: layers.Attention, group: TPGroup) -> None:
-    m.qkv_weight = None
+    m.unfuse()
     _attention(m, group, m.q_proj, m.k_proj, m.v_proj, m.o_proj)
 
 
@@ -89,7 +90,7 @@ def _llada_attention(m: llada2.Attention, group: TPGroup) -> None:
 def _mlp(m: layers.SwiGLU, group: TPGroup, name: str, reduce: bool) -> None:
     n = split(m.gate_proj.out_features, group.world, f"intermediate size of {name}")
     rows = slice(group.rank * n, (group.rank + 1) * n)
-    m.gate_up_weight = None
+    m.unfuse()
     column(m.gate_proj, rows)
     column(m.up_proj, rows)
     row(m.down_proj, rows)
@@ -97,25 +98,22 @@ def _mlp(m: layers.SwiGLU, group: TPGroup, name: str, reduce: bool) -> None:
         all_reduce_output(m.down_proj, group)
 
 
-def _llada_experts(m: moe.Experts, group: TPGroup, name: str) -> None:
-    n = split(m.gate_proj.shape[1], group.world, f"moe_intermediate_size ({name})")
-    rows = slice(group.rank * n, (group.rank + 1) * n)
-    m.gate_proj = keep_rows(m.gate_proj, rows, 1)
-    m.up_proj = keep_rows(m.up_proj, rows, 1)
-    m.down_proj = keep_rows(m.down_proj, rows, 2)
-
-
-def _gemma_experts(m: dg.Experts, group: TPGroup, name: str) -> None:
-    """gate_up_proj [E, 2I, H]: gate rows first, then up rows; keep this rank's of both."""
+def _experts(m: Experts, group: TPGroup, name: str) -> None:
+    """Keep this rank's slice of every expert's intermediate dim (a fused gate_up_proj
+    [E, 2I, H] holds gate rows first, then up rows: this rank's of both)."""
     inter = m.down_proj.shape[2]
     n = split(inter, group.world, f"moe_intermediate_size ({name})")
     r = group.rank
-    index = torch.cat(
-        (torch.arange(r * n, (r + 1) * n), torch.arange(inter + r * n, inter + (r + 1) * n))
-    )
-    m.gate_up_proj = keep_rows(m.gate_up_proj, index, 1)
-    m.down_proj = keep_rows(m.down_proj, slice(r * n, (r + 1) * n), 2)
-    all_reduce_output(m, group)
+    rows = slice(r * n, (r + 1) * n)
+    if m.fused_gate_up:
+        index = torch.cat(
+            (torch.arange(r * n, (r + 1) * n), torch.arange(inter + r * n, inter + (r + 1) * n))
+        )
+        m.gate_up_proj = keep_rows(m.gate_up_proj, index, 1)
+    else:
+        m.gate_proj = keep_rows(m.gate_proj, rows, 1)
+        m.up_proj = keep_rows(m.up_proj, rows, 1)
+    m.down_proj = keep_rows(m.down_proj, rows, 2)
 
 
 def _vocab_parallel(model: nn.Module, embed_name: str, group: TPGroup) -> None:
@@ -147,23 +145,25 @@ def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Modul
     """Shard `model` (QwenDLM, LLaDA2 or DiffusionGemma, loaded) over `group`, in place.
     A group of one rank runs the whole distributed code path on full-size slices (tests). On
     the meta device (before loading, `loading.py`) it only reshapes; fuse=False then."""
-    shared = {id(m.shared_experts) for m in model.modules() if isinstance(m, moe.SparseMoE)}
+    moes = [m for m in model.modules() if isinstance(m, moe.SparseMoE)]
+    shared = {id(m.shared_experts) for m in moes}
+    summed = {id(m.experts) for m in moes}  # reduced with the shared experts' sum, once
     for name, m in list(model.named_modules()):
         if isinstance(m, layers.Attention):
             _qwen_attention(m, group)
         elif isinstance(m, llada2.Attention):
             _llada_attention(m, group)
         elif isinstance(m, dg.Attention):
-            m.qkv_weight = None  # re-fused from the sliced projections below
+            m.unfuse()  # re-fused from the sliced projections below
             _attention(m, group, m.q_proj, m.k_proj, m.v_proj, m.o_proj)
         elif isinstance(m, layers.SwiGLU):
             _mlp(m, group, name, reduce=id(m) not in shared)
-        elif isinstance(m, moe.Experts):
-            _llada_experts(m, group, name)
+        elif isinstance(m, Experts):
+            _experts(m, group, name)
+            if id(m) not in summed:  # DiffusionGemma: reduced before its post-norm
+                all_reduce_output(m, group)
         elif isinstance(m, moe.SparseMoE):
             all_reduce_output(m, group)  # routed + shared partial sums: one all-reduce
-        elif isinstance(m, dg.Experts):
-            _gemma_experts(m, group, name)
     _vocab_parallel(model, getattr(model, "EMBED", "embed_tokens"), group)
     _local_config(model)
     if fuse and hasattr(model, "fuse_projections"):  # the loader fuses after sliced loading

@@ -56,7 +56,7 @@ def collect_quantized(
             why[name] = f"in the checkpoint's ignore list ('{pattern}')"
         elif param.data_ptr() in shared:
             why[name] = (
-                "tied to the embeddings (on CUDA its GEMM may run an FP8 copy: quantized_install.py)"
+                "tied to the embeddings (on CUDA its GEMM may run an FP8 copy: dlmrt/impls/install.py)"
             )
         elif quantization != "fp8":
             why[name] = "stored unquantized"
@@ -147,37 +147,16 @@ def place_quantized(
         running, declined = install(model, fp8, emulate=activations == "nvfp4")
         for name in declined:
             why[name] = (
-                "kept by the model (dlmrt/models/quantized_install.py: slower in FP8 at its shape, "
+                "kept by the model (dlmrt/impls/install.py: slower in FP8 at its shape, "
                 "dims not multiples of 16, DLMRT_FP8_GEMMS=none, a shared expert, NVFP4 outside "
                 "an all-NVFP4 gated MLP, or a dense MLP faster dequantized than on the NVFP4 kernel)"
             )
         if activations == "nvfp4":
+            from dlmrt.impls.nvfp4_emulation import emulate_w4a4
+
             emulate_w4a4(model)
     _log(running, why)
     return running
-
-
-def emulate_w4a4(model: torch.nn.Module) -> None:
-    """Give every NVFP4 expert module its activation quantizers (`ops.nvfp4.act_quantizers`) and
-    every installed dense NVFP4 linear its input scale (`Nvfp4Linear.emulate_w4a4`: the dense MLP's
-    input with max(gate, up)'s, the hidden with down's); ValueError naming a missing input scale.
-    Dense NVFP4 weights the model did not install run dequantized (W16A16)."""
-    from dlmrt.models.nvfp4_linear import Nvfp4Linear
-    from dlmrt.ops.nvfp4 import act_quantizers
-
-    experts = [m for m in model.modules() if getattr(m, "nvfp4", None) is not None]
-    for m in experts:
-        m.nvfp4_act = act_quantizers(*m.nvfp4)
-    mlps = [m for m in model.modules() if isinstance(getattr(m, "gate_up_fp8", None), Nvfp4Linear)]
-    dense = [lin for m in mlps for lin in (m.gate_up_fp8, m.down_proj)]  # in the order they run
-    for m in dense:
-        m.emulate_w4a4()
-    log.info(
-        "NVFP4 W4A4 emulation: the inputs of %d expert layer(s) and %d dense NVFP4 linear(s) "
-        "quantize-dequantized per 16 (Blackwell's numerics, not its speed)",
-        len(experts),
-        len(dense),
-    )
 
 
 def has_quantized_kernels(device: torch.device) -> bool:

@@ -61,11 +61,11 @@ class BlockLM(nn.Module):
 
     def use_quantized(self, weights: dict, emulate: bool = False) -> list[str]:
         """Run these FP8 / NVFP4 weights ({parameter name: weight}); returns the names not
-        installed (the loader dequantizes them); `emulate`: W4A4 emulation. See
-        `models/quantized_install.py`."""
-        from dlmrt.models.quantized_install import install_quantized  # loads on demand
+        installed (the loader dequantizes them); `emulate`: W4A4 emulation. The sites are the
+        block layers' (`dlmrt/impls/install.py`), measured at the block's rows."""
+        from dlmrt.impls.install import block_layers, install_quantized  # loads on demand
 
-        return install_quantized(self, weights, self.cfg.block_size, emulate)
+        return install_quantized(self, weights, self.cfg.block_size, block_layers, emulate)
 
     @property
     def embed_table(self) -> torch.Tensor:

@@ -21,13 +21,19 @@ from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext
+from dlmrt.impls.dense import ProjectionConcat, StackedProjection
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext, KeyNorm
-from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
+from dlmrt.models.experts import Experts
+from dlmrt.models.layers import (
+    GeGLU,
+    GemmaRMSNorm,
+    fuse_weights,
+    proportional_rope_cos_sin,
+    set_slot,
+)
 from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops import gemma
-from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
-from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 from dlmrt.parallel import group as tp
 from dlmrt.parallel import vocab
 
@@ -48,21 +54,23 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
         self.q_norm = GemmaRMSNorm(self.head_dim, self.eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, self.eps)
-        self.qkv_weight: torch.Tensor | None = None  # q|k|v (full layers: q|k) once fused
-        self.qkv_fp8: nn.Module | None = None  # or one FP8 linear (quantized_install.py)
+        self.unfuse()
+
+    def _projs(self) -> list[nn.Linear]:
+        return [p for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None]
+
+    def unfuse(self) -> None:
+        """q|k|v (full layers: q|k) as separate GEMMs, one tensor (the `qkv` slot, dlmrt/impls)."""
+        set_slot(self, "qkv", ProjectionConcat(self._projs()))
 
     def fuse(self) -> None:  # CUDA only: on the CPU a wider bf16 GEMM rounds unlike HF's three
         if self.q_proj.weight.device.type == "cuda":
-            projs = (self.q_proj, self.k_proj, self.v_proj)
-            self.qkv_weight = fuse_weights(*(p for p in projs if p is not None))
+            set_slot(self, "qkv", StackedProjection(fuse_weights(*self._projs())))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.qkv_weight is None and self.qkv_fp8 is None:
-            return tuple(p(x) for p in (self.q_proj, self.k_proj, self.v_proj) if p is not None)
         kv = self.kv_heads * self.head_dim
         sizes = (self.heads * self.head_dim, kv) + ((kv,) if self.v_proj is not None else ())
-        fused = self.qkv_fp8(x) if self.qkv_fp8 is not None else F.linear(x, self.qkv_weight)
-        return fused.split(sizes, dim=-1)
+        return self.qkv(x).split(sizes, dim=-1)
 
     def forward(self, x: torch.Tensor, rope, pos: torch.Tensor, view, layer: int, sliding: bool):
         """-> output [rows, hidden]; `view` (a context of `diffusion_gemma_context.py`) stores
@@ -93,30 +101,6 @@ class Router(nn.Module):
         return ops.moe_route_softmax(self.proj(x), self.per_expert_scale, self.k)
 
 
-class Experts(nn.Module):
-    """Per-expert GeGLU; gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]."""
-
-    def __init__(self, cfg: DiffusionGemmaConfig) -> None:
-        super().__init__()
-        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
-        self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
-        self.fp8_w8a8 = False  # FP8 activations too (ops/moe_fp8_choice.py)
-        self.nvfp4: tuple | None = None  # NVFP4 (gate, up, down): models/quantized_install.py
-        self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: loading/placement.py
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        # sum_dtype=x.dtype: transformers accumulates the experts in the model dtype (twin only)
-        if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
-            w4 = (*self.nvfp4, "gelu_tanh", x.dtype)
-            return moe_mlp_nvfp4(x, weights, index, *w4, act_scales=self.nvfp4_act)
-        w = (self.gate_up_proj, self.down_proj, "gelu_tanh")
-        if self.fp8_w8a8:  # FP8 codes, activations quantized too: dlmrt/ops/moe_fp8.py
-            return moe_mlp_w8a8(x, weights, index, *w, self.fp8_scales, x.dtype)
-        return ops.moe_mlp(x, weights, index, *w, sum_dtype=x.dtype, scales=self.fp8_scales)
-
-
 class Layer(nn.Module):
     _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm")
     _NORMS += ("post_feedforward_layernorm", "post_feedforward_layernorm_1")
@@ -126,7 +110,11 @@ class Layer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, i)
         self.mlp = GeGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.router, self.experts = Router(cfg), Experts(cfg)
+        e, h, inter = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.router = Router(cfg)
+        self.experts = Experts(
+            e, h, inter, "gelu_tanh", fused_gate_up=True, sum_in_model_dtype=True
+        )
         for name in self._NORMS:
             setattr(self, name, GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
         self.eps = cfg.rms_norm_eps
@@ -195,10 +183,11 @@ class DiffusionGemma(nn.Module):
 
     def use_quantized(self, weights: dict, emulate: bool = False) -> list[str]:
         """Run these FP8 / NVFP4 weights; returns the names not installed (the loader dequantizes
-        them); `emulate`: W4A4 emulation. See `models/quantized_install.py`."""
-        from dlmrt.models.quantized_install import install_quantized  # loads on demand
+        them); `emulate`: W4A4 emulation. The sites: `dlmrt/impls/install.py`'s `gemma_layers`,
+        measured at the canvas's rows."""
+        from dlmrt.impls.install import gemma_layers, install_quantized  # loads on demand
 
-        return install_quantized(self, weights, self.cfg.canvas_length, emulate)
+        return install_quantized(self, weights, self.cfg.canvas_length, gemma_layers, emulate)
 
     def fuse_projections(self) -> None:
         for module in self.modules():

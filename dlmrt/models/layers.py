@@ -7,34 +7,27 @@ follow transformers' Qwen3 (norms in fp32, RoPE tables in fp32 cast to the activ
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
-from dlmrt.ops import fp8 as fp8_ops
-from dlmrt.ops import gemma
+from dlmrt.impls.dense import ProjectionConcat, SeparateGateUp, StackedGateUp, StackedProjection
+from dlmrt.impls.norms import plain_norm
 
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight (plain gain, not 1 + w); `forward(x, residual)` fuses the residual add.
-    `fp8_out` (set when every consumer is an FP8 GEMM): the output is a `QuantAct`, quantized in
-    the norm's own kernel."""
+    `impl` (dlmrt/impls/norms.py) runs it: plain, or with its output quantized for the GEMMs that
+    consume it, as the loader chose."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.fp8_out = False
+        self.impl = plain_norm
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if self.fp8_out:
-            if residual is None:
-                return fp8_ops.rms_norm_fp8(x, self.weight, self.eps)
-            return fp8_ops.add_rms_norm_fp8(x, residual, self.weight, self.eps)
-        if residual is None:
-            return ops.rms_norm(x, self.weight, self.eps)
-        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+        return self.impl(x, residual, self.weight, self.eps)
 
 
 class GemmaRMSNorm(nn.Module):
@@ -48,6 +41,13 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemma_rms_norm(x, self.weight, self.eps)
+
+
+def set_slot(module: nn.Module, name: str, impl) -> None:
+    """module.name = impl, whether impl is a module (registered, as a quantized one is) or a plain
+    implementation object replacing one (`dlmrt/impls/dense.py`)."""
+    module._modules.pop(name, None)
+    setattr(module, name, impl)
 
 
 def fuse_weights(*linears: nn.Linear) -> torch.Tensor:
@@ -163,82 +163,55 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
-        self.qkv_weight: torch.Tensor | None = None
-        self.qkv_fp8: nn.Module | None = None  # an Fp8Linear of q|k|v (models/quantized_install.py)
+        self.unfuse()
+
+    def unfuse(self) -> None:
+        """q|k|v as three GEMMs into one tensor (training; sharding re-slices the projections)."""
+        set_slot(self, "qkv", ProjectionConcat((self.q_proj, self.k_proj, self.v_proj)))
 
     def fuse(self) -> None:
-        self.qkv_weight = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
-
-    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """q|k|v as one [rows, heads + 2 kv_heads, head_dim] tensor (a view of one GEMM once fused)."""
-        if self.qkv_fp8 is not None:
-            qkv = self.qkv_fp8(x)
-        elif self.qkv_weight is None:  # unfused (training): three GEMMs, one tensor
-            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
-        else:
-            qkv = F.linear(x, self.qkv_weight)
-        return qkv.view(qkv.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+        set_slot(
+            self, "qkv", StackedProjection(fuse_weights(self.q_proj, self.k_proj, self.v_proj))
+        )
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttnContext
     ) -> torch.Tensor:
-        qkv = self._qkv(x)
+        qkv = self.qkv(x)  # the `qkv` slot (dlmrt/impls): [rows, (heads + 2 kv_heads) head_dim]
+        qkv = qkv.view(qkv.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
         norms = (self.q_norm, self.k_norm)
         out = attend_qkv(qkv, self.kv_heads, norms, rope, ctx, self.layer_idx, self.scale)
         return self.o_proj(out.transpose(0, 1).reshape(qkv.shape[0], -1))
 
 
 class SwiGLU(nn.Module):
-    """down(SiLU(gate(x)) * up(x)), bias-free; gate and up run as one GEMM once fused."""
+    """down(act(gate(x)) * up(x)), bias-free, act = SiLU; GeGLU: gelu_tanh. The first half is the
+    `gate_up` slot (dlmrt/impls): two GEMMs, one once fused, or what the loader installed."""
+
+    activation = "silu"
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None
-        # an Fp8Linear or Nvfp4Linear of gate|up (models/quantized_install.py; down_proj is then one too)
-        self.gate_up_fp8: nn.Module | None = None
-        self.down_fp8 = False  # down_proj is an Fp8Linear: SiLU·up quantizes its own output
-        # gate|up and the activation as one kernel at the block rows (models/fp8_glu_install.py)
-        self.glu_plan: fp8_ops.GluPlan | None = None
+        self.unfuse()
 
-    gelu = False  # the activation: SiLU (GeGLU: gelu_tanh)
+    def unfuse(self) -> None:
+        set_slot(self, "gate_up", SeparateGateUp(self.gate_proj, self.up_proj, self.activation))
 
     def fuse(self) -> None:
-        self.gate_up_weight = fuse_weights(self.gate_proj, self.up_proj)
-
-    def _glu(self, x: torch.Tensor) -> torch.Tensor:
-        """down(act(gate) * up) with gate|up and the activation as one kernel (`glu_plan`)."""
-        lin = self.gate_up_fp8
-        act = fp8_ops.glu_fp8(x, lin.weight, lin.out_dtype, self.glu_plan, self.gelu)
-        return self.down_proj(act)
+        fused = fuse_weights(self.gate_proj, self.up_proj)
+        set_slot(self, "gate_up", StackedGateUp(fused, self.activation))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.glu_plan is not None:
-            return self._glu(x)
-        if self.gate_up_fp8 is not None:
-            gate_up = self.gate_up_fp8(x)
-            act = fp8_ops.silu_mul_fp8(gate_up) if self.down_fp8 else ops.silu_mul(gate_up)
-            return self.down_proj(act)
-        if self.gate_up_weight is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(ops.silu_mul(F.linear(x, self.gate_up_weight)))
+        return self.down_proj(self.gate_up(x))
 
 
 class GeGLU(SwiGLU):
     """down(gelu_tanh(gate(x)) * up(x)), bias-free (Gemma's gated MLP, `gelu_pytorch_tanh`)."""
 
-    gelu = True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.glu_plan is not None:
-            return self._glu(x)
-        if self.gate_up_fp8 is not None:  # Fp8Linear / Nvfp4Linear (models/quantized_install.py)
-            return self.down_proj(gemma.gelu_mul(self.gate_up_fp8(x)))
-        if self.gate_up_weight is None:
-            return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
-        return self.down_proj(gemma.gelu_mul(F.linear(x, self.gate_up_weight)))
+    activation = "gelu_tanh"
 
 
 class DecoderLayer(nn.Module):

@@ -7,7 +7,7 @@
     weights = scores[index] / sum(scores[index]) * routed_scaling_factor   (unbiased scores)
     y       = sum_j weights_j * expert_{index_j}(x) + shared(x)
 
-Routing and the expert compute go through `ops.moe_route_grouped` and `ops.moe_mlp` (Triton on
+Routing goes through `ops.moe_route_grouped`, the experts through `models/experts.py` (Triton on
 CUDA: one routing kernel and a grouped GEMM without host syncs; the torch twins on the CPU).
 Checkpoints store one tensor per expert (`experts.E.{gate,up,down}_proj.weight`); `Experts` keeps them stacked [E, ...] and
 `stacked_slices` tells the loader which stored name fills which slice.
@@ -22,9 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlmrt import ops
+from dlmrt.models.experts import Experts
 from dlmrt.models.layers import SwiGLU
-from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
-from dlmrt.ops.nvfp4 import moe_mlp_nvfp4
 
 log = logging.getLogger("dlmrt")
 EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
@@ -102,47 +101,14 @@ def _mm_fp32_out(device: torch.device) -> bool:
     return _MM_FP32_OUT[device.type]
 
 
-class Experts(nn.Module):
-    """Routed SwiGLU experts, stacked: gate_proj/up_proj [E, I, H], down_proj [E, H, I]."""
-
-    def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
-        self.up_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
-        self.fp8_scales: tuple[torch.Tensor, ...] | None = None  # FP8 codes: (gate, up, down)
-        self.fp8_w8a8 = False  # FP8 activations too (ops/moe_fp8_choice.py)
-        self.nvfp4: tuple | None = None  # NVFP4 (gate, up, down): models/quantized_install.py
-        self.nvfp4_act: tuple | None = None  # W4A4 emulation's input scales: loading/placement.py
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        weights: torch.Tensor,
-        index: torch.Tensor,
-        add: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The routed experts' weighted sum per row, plus `add` (the shared experts' output,
-        added in the expert op's last pass)."""
-        if self.nvfp4 is not None:  # NVFP4 codes (gate, up, down): dlmrt/ops/nvfp4.py
-            act = self.nvfp4_act
-            return moe_mlp_nvfp4(x, weights, index, *self.nvfp4, "silu", act_scales=act, add=add)
-        gate_up = (self.gate_proj, self.up_proj)
-        if self.fp8_w8a8:  # FP8 codes, activations quantized too: dlmrt/ops/moe_fp8.py
-            args = (gate_up, self.down_proj, "silu", self.fp8_scales)
-            return moe_mlp_w8a8(x, weights, index, *args, add=add)
-        return ops.moe_mlp(
-            x, weights, index, gate_up, self.down_proj, "silu", scales=self.fp8_scales, add=add
-        )
-
-
 class SparseMoE(nn.Module):
     """`mlp` of a MoE layer: router (`gate`), routed `experts`, optional `shared_experts`."""
 
     def __init__(self, cfg) -> None:
         super().__init__()
         self.gate = Router(cfg)
-        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        inter = cfg.moe_intermediate_size
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, inter, "silu", fused_gate_up=False)
         shared = cfg.moe_intermediate_size * cfg.num_shared_experts
         self.shared_experts = SwiGLU(cfg.hidden_size, shared) if shared else None
 
@@ -155,7 +121,7 @@ def stacked_slices(model: nn.Module) -> dict[str, tuple[str, int]]:
     """Stored per-expert tensor name -> (stacked parameter name, expert index), for the loader."""
     out: dict[str, tuple[str, int]] = {}
     for prefix, module in model.named_modules():
-        if isinstance(module, Experts):
+        if isinstance(module, Experts) and not module.fused_gate_up:
             for proj in EXPERT_PROJS:
                 for e in range(getattr(module, proj).shape[0]):
                     out[f"{prefix}.{e}.{proj}.weight"] = (f"{prefix}.{proj}", e)

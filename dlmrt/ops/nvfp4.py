@@ -4,7 +4,7 @@ every op.
 CUDA -> kernels/moe_mlp_nvfp4.py / kernels/linear_nvfp4.py (E2M1 codes and e4m3 block scales
 decoded in registers, bf16 multiplies); otherwise the twin: dequantize the weights to x's dtype,
 then `reference.moe_mlp` / `F.linear`. The models call the expert op for routed experts and
-`linear_nvfp4` for dense MLPs whose gate, up and down are all NVFP4 (`models/nvfp4_linear.py`:
+`linear_nvfp4` for dense MLPs whose gate, up and down are all NVFP4 (`impls/nvfp4_linear.py`:
 on CUDA, and on the CPU under W4A4 emulation; otherwise the CPU dequantizes them at load).
 The ops take `Nvfp4Weight`s, not a kernel's argument list, so a Blackwell kernel with FP4 tensor
 cores (W4A4) can be slotted in behind them later. Optional W4A4 emulation on Hopper: `act_scales`

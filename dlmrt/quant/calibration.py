@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dlmrt.models import diffusion_gemma, moe
-from dlmrt.models.layers import GeGLU, SwiGLU
+from dlmrt.models.experts import Experts
+from dlmrt.models.layers import SwiGLU
 
 
 def _act(gelu: bool, g: torch.Tensor) -> torch.Tensor:
@@ -34,7 +34,7 @@ class HessianHooks:
         self.tokens: dict[str, int] = {}
         self.handles = []
         for name, module in model.named_modules():
-            if isinstance(module, (moe.Experts, diffusion_gemma.Experts)):
+            if isinstance(module, Experts):
                 hook = self._experts_hook(name, module)
             elif isinstance(module, SwiGLU):
                 hook = self._dense_hook(name, module)
@@ -58,7 +58,7 @@ class HessianHooks:
         def hook(_module, args) -> None:
             x = args[0].reshape(-1, args[0].shape[-1]).float()
             gate = F.linear(x, mlp.gate_proj.weight.float())
-            h = _act(isinstance(mlp, GeGLU), gate) * F.linear(x, mlp.up_proj.weight.float())
+            h = _act(mlp.activation == "gelu_tanh", gate) * F.linear(x, mlp.up_proj.weight.float())
             xx = self._h(x)
             for proj in ("gate_proj", "up_proj"):
                 self._add(f"{prefix}.{proj}.weight", xx, x.abs().amax())
@@ -67,7 +67,7 @@ class HessianHooks:
         return hook
 
     def _experts_hook(self, prefix: str, experts: nn.Module):
-        fused = hasattr(experts, "gate_up_proj")  # DiffusionGemma: [E, 2I, H], GeGLU
+        fused = experts.fused_gate_up  # DiffusionGemma: one [E, 2I, H] stack
 
         def hook(_module, args) -> None:
             x, _weights, index = args[0].float(), args[1], args[2]
@@ -82,7 +82,7 @@ class HessianHooks:
                 else:
                     gate = F.linear(xe, experts.gate_proj[e].float())
                     up = F.linear(xe, experts.up_proj[e].float())
-                he = _act(fused, gate) * up
+                he = _act(experts.activation == "gelu_tanh", gate) * up
                 xx[e], hh[e] = self._h(xe), self._h(he)
                 x_amax[e], h_amax[e] = xe.abs().amax(), he.abs().amax()
             for proj in ("gate_up_proj",) if fused else ("gate_proj", "up_proj"):

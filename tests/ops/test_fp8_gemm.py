@@ -88,7 +88,7 @@ def test_fp8_gemm_replays_from_a_cuda_graph(split, tma):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_the_pinned_kernel_is_picked_and_the_linear_runs_its_plan(monkeypatch):
-    from dlmrt.models.fp8_linear import Fp8Linear
+    from dlmrt.impls.fp8_linear import Fp8Linear
     from dlmrt.ops import fp8 as fp8_ops
     from dlmrt.ops import fp8_choice
 

@@ -91,22 +91,25 @@ def test_amax_input_gives_the_codes_of_the_row_quantizer(rows, tma, split):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("gelu", (False, True))
 def test_mlp_fused_form_matches_the_separate_form_and_replays(monkeypatch, gelu):
-    from dlmrt.models.fp8_glu_install import install_glu
-    from dlmrt.models.fp8_linear import Fp8Linear
+    from dlmrt.impls.dense_install import set_gate_up
+    from dlmrt.impls.fp8_linear import Fp8Linear
+    from dlmrt.impls.gate_up import FusedGlu, QuantGateUp
+    from dlmrt.impls.glu_install import install_glu
     from dlmrt.models.layers import GeGLU, SwiGLU
     from dlmrt.ops import fp8 as fp8_ops
+    from dlmrt.ops import gemma
 
     monkeypatch.setenv("DLMRT_FP8_GLU", "on")
     hidden, inter, rows = 1024, 2816, 256
     mlp = (GeGLU if gelu else SwiGLU)(hidden, inter).to("cuda", torch.bfloat16)
     w = quantize_per_channel(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).float())
-    mlp.gate_up_fp8 = Fp8Linear(w, torch.bfloat16)
+    act = gemma.gelu_mul if gelu else fp8_ops.silu_mul_fp8  # as dense_install.fp8_gated_mlp
+    set_gate_up(mlp, QuantGateUp(Fp8Linear(w, torch.bfloat16), act))
     mlp.down_proj = Fp8Linear(quantize_per_channel(mlp.down_proj.weight.float()), torch.bfloat16)
-    mlp.down_fp8 = not gelu
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     arg = x if gelu else fp8_ops.quant_rows(x)  # SwiGLU's input comes quantized from its norm
     separate = mlp(arg)
-    assert install_glu("mlp", mlp, rows, gelu) and mlp.glu_plan is not None
+    assert install_glu("mlp", mlp, rows) and isinstance(mlp.gate_up, FusedGlu)
     fused = mlp(arg)
     torch.testing.assert_close(fused.float(), separate.float(), rtol=5e-2, atol=5e-2)
     graph = torch.cuda.CUDAGraph()

@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
 from dlmrt.formats.fp8 import FP8, quantize_per_channel
+from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.loading.policy import classify
-from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.quant.writer import write_fp8_checkpoint
 
 pytestmark = [

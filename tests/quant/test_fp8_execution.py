@@ -13,10 +13,12 @@ from dlmrt import LLM
 from dlmrt.attention import AttnContext
 from dlmrt.engine.kv_cache import arena_dtype
 from dlmrt.formats.fp8 import FP8, quantize_per_channel, quantize_rows
+from dlmrt.impls.fp8_linear import Fp8Linear
+from dlmrt.impls.norms import fp8_out_norm
 from dlmrt.loading.placement import install, quantize_candidates
-from dlmrt.models.fp8_linear import Fp8Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import reference
+from dlmrt.ops.fp8 import silu_mul_fp8
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +61,17 @@ def test_use_fp8_installs_the_projections_the_policy_names(ckpts, family):
     layer = model.model.layers[0]
     if family == "qwen":
         assert (
-            isinstance(layer.self_attn.qkv_fp8, Fp8Linear)
+            isinstance(layer.self_attn.qkv, Fp8Linear)
             and layer.self_attn.q_proj.weight.numel() == 0
         )
-        assert isinstance(layer.mlp.gate_up_fp8, Fp8Linear) and layer.mlp.down_fp8
-        assert layer.post_attention_layernorm.fp8_out
+        assert isinstance(layer.mlp.gate_up.linear, Fp8Linear)
+        assert layer.mlp.gate_up.activation is silu_mul_fp8  # quantizes down's input
+        assert layer.post_attention_layernorm.impl is fp8_out_norm
     else:
         assert isinstance(layer.attention.query_key_value, Fp8Linear)
         moe = model.model.layers[-1].mlp.experts
-        assert moe.gate_proj.dtype == FP8 and moe.fp8_scales is not None
-    assert layer.input_layernorm.fp8_out and isinstance(model.lm_head, Fp8Linear)
+        assert moe.gate_proj.dtype == FP8 and moe.impl.scales is not None
+    assert layer.input_layernorm.impl is fp8_out_norm and isinstance(model.lm_head, Fp8Linear)
     out = layer.self_attn.o_proj if family == "qwen" else layer.attention.dense
     assert isinstance(out, Fp8Linear)  # the attention output: quantized before its GEMM
     kept = {n.split(".", 3)[-1] for n in left}  # shared experts stay bf16
@@ -135,8 +138,10 @@ def test_diffusion_gemma_runs_every_dense_projection_and_its_tied_head_in_fp8(tm
     fp8, left = quantize_model(model)
     for layer in model.model.layers:
         attn = layer.self_attn
-        assert isinstance(attn.qkv_fp8, Fp8Linear) and attn.q_proj.weight.numel() == 0
-        assert isinstance(attn.o_proj, Fp8Linear) and isinstance(layer.mlp.gate_up_fp8, Fp8Linear)
+        assert isinstance(attn.qkv, Fp8Linear) and attn.q_proj.weight.numel() == 0
+        assert isinstance(attn.o_proj, Fp8Linear) and isinstance(
+            layer.mlp.gate_up.linear, Fp8Linear
+        )
         assert isinstance(layer.mlp.down_proj, Fp8Linear)
     assert isinstance(model.lm_head, Fp8Linear) and "lm_head.weight" not in left
     assert torch.equal(model.embed_table, embed)  # the embedding itself is not quantized

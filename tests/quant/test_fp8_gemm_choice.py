@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlmrt.formats.fp8 import quantize_per_channel
-from dlmrt.models.fp8_linear import Fp8Linear
+from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import fp8_choice
 

@@ -12,6 +12,7 @@ from conftest import assert_modes_agree, residual_config, write_checkpoint, writ
 
 from dlmrt import LLM, ops
 from dlmrt.formats.fp8 import FP8, quantize_per_channel, quantize_rows
+from dlmrt.impls.experts import W8A8Experts
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops import reference
 
@@ -184,9 +185,9 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(
     }
     layer = llms["eager"].model.model.layers[0]
     experts = layer.experts
-    assert experts.gate_up_proj.dtype == FP8 and experts.fp8_scales is not None
-    assert layer.self_attn.qkv_fp8.plan is not None and layer.mlp.down_proj.plan is not None
-    assert experts.fp8_w8a8 == (experts_path == "w8a8")
+    assert experts.gate_up_proj.dtype == FP8 and experts.impl.scales is not None
+    assert layer.self_attn.qkv.plan is not None and layer.mlp.down_proj.plan is not None
+    assert isinstance(experts.impl, W8A8Experts) == (experts_path == "w8a8")
     for seed, (plen, max_new) in enumerate([(5, 40), (40, 64)]):
         outs = {
             m: llm.generate(_prompt(plen, seed), max_new_tokens=max_new, seed=seed, rng="counter")

@@ -9,8 +9,20 @@ import torch
 from conftest import write_llada2_checkpoint
 
 from dlmrt import LLM
+from dlmrt.impls.experts import W8A8Experts
 from dlmrt.loading import placement
+from dlmrt.models.experts import Experts
 from dlmrt.ops import moe_fp8_choice
+
+
+def _w8a8_flags(model) -> set[bool]:
+    """Per FP8 experts module (one holding codes' scales): whether it runs W8A8."""
+    impls = [
+        m.impl
+        for m in model.modules()
+        if getattr(getattr(m, "impl", None), "scales", None) is not None
+    ]
+    return {isinstance(impl, W8A8Experts) for impl in impls}
 
 
 class _CudaTensor:
@@ -74,8 +86,8 @@ def test_the_cpu_runs_the_w8a8_twin_and_w8a16_on_request(tmp_path, monkeypatch):
     for policy in ("measured", "w8a16"):
         monkeypatch.setenv("DLMRT_FP8_EXPERTS", policy)
         llm = LLM(path, quantization="fp8", dtype=torch.bfloat16)  # W8A8 serves half models
-        experts = [m for m in llm.model.modules() if getattr(m, "fp8_scales", None) is not None]
-        flags[policy] = {e.fp8_w8a8 for e in experts}
+        flags[policy] = _w8a8_flags(llm.model)
+        experts = [m for m in llm.model.modules() if isinstance(m, Experts)]
         hidden = experts[0].down_proj.shape[1]
         x = torch.randn(5, hidden, generator=torch.Generator().manual_seed(0)).bfloat16()
         weights = torch.full((5, 2), 0.5)
@@ -93,5 +105,5 @@ def test_an_fp32_model_keeps_weight_only_experts(tmp_path, monkeypatch):
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", "w8a8")
     path = write_llada2_checkpoint(tmp_path / "l", vocab_size=512)
     llm = LLM(path, quantization="fp8", dtype=torch.float32)
-    flags = {m.fp8_w8a8 for m in llm.model.modules() if getattr(m, "fp8_scales", None) is not None}
+    flags = _w8a8_flags(llm.model)
     assert flags == {False}

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.config import EngineConfig
 from dlmrt.formats.nvfp4 import BLOCK, E2M1_MAX, E2M1_VALUES, encode, quantize_nvfp4
+from dlmrt.impls.experts import Nvfp4Experts
 from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import act_quantizers, fake_quant_act, moe_mlp_nvfp4
@@ -98,15 +99,17 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
 def test_loaded_input_scales_are_the_written_ones_and_generation_runs(quantized, name):
     path = quantized[name]
     ckpt = load_checkpoint(path, torch.float32, CPU, activations="nvfp4")
-    experts = [m for m in ckpt.model.modules() if getattr(m, "nvfp4", None) is not None]
-    assert experts and all(m.nvfp4_act is not None for m in experts)
+    experts = [
+        m.impl for m in ckpt.model.modules() if isinstance(getattr(m, "impl", None), Nvfp4Experts)
+    ]
+    assert experts and all(impl.act_scales is not None for impl in experts)
     stored = load_file(str(path / "model.safetensors"))
     key = "input_scale" if "modelopt" in name else "input_global_scale"
     scales = {n: v if key == "input_scale" else 1.0 / v for n, v in stored.items() if key in n}
     down = max(
         v.max() for n, v in scales.items() if ".0.mlp" not in n and "down" in n and "layers.1." in n
     )
-    torch.testing.assert_close(experts[0].nvfp4_act[1], down, rtol=1e-6, atol=0)
+    torch.testing.assert_close(experts[0].act_scales[1], down, rtol=1e-6, atol=0)
     from dlmrt import LLM
 
     w4a4 = LLM(path, device="cpu", dtype="float32", activations="nvfp4", mode="eager")

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
+from dlmrt.impls.experts import Nvfp4Experts
 from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.loading.quant_config import read_quant_config
 from dlmrt.quant.nvfp4_writer import is_nvfp4_target, write_nvfp4_checkpoint
@@ -85,7 +86,9 @@ def test_installed_nvfp4_experts_give_the_dequantized_outputs(sources, tmp_path,
     plain = load_checkpoint(out, torch.float32, CPU)
     inst = load_checkpoint(out, torch.float32, CPU)
     left = inst.model.use_quantized(dict(inst.quantized))
-    experts = [m for m in inst.model.modules() if getattr(m, "nvfp4", None) is not None]
+    experts = [
+        m for m in inst.model.modules() if isinstance(getattr(m, "impl", None), Nvfp4Experts)
+    ]
     assert len(experts) == {"llada2": 2, "dg": 5}[family]
     assert all(n not in left for n in inst.quantized if ".experts." in n)
     assert not left  # the dense MLPs' gate, up and down are all NVFP4: installed too

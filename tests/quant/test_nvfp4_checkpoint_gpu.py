@@ -1,5 +1,5 @@
 """GPU: NVFP4 checkpoints (both layouts) load onto CUDA with their routed experts on the W4A16
-kernel (`experts.nvfp4`) or converted to FP8 W8A8, and decode the same tokens in the three modes (LLaDA2, DiffusionGemma).
+kernel (`experts.impl`: `Nvfp4Experts`) or converted to FP8 W8A8, and decode the same tokens in the three modes (LLaDA2, DiffusionGemma).
 
 Run on the device machine: pytest -m gpu tests/quant/test_nvfp4_checkpoint_gpu.py
 """
@@ -12,6 +12,8 @@ from conftest import assert_modes_agree
 from nvfp4_helpers import nvfp4_sources
 
 from dlmrt import LLM
+from dlmrt.impls.experts import W8A8Experts
+from dlmrt.models.experts import Experts
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
 pytestmark = [
@@ -30,13 +32,13 @@ def test_nvfp4_checkpoint_on_cuda_modes_agree(tmp_path, monkeypatch, family, fmt
     src = nvfp4_sources(tmp_path / "src")[family]
     path = write_nvfp4_checkpoint(src, tmp_path / "nvfp4", fmt=fmt)
     llms = {m: LLM(path, device="cuda", mode=m) for m in MODES}
-    experts = [m for m in llms["eager"].model.modules() if hasattr(m, "fp8_w8a8")]
+    experts = [m for m in llms["eager"].model.modules() if isinstance(m, Experts)]
     if experts_path == "w4a16":
-        assert experts[0].nvfp4[0].packed.is_cuda  # installed for the kernel
+        assert experts[0].impl.stacks[0].packed.is_cuda  # installed for the kernel
     else:  # per-channel FP8 codes on the W8A8 kernel, within FP8 rounding of the NVFP4 values
         e = experts[0]
-        assert e.nvfp4 is None and e.fp8_w8a8 and e.down_proj.dtype == torch.float8_e4m3fn
-        deq = e.down_proj.float() * e.fp8_scales[2].unsqueeze(-1)
+        assert isinstance(e.impl, W8A8Experts) and e.down_proj.dtype == torch.float8_e4m3fn
+        deq = e.down_proj.float() * e.impl.scales[2].unsqueeze(-1)
         name = next(n for n, m in llms["eager"].model.named_modules() if m is e)
         want = LLM(path, device="cuda", quantization="none").model.get_submodule(name).down_proj
         err = (deq - want.float()).norm() / want.float().norm()
@@ -73,9 +75,11 @@ def test_w4a4_emulation_on_cuda_modes_agree_and_match_the_cpu_twin(tmp_path, fam
     assert_modes_agree(outs, family, "w4a4")
     cpu = LLM(path, device="cpu", dtype="float32", mode="eager", activations="nvfp4")
     gpu = LLM(path, device="cuda", dtype="float32", mode="eager", activations="nvfp4")
-    pick = lambda llm: next(m for m in llm.model.modules() if getattr(m, "nvfp4_act", None))  # noqa: E731
+    pick = lambda llm: next(  # noqa: E731
+        m for m in llm.model.modules() if getattr(getattr(m, "impl", None), "act_scales", None)
+    )
     a, b = pick(cpu), pick(gpu)
-    x = t.randn(6, a.nvfp4[2].shape[1])  # down [E, H, I]: the hidden size
+    x = t.randn(6, a.impl.stacks[2].shape[1])  # down [E, H, I]: the hidden size
     weights, index = t.rand(6, 2), t.tensor([[0, 1], [2, 3], [1, 2], [3, 0], [0, 2], [1, 3]])
     want = a(x, weights, index)
     got = b(x.cuda(), weights.cuda(), index.cuda()).cpu()

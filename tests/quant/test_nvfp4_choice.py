@@ -11,9 +11,9 @@ import torch
 from nvfp4_helpers import nvfp4_sources
 
 from dlmrt import LLM
+from dlmrt.impls import dense_install
+from dlmrt.impls.nvfp4_linear import Nvfp4Linear
 from dlmrt.loading import placement
-from dlmrt.models import quantized_install
-from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import nvfp4_choice
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
@@ -63,7 +63,7 @@ def test_a_slower_kernel_leaves_the_mlp_dequantized_but_emulation_installs_it(
     qwen, monkeypatch, caplog
 ):
     monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)  # as on CUDA
-    monkeypatch.setattr(quantized_install, "use_nvfp4_dense", lambda *a: (False, "bf16 faster"))
+    monkeypatch.setattr(dense_install, "use_nvfp4_dense", lambda *a: (False, "bf16 faster"))
     with caplog.at_level(logging.DEBUG, logger="dlmrt"):
         declined = LLM(qwen, device="cpu", dtype="float32", mode="eager")
     assert "nvfp4 model.layers.0.mlp: dequantized (bf16 faster)" in caplog.text
@@ -71,6 +71,6 @@ def test_a_slower_kernel_leaves_the_mlp_dequantized_but_emulation_installs_it(
     plain = LLM(qwen, device="cpu", dtype="float32", mode="eager", quantization="none")
     got = declined.generate(PROMPT, **KW).token_ids
     assert got == plain.generate(PROMPT, **KW).token_ids  # the same dequantized weights
-    monkeypatch.setattr(quantized_install, "use_nvfp4_dense", lambda *a: pytest.fail("consulted"))
+    monkeypatch.setattr(dense_install, "use_nvfp4_dense", lambda *a: pytest.fail("consulted"))
     emulated = LLM(qwen, device="cpu", dtype="float32", mode="eager", activations="nvfp4")
     assert sum(isinstance(m, Nvfp4Linear) for m in emulated.model.modules()) == 4  # 2 layers

@@ -14,10 +14,10 @@ from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
+from dlmrt.impls.nvfp4_linear import Nvfp4Linear
 from dlmrt.loading import placement
 from dlmrt.loading.checkpoint import load_checkpoint
 from dlmrt.models.layers import GeGLU, SwiGLU
-from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import fake_quant_act
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
@@ -47,7 +47,7 @@ def _twin(mlp, x: torch.Tensor, scales=None) -> torch.Tensor:
     `scales` (x's, the hidden's): both GEMM inputs fake-quantized first."""
     act = _gelu_mul if type(mlp) is GeGLU else reference.silu_mul
     quant = (lambda t, i: fake_quant_act(t, scales[i])) if scales else (lambda t, i: t)  # noqa: E731
-    h = act(F.linear(quant(x, 0), mlp.gate_up_fp8.weight.dequantize(x.dtype)))
+    h = act(F.linear(quant(x, 0), mlp.gate_up.linear.weight.dequantize(x.dtype)))
     return F.linear(quant(h, 1), mlp.down_proj.weight.dequantize(x.dtype))
 
 
@@ -75,13 +75,18 @@ def test_emulation_installs_the_dense_mlps_and_quantizes_both_gemm_inputs(ckpts,
         if i not in DENSE[family]:
             assert not isinstance(mlp, (SwiGLU, GeGLU))
             continue
-        assert isinstance(mlp.gate_up_fp8, Nvfp4Linear) and isinstance(mlp.down_proj, Nvfp4Linear)
-        assert mlp.gate_up_weight is None and mlp.gate_proj.weight.numel() == 0  # bf16 freed
-        assert mlp.gate_up_fp8.weight.per_row and mlp.gate_up_fp8.weight.packed.dtype == torch.uint8
+        assert isinstance(mlp.gate_up.linear, Nvfp4Linear) and isinstance(
+            mlp.down_proj, Nvfp4Linear
+        )
+        assert mlp.gate_proj.weight.numel() == 0 and mlp.up_proj.weight.numel() == 0  # bf16 freed
+        assert (
+            mlp.gate_up.linear.weight.per_row
+            and mlp.gate_up.linear.weight.packed.dtype == torch.uint8
+        )
         sx, sh = _input_scales(plain.quantized, i)
-        assert mlp.gate_up_fp8.act_scale == sx and mlp.down_proj.act_scale == sh
+        assert mlp.gate_up.linear.act_scale == sx and mlp.down_proj.act_scale == sh
         x = torch.randn(
-            6, mlp.gate_up_fp8.weight.shape[1], generator=torch.Generator().manual_seed(i)
+            6, mlp.gate_up.linear.weight.shape[1], generator=torch.Generator().manual_seed(i)
         )
         got = mlp(x)
         assert torch.equal(got, _twin(mlp, x, (sx, sh)))
@@ -91,7 +96,7 @@ def test_emulation_installs_the_dense_mlps_and_quantizes_both_gemm_inputs(ckpts,
     # only the dense MLPs: never attention, the ORL adapter, shared experts, self-conditioning
     dense = {n for n, m in ckpt.model.named_modules() if isinstance(m, Nvfp4Linear)}
     assert dense == {
-        f"model.layers.{i}.mlp.{p}" for i in DENSE[family] for p in ("gate_up_fp8", "down_proj")
+        f"model.layers.{i}.mlp.{p}" for i in DENSE[family] for p in ("gate_up.linear", "down_proj")
     }
 
 
@@ -104,7 +109,7 @@ def test_emulated_generation_equals_fake_quant_hooks_on_the_dequantized_model(ck
     fp8 = load_checkpoint(path, torch.float32, CPU).quantized
     for i, mlp in enumerate(_mlps(hooked.model)):
         sx, sh = _input_scales(fp8, i)
-        assert mlp.gate_up_fp8 is None and type(mlp.down_proj) is torch.nn.Linear
+        assert not hasattr(mlp.gate_up, "linear") and type(mlp.down_proj) is torch.nn.Linear
         mlp.register_forward_pre_hook(lambda m, a, s=sx: (fake_quant_act(a[0], s),))
         mlp.down_proj.register_forward_pre_hook(lambda m, a, s=sh: (fake_quant_act(a[0], s),))
     got = w4a4.generate(PROMPT, **KW).token_ids
@@ -121,7 +126,7 @@ def test_without_emulation_the_cpu_dequantizes_and_w4a16_installed_gives_its_tok
     plain = LLM(ckpts[family], device="cpu", dtype="float32", mode="eager")
     assert not any(isinstance(m, Nvfp4Linear) for m in plain.model.modules())
     for mlp in _mlps(plain.model):
-        assert mlp.gate_up_fp8 is None and type(mlp.down_proj) is torch.nn.Linear
+        assert not hasattr(mlp.gate_up, "linear") and type(mlp.down_proj) is torch.nn.Linear
         assert mlp.gate_proj.weight.dtype == torch.float32 and mlp.gate_proj.weight.numel() > 0
     monkeypatch.setattr(placement, "has_quantized_kernels", lambda device: True)  # as on CUDA
     with caplog.at_level(logging.DEBUG, logger="dlmrt"):

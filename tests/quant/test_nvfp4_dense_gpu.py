@@ -17,8 +17,8 @@ from conftest import assert_modes_agree
 from nvfp4_helpers import nvfp4_sources
 
 from dlmrt import LLM
+from dlmrt.impls.nvfp4_linear import Nvfp4Linear
 from dlmrt.models.layers import GeGLU, SwiGLU
-from dlmrt.models.nvfp4_linear import Nvfp4Linear
 from dlmrt.ops import reference
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
@@ -48,7 +48,7 @@ def _generate(llms: dict[str, LLM], family: str, seed: int) -> dict:
 
 def _twin(mlp, x: torch.Tensor) -> torch.Tensor:
     """The dense MLP from the twins: dequantized gate|up, the activation, dequantized down."""
-    h = F.linear(x, mlp.gate_up_fp8.weight.dequantize(x.dtype))
+    h = F.linear(x, mlp.gate_up.linear.weight.dequantize(x.dtype))
     if type(mlp) is GeGLU:
         gate, up = h.chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") * up
@@ -66,19 +66,19 @@ def test_dense_nvfp4_mlps_run_the_kernel_and_modes_agree(tmp_path, caplog, monke
     assert "nvfp4 model.layers.0.mlp: NVFP4 weight-only W4A16 (dense MLP)" in caplog.text
     assert "W4A16 kernel (DLMRT_NVFP4_DENSE=kernel)" in caplog.text  # the choice, logged once
     mlps = _dense(llms["eager"])
-    assert mlps and all(isinstance(m.gate_up_fp8, Nvfp4Linear) for m in mlps)
-    assert all(m.gate_up_fp8.packed.is_cuda and m.gate_up_fp8.act_scale is None for m in mlps)
+    assert mlps and all(isinstance(m.gate_up.linear, Nvfp4Linear) for m in mlps)
+    assert all(m.gate_up.linear.packed.is_cuda and m.gate_up.linear.act_scale is None for m in mlps)
     assert_modes_agree(_generate(llms, family, 37), family, "w4a16")
     mlp = mlps[0]
     for rows in (1, 16, 100):  # the kernel's BM 16 and 64 tiles
-        x = torch.randn(rows, mlp.gate_up_fp8.weight.shape[1], device="cuda").bfloat16()
+        x = torch.randn(rows, mlp.gate_up.linear.weight.shape[1], device="cuda").bfloat16()
         got, want = mlp(x).float(), _twin(mlp, x).float()
         assert (got - want).norm() < 1e-2 * want.norm()  # the same weights; sums rounded apart
     gpu = LLM(path, device="cuda", dtype="float32", mode="eager")
     cpu = LLM(path, device="cpu", dtype="float32", mode="eager")  # dequantized at load
     a, b = _dense(gpu)[0], _dense(cpu)[0]
     assert isinstance(a.down_proj, Nvfp4Linear) and type(b.down_proj) is torch.nn.Linear
-    x = torch.randn(24, a.gate_up_fp8.weight.shape[1])
+    x = torch.randn(24, a.gate_up.linear.weight.shape[1])
     want = b(x)
     torch.testing.assert_close(
         a(x.cuda()).cpu(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item()
@@ -93,12 +93,12 @@ def test_dense_w4a4_emulation_on_cuda_modes_agree_and_match_the_cpu_twin(tmp_pat
     src = nvfp4_sources(tmp_path / "src")[family]
     path = write_nvfp4_checkpoint(src, tmp_path / "w4a4", input_amax=amax)
     llms = {m: LLM(path, device="cuda", mode=m, activations="nvfp4") for m in MODES}
-    assert all(m.gate_up_fp8.act_scale is not None for m in _dense(llms["eager"]))
+    assert all(m.gate_up.linear.act_scale is not None for m in _dense(llms["eager"]))
     assert_modes_agree(_generate(llms, family, 31), family, "w4a4")
     cpu = LLM(path, device="cpu", dtype="float32", mode="eager", activations="nvfp4")
     gpu = LLM(path, device="cuda", dtype="float32", mode="eager", activations="nvfp4")
     a, b = _dense(cpu)[0], _dense(gpu)[0]
-    x = torch.randn(6, a.gate_up_fp8.weight.shape[1])
+    x = torch.randn(6, a.gate_up.linear.weight.shape[1])
     want, got = a(x), b(x.cuda()).cpu()
     # an input within rounding of an E2M1 midpoint may land on either side: compare norms
     assert (got - want).norm() < 1e-2 * want.norm()

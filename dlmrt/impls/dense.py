@@ -1,0 +1,58 @@
+"""The unquantized implementations of the linear and gated-MLP slots (`dlmrt/impls/__init__.py`).
+
+Plain objects, not modules: they hold the layer's own `nn.Linear`s (or a fused view of their
+weights, `models.layers.fuse_weights`), so the state dict keeps the checkpoint's names and a
+parameter is never registered twice."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlmrt.impls.activation import act, act_mul
+
+
+class ProjectionConcat:
+    """Several projections of one input as one [rows, sum N] tensor, each its own GEMM (unfused:
+    training, the CPU reference paths)."""
+
+    def __init__(self, linears: Sequence[nn.Module]) -> None:
+        self.linears = tuple(linears)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.linears) == 1:
+            return self.linears[0](x)
+        return torch.cat([lin(x) for lin in self.linears], dim=-1)
+
+
+class StackedProjection:
+    """The same as one GEMM over the projections' concatenated weights (after loading)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class SeparateGateUp:
+    """act(gate(x)) * up(x) with two GEMMs: exactly transformers' MLPs (training, parity)."""
+
+    def __init__(self, gate: nn.Module, up: nn.Module, activation: str) -> None:
+        self.gate, self.up, self.act = gate, up, act(activation)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.gate(x)) * self.up(x)
+
+
+class StackedGateUp:
+    """act(gate) * up from one GEMM over the fused [2I, H] weight and one fused activation."""
+
+    def __init__(self, weight: torch.Tensor, activation: str) -> None:
+        self.weight, self.act_mul = weight, act_mul(activation)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act_mul(F.linear(x, self.weight))
