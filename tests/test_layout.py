@@ -196,3 +196,20 @@ def _oversized(roots: tuple[str, ...]) -> list[str]:
 def test_files_and_functions_stay_small():
     """House style: no file over 300 lines, no function over 60 (package, kernels, benchmarks)."""
     assert _oversized(("dlmrt", "kernels", "benchmarks")) == []
+
+
+def test_model_forwards_never_branch_on_quantization():
+    """How a layer runs is its implementation object's business (dlmrt/impls): no forward in
+    dlmrt/models names a format or a kernel plan, models/ holds no install code, and the
+    implementations never import the models (they see modules by their slots)."""
+    words = ("fp8", "nvfp4", "plan", "quant")
+    found = []
+    for path in sorted((ROOT / "dlmrt" / "models").rglob("*.py")):
+        assert "install" not in path.name, path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in ("forward", "__call__"):
+                src = ast.get_source_segment(path.read_text(), node).lower()
+                found += [f"{path.name}:{node.lineno} {w}" for w in words if w in src]
+    assert found == []
+    g = import_graph()
+    assert _edges_into(g, "dlmrt.impls", ("dlmrt.models", "dlmrt.loading", "dlmrt.engine")) == []

@@ -43,7 +43,7 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim**-0.5
 
     def forward(self, x: torch.Tensor, rope, ctx: AttnContext) -> torch.Tensor:
-        qkv = self.query_key_value(x)  # x may be a QuantAct (FP8 weights): no .shape
+        qkv = self.query_key_value(x)  # x may be an activation in a format: read rows off qkv
         rows = qkv.shape[0]
         qkv = qkv.view(rows, self.heads + 2 * self.kv_heads, self.head_dim)
         norms = (self.query_layernorm, self.key_layernorm)
