@@ -1,9 +1,7 @@
-"""Full-size random-weight MoE models for the round benchmarks, and their touched-expert floor.
-
-LLaDA-2.1-mini: 20 layers (layer 0 dense, intermediate 5120), hidden 2048, 16/4 heads of 128,
-partial rotary 64, 256 experts x 512 in 8 groups (top-4 groups), top-8, one shared expert, vocab
-157184, 32-row blocks. For MoE the byte floor counts only the experts a round's routing touches
-(counted from the routing itself), plus every dense weight read once and the KV arena rows read.
+"""The touched-expert floor of the round benchmarks' MoE models (LLaDA-2.1-mini, DiffusionGemma;
+their configs: `dlmrt/model_shapes.py`). For MoE the byte floor counts only the experts a round's
+routing touches (counted from the routing itself), plus every dense weight read once and the KV
+arena rows read.
 """
 
 from __future__ import annotations

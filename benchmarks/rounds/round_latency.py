@@ -4,7 +4,7 @@
         [--quantization fp8|nvfp4] [--kv-cache-dtype fp8] [--out benchmarks/results/round_latency.json]
 
 qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
-llada2: LLaDA-2.1-mini (see moe_models.py), 32 rows, its `llada_editing` rule (quality preset;
+llada2: LLaDA-2.1-mini (`dlmrt/model_shapes.py`), 32 rows, its `llada_editing` rule (quality preset;
 random weights fill about one row per round). diffusion_gemma: DiffusionGemma-26B-A4B, one
 256-row canvas decoder step (entropy_bound_canvas, counter RNG), ms/step from requests of 4 and
 20 steps (their difference: no prompt encoding in it). ms/round = block time / rounds, so the graph modes
