@@ -1,4 +1,5 @@
-"""Shared pieces of the device benchmarks: the QwenDLM-4B shape with random weights, result files."""
+"""Shared pieces of the device benchmarks: a random-weight model of a config, floors, timers and
+result files (the full-size configs: `dlmrt/model_shapes.py`)."""
 
 from __future__ import annotations
 
@@ -13,36 +14,14 @@ from pathlib import Path
 
 import torch
 
+from dlmrt.model_shapes import layer_widths
 from dlmrt.models.config import ModelConfig
+from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.qwen_dlm import QwenDLM
-from dlmrt.models.residual import ResidualConfig
 from dlmrt.ops import choices
 
 PEAK_FLOPS = 790e12  # measured bf16 dense on the H200
 PEAK_BYTES = 4.3e12  # HBM3e bytes/s
-
-
-def qwen_dlm_4b(layers: int = 36) -> ModelConfig:
-    """QwenDLM-4B + ORL adapter (Qwen3-4B dims, 256-token blocks)."""
-    return ModelConfig(
-        architecture="SDARForCausalLM",
-        vocab_size=151936,
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        rope_theta=5e6,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        mask_token_id=151669,
-        block_size=256,
-        residual=ResidualConfig(
-            intermediate_size=9728, input_scale=0.125, output_scale=0.125, post_norm_scale=0.02
-        ),
-    )
 
 
 def random_model(
@@ -64,6 +43,17 @@ def random_model(
         model.tie_lm_head()
     model.fuse_projections()
     return model
+
+
+def block_attention_shape(cfg) -> tuple[int, int, int]:
+    """(rows, query heads, KV heads) of a block style's round attention (QwenDLM, LLaDA2)."""
+    return cfg.block_size, cfg.num_attention_heads, cfg.num_key_value_heads
+
+
+def canvas_attention_shape(cfg: DiffusionGemmaConfig, kind: str) -> tuple[int, int, int, int]:
+    """(query heads, KV heads, head dim, window; 0: none) of DiffusionGemma's `kind` layers."""
+    dim, kv_heads = layer_widths(cfg, kind)
+    return cfg.num_attention_heads, kv_heads, dim, cfg.sliding_window if kind == SLIDING else 0
 
 
 def round_flops_bytes(cfg: ModelConfig, rows: int, context: int) -> tuple[float, float]:
@@ -106,6 +96,14 @@ def wall_time(fn: Callable[[], None]) -> float:
 def git_revision() -> str:
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return rev.stdout.strip() or "unknown"
+
+
+def command_line() -> str:
+    """How this run started, for a result's `command`: `python -m benchmarks.<module> <args>`
+    (the module's path otherwise, e.g. a test calling its `main`)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    name = f"python -m {spec.name}" if spec is not None else sys.argv[0]
+    return " ".join([name, *sys.argv[1:]])
 
 
 def write_result(path: str, payload: dict, revision: str | None) -> None:
@@ -202,6 +200,5 @@ def shapes_main(name: str, doc: str | None, bench: Callable[..., dict], shapes) 
     for r in rows:
         print(r, flush=True)
     if args.out:
-        cmd = f"{name}.py " + " ".join(sys.argv[1:])
-        payload = {"benchmark": name, "command": cmd, "results": rows}
+        payload = {"benchmark": name, "command": command_line(), "results": rows}
         write_result(args.out, payload, args.git_revision)

@@ -1,9 +1,7 @@
-"""Full-size random-weight MoE models for the round benchmarks, and their touched-expert floor.
-
-LLaDA-2.1-mini: 20 layers (layer 0 dense, intermediate 5120), hidden 2048, 16/4 heads of 128,
-partial rotary 64, 256 experts x 512 in 8 groups (top-4 groups), top-8, one shared expert, vocab
-157184, 32-row blocks. For MoE the byte floor counts only the experts a round's routing touches
-(counted from the routing itself), plus every dense weight read once and the KV arena rows read.
+"""The touched-expert floor of the round benchmarks' MoE models (LLaDA-2.1-mini, DiffusionGemma;
+their configs: `dlmrt/model_shapes.py`). For MoE the byte floor counts only the experts a round's
+routing touches (counted from the routing itself), plus every dense weight read once and the KV
+arena rows read.
 """
 
 from __future__ import annotations
@@ -11,38 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlmrt.models.llada2_config import LLaDA2Config
 from dlmrt.models.moe import Experts, Router
-
-
-def llada21_mini(layers: int = 20) -> LLaDA2Config:
-    return LLaDA2Config(
-        architecture="LLaDA2MoeModelLM",
-        vocab_size=157184,
-        hidden_size=2048,
-        intermediate_size=5120,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=128,
-        rotary_dim=64,
-        rms_norm_eps=1e-6,
-        rope_theta=600000.0,
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        mask_token_id=156895,
-        block_size=32,
-        num_experts=256,
-        top_k=8,
-        n_group=8,
-        topk_group=4,
-        moe_intermediate_size=512,
-        num_shared_experts=1,
-        first_k_dense_replace=1,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        expert_bias=True,
-    )
 
 
 class TouchedExperts:
@@ -109,36 +76,3 @@ def moe_round_floor(
         nbytes += keys * kv_size * size
         flops += 4 * rows * keys * q_size
     return float(flops), float(nbytes)
-
-
-def diffusion_gemma_26b(layers: int = 30):
-    """DiffusionGemma-26B-A4B's text tower: 5 x [5 sliding, 1 full] layers, 16 query heads;
-    sliding: head 256, 8 KV heads, window 1024; full: head 512, 2 KV heads (K = V); dense GeGLU
-    2112, 128 experts x 704, top-8; vocab 262144, softcap 30, canvas 256."""
-    from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig, RopeSpec
-
-    full = "full_attention"
-    types = tuple(full if i % 6 == 5 else SLIDING for i in range(layers))
-    return DiffusionGemmaConfig(
-        architecture="DiffusionGemmaForBlockDiffusion",
-        vocab_size=262144,
-        hidden_size=2816,
-        intermediate_size=2112,
-        self_conditioning_size=2112,
-        num_attention_heads=16,
-        layer_types=types,
-        head_dims=tuple(512 if t == full else 256 for t in types),
-        kv_heads=tuple(2 if t == full else 8 for t in types),
-        rope={SLIDING: RopeSpec(theta=1e4), full: RopeSpec(theta=1e6, rotary_factor=0.25)},
-        sliding_window=1024,
-        rms_norm_eps=1e-6,
-        num_experts=128,
-        top_k_experts=8,
-        moe_intermediate_size=704,
-        final_logit_softcapping=30.0,
-        max_position_embeddings=262144,
-        canvas_length=256,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_ids=(1, 106, 50),
-    )

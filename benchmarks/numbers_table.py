@@ -1,7 +1,7 @@
 """The current round / step times: the latest shipped-configuration run per (model, context,
 weights, KV arena), as the markdown table docs/numbers.md shows.
 
-    python benchmarks/numbers_table.py [--results benchmarks/results] [--write docs/numbers.md]
+    python -m benchmarks.numbers_table [--results benchmarks/results] [--write docs/numbers.md]
 
 Reads every `round_latency_*.json` (block_graph rows only), leaves out the experiment files whose
 names say so (`EXPERIMENTS`: split-KV at 256 rows, FlashAttention-4 on / auto, LLaDA's all-mask

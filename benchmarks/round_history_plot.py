@@ -1,6 +1,6 @@
 """Round latency over the project's history, per model, against the floor and issue 14's targets.
 
-python benchmarks/round_history_plot.py [--out docs/round_history.png]
+python -m benchmarks.round_history_plot [--out docs/round_history.png]
 
 Reads every `benchmarks/results/round_latency_*.json` (written by `round_latency.py`), keeps the
 shipped configuration's runs (bf16 weights, bf16 KV arena, block_graph; LLaDA-2.1-mini on the

@@ -17,6 +17,21 @@ STOPS = (1, 5)
 VOCAB, WINDOW, CANVAS = 96, 5, 8
 S, F_ = "sliding_attention", "full_attention"
 
+# a mid-size text tower (widths past the kernels' smallest tiles): the GPU tests' second size
+MID = dict(
+    vocab_size=1024,
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=32,
+    global_head_dim=64,
+    sliding_window=16,
+    num_experts=8,
+    moe_intermediate_size=128,
+    max_position_embeddings=1024,
+)
+
 
 def _config(**text_overrides):
     text = dict(

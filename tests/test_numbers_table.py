@@ -1,25 +1,17 @@
 """docs/numbers.md's round table is what benchmarks/numbers_table.py makes of the result files
-(regenerate: `python benchmarks/numbers_table.py --write docs/numbers.md`)."""
+(regenerate: `python -m benchmarks.numbers_table --write docs/numbers.md`)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from benchmark_modules import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "numbers_table", ROOT / "benchmarks" / "numbers_table.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_doc_holds_the_current_table():
-    nt = _script()
+    nt = benchmark("numbers_table")
     doc = (ROOT / "docs" / "numbers.md").read_text()
     inside = doc.split(nt.BEGIN, 1)[1].split(nt.END, 1)[0].strip()
     assert inside == nt.table(str(ROOT / "benchmarks" / "results"))
@@ -31,7 +23,7 @@ def test_the_newest_run_of_a_configuration_wins(tmp_path):
     """The newest run, not the fastest nor the last file by name; experiment files left out."""
     import json
 
-    nt = _script()
+    nt = benchmark("numbers_table")
     runs = (
         ("z_old_fast", "2026-01-01", 3.0),
         ("a_new_slow", "2026-02-01", 4.0),

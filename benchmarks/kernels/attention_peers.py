@@ -1,6 +1,6 @@
 """Block-row arena attention beside its peers at the models' round shapes (one H200, bf16).
 
-python benchmarks/kernels/attention_peers.py [--iters 30] [--variants triton flashinfer_fa3 ...]
+python -m benchmarks.kernels.attention_peers [--iters 30] [--variants triton flashinfer_fa3 ...]
     [--out results/attention_peers_h200_DATE.json]
 
 A round's attention: `rows` query rows of one block, all seeing the same keys (the prefix and
@@ -22,17 +22,18 @@ Floors: FLOPs (4 rows keys heads dim at 790 TFLOP/s) and bytes (the visible K an
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, graph_ms, write_result  # noqa: E402
+from benchmarks.common import PEAK_BYTES, block_attention_shape, graph_ms, write_result
+from dlmrt.model_shapes import llada21_mini, qwen_dlm_4b
 
 LAYERS, PEAK_FLOPS, DIM = 16, 790e12, 128
 VARIANTS = ["triton", "triton_ws", "flashinfer_fa2", "flashinfer_fa3", "flashinfer_fa3_nhd"]
-SHAPES = {"qwen_dlm_256": (256, 32, 8), "llada2_32": (32, 16, 4)}  # rows, heads, kv heads
+SHAPES = {  # rows, heads, kv heads
+    "qwen_dlm_256": block_attention_shape(qwen_dlm_4b()),
+    "llada2_32": block_attention_shape(llada21_mini()),
+}
 
 
 def _per_call_us(call, iters: int) -> float:

@@ -1,6 +1,6 @@
 """Attention tiles and key splits at the models' round shapes (one H200, bf16).
 
-python benchmarks/kernels/attention_tiles.py [--out results/attention_tiles_h200_DATE.json]
+python -m benchmarks.kernels.attention_tiles [--out results/attention_tiles_h200_DATE.json]
 
 For LLaDA-2.1-mini (32 rows, 16 / 4 heads x 128) and QwenDLM-4B (256 rows, 32 / 8 x 128), at
 contexts 1k and 4k: the one-pass kernel (`kernels/arena_attention.py`) under each candidate
@@ -16,16 +16,25 @@ BLOCK_D, BLOCK_DV, num_warps, num_stages, splits): the `canvas` rows.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, graph_ms, iters_parser, write_result  # noqa: E402
+from benchmarks.common import (
+    PEAK_BYTES,
+    block_attention_shape,
+    canvas_attention_shape,
+    command_line,
+    graph_ms,
+    iters_parser,
+    write_result,
+)
+from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini, qwen_dlm_4b
+from dlmrt.models.diffusion_gemma_config import FULL, SLIDING
 
 LAYERS, ARENA, PEAK_FLOPS = 16, 8192, 790e12
-SHAPES = {"llada2_32": (32, 16, 4), "qwen_dlm_256": (256, 32, 8)}  # rows, heads, kv heads
+SHAPES = {  # rows, heads, kv heads
+    "llada2_32": block_attention_shape(llada21_mini()),
+    "qwen_dlm_256": block_attention_shape(qwen_dlm_4b()),
+}
 TILES = {
     32: [(32, 64, 4, 3), (32, 128, 4, 3), (64, 128, 4, 3)],
     256: [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 3)],
@@ -86,7 +95,10 @@ def case(name: str, context: int, iters: int) -> dict:
     return row
 
 
-CANVAS = {"dg_sliding": (16, 8, 256, 1024), "dg_full": (16, 2, 512, 0)}  # heads, kv, dim, window
+CANVAS = {  # heads, kv, dim, window
+    "dg_sliding": canvas_attention_shape(diffusion_gemma_26b(), SLIDING),
+    "dg_full": canvas_attention_shape(diffusion_gemma_26b(), FULL),
+}
 CANVAS_TILES = {
     256: [(64, 32, 128, 128, 4, 3, 1), (64, 64, 128, 128, 4, 3, 1), (64, 64, 128, 128, 4, 3, 2),
           (64, 64, 128, 256, 8, 2, 2), (64, 64, 256, 128, 4, 2, 1)],
@@ -154,7 +166,7 @@ def main() -> None:
         args.out,
         {
             "benchmark": "attention_tiles",
-            "command": " ".join(sys.argv),
+            "command": command_line(),
             "layers_per_graph": LAYERS,
             "results": rows,
         },

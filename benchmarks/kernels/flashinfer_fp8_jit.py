@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from flashinfer_stubs import _NS_CLOSE, _NS_OPEN, _RUNNER_STUB, STUB_INL, TMA_WS  # noqa: E402
+from benchmarks.kernels.flashinfer_stubs import _NS_CLOSE, _NS_OPEN, _RUNNER_STUB, STUB_INL, TMA_WS
 
 NAME = "fused_moe_90_dlmrt_fp8"
 # The MoeGemmRunner the FP8 W8A8 runner with bf16 output uses (CutlassMoeFCRunner<fp8, fp8, bf16>

@@ -2,7 +2,7 @@
 scales) vs our split-K kernel (kernels/fp8_gemm.py, every candidate config of
 `dlmrt/ops/fp8_choice.py`), graph-replayed, at 32 and 256 rows (and 512).
 
-    python benchmarks/kernels/fp8_gemm.py [--rows 32 256] [--out results/fp8_gemm_h200_DATE.json]
+    python -m benchmarks.kernels.fp8_gemm [--rows 32 256] [--out results/fp8_gemm_h200_DATE.json]
 
 Shapes (N x K): QwenDLM-4B q|k|v, o, gate|up, down, LM head; DiffusionGemma-26B-A4B sliding
 q|k|v, full q|k, o (sliding / full), dense gate|up and down, LM head. Each row gives µs per
@@ -16,28 +16,40 @@ its FP8 GEMM (one scalar scale: a lower bound, see `quack`). Activations already
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import write_result
-
+from benchmarks.common import write_result
+from dlmrt.model_shapes import diffusion_gemma_26b, layer_widths, qwen_dlm_4b
+from dlmrt.models.diffusion_gemma_config import FULL, SLIDING
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import cold_time_us, cold_weights, kernel_times
 from dlmrt.ops.timing import graph_time_us
 
-SHAPES = {
-    "qwen_dlm.qkv": (6144, 2560), "qwen_dlm.o": (2560, 4096),
-    "qwen_dlm.gate_up": (19456, 2560), "qwen_dlm.down": (2560, 9728),
-    "qwen_dlm.lm_head": (151936, 2560),
-    "diffusion_gemma.qkv_sliding": (8192, 2816), "diffusion_gemma.qk_full": (9216, 2816),
-    "diffusion_gemma.o_sliding": (2816, 4096), "diffusion_gemma.o_full": (2816, 8192),
-    "diffusion_gemma.gate_up": (4224, 2816), "diffusion_gemma.down": (2816, 2112),
-    "diffusion_gemma.lm_head": (262144, 2816),
-}  # fmt: skip
+
+def gemm_shapes() -> dict[str, tuple[int, int]]:
+    """(N, K) of each dense GEMM of a QwenDLM-4B round and a DiffusionGemma-26B-A4B step (its
+    full layers project K and V as one: K = V)."""
+    q, dg = qwen_dlm_4b(), diffusion_gemma_26b()
+    h, inter = q.hidden_size, q.intermediate_size
+    shapes = {
+        "qwen_dlm.qkv": (q.q_size + 2 * q.kv_size, h), "qwen_dlm.o": (h, q.q_size),
+        "qwen_dlm.gate_up": (2 * inter, h), "qwen_dlm.down": (h, inter),
+        "qwen_dlm.lm_head": (q.vocab_size, h),
+    }  # fmt: skip
+    h, inter, heads = dg.hidden_size, dg.intermediate_size, dg.num_attention_heads
+    (sd, skv), (fd, fkv) = layer_widths(dg, SLIDING), layer_widths(dg, FULL)
+    return shapes | {
+        "diffusion_gemma.qkv_sliding": ((heads + 2 * skv) * sd, h),
+        "diffusion_gemma.qk_full": ((heads + fkv) * fd, h),
+        "diffusion_gemma.o_sliding": (h, heads * sd), "diffusion_gemma.o_full": (h, heads * fd),
+        "diffusion_gemma.gate_up": (2 * inter, h), "diffusion_gemma.down": (h, inter),
+        "diffusion_gemma.lm_head": (dg.vocab_size, h),
+    }  # fmt: skip
+
+
+SHAPES = gemm_shapes()
 
 
 def one(rows: int, n: int, k: int) -> dict:

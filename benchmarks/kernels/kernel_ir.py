@@ -1,6 +1,6 @@
 """Compile a Triton kernel for Hopper (sm_90) on a machine without a GPU and summarise its IR.
 
-    python benchmarks/kernels/kernel_ir.py [PRESET ...] [--dump DIR]
+    python -m benchmarks.kernels.kernel_ir [PRESET ...] [--dump DIR]
 
 Device time is scarce; what Triton makes of a kernel is not. `triton.compile` with a
 `GPUTarget("cuda", 90, 32)` runs the whole pipeline down to a cubin on the CPU (Triton ships

@@ -27,7 +27,7 @@ FlashInfer's AOT folder (flashinfer/data/aot/NAME/NAME.so), where later runs loa
 (`--prebuilt SO` puts one there). FlashInfer is optional and not a dependency of dlmrt: without it
 the script exits with a message. `.devrun/flashinfer.sh` installs it on the device and runs this.
 
-python benchmarks/kernels/moe_flashinfer.py [--iters 50] [--out results/moe_flashinfer_h200_DATE.json]
+python -m benchmarks.kernels.moe_flashinfer [--iters 50] [--out results/moe_flashinfer_h200_DATE.json]
     [--no-autotune] [--build-only] [--jit trimmed|stock] [--prebuilt SO] [--build-log PATH]
     [--build-deadline SECONDS]
 """
@@ -37,15 +37,13 @@ from __future__ import annotations
 import datetime
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import cuda_time, graph_ms, iters_parser, write_result  # noqa: E402
-from flashinfer_build import build, log  # noqa: E402
-from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
+from benchmarks.common import command_line, cuda_time, graph_ms, iters_parser, write_result
+from benchmarks.kernels.flashinfer_build import build, log
+from benchmarks.kernels.moe_layer import SHAPES, floor_ms, make_layer
 
 T_START = time.monotonic()
 FP8_MAX = 448.0
@@ -277,8 +275,7 @@ def main() -> None:
     if args.build_only:
         return
     rows = []
-    cmd = "moe_flashinfer.py " + " ".join(sys.argv[1:])
-    payload = {"benchmark": "moe_flashinfer", "command": cmd,
+    payload = {"benchmark": "moe_flashinfer", "command": command_line(),
                "flashinfer": flashinfer.__version__, "flashinfer_api": "cutlass_fused_moe (FP8)",
                "fused_moe_90": jit, "results": rows}  # fmt: skip
     with torch.inference_mode():

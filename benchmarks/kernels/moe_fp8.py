@@ -2,23 +2,18 @@
 against bf16, and against `torch._scaled_grouped_mm` (W8A8, row-wise scales), one MoE layer at
 the LLaDA-2.1-mini and DiffusionGemma-26B shapes (`moe_layer.py`), graph-replayed.
 
-python benchmarks/kernels/moe_fp8.py [--iters 50] [--out results/moe_fp8.json]
+python -m benchmarks.kernels.moe_fp8 [--iters 50] [--out results/moe_fp8.json]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import cuda_time, graph_ms, shapes_main  # noqa: E402
-from moe_layer import SHAPES, floor_ms, glu, make_layer, sort_by_expert  # noqa: E402
-
-from dlmrt import ops  # noqa: E402
-from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
-from dlmrt.ops import fp8 as fp8_ops  # noqa: E402
+from benchmarks.common import cuda_time, graph_ms, shapes_main
+from benchmarks.kernels.moe_layer import SHAPES, floor_ms, glu, make_layer, sort_by_expert
+from dlmrt import ops
+from dlmrt.formats.fp8 import quantize_per_channel
+from dlmrt.ops import fp8 as fp8_ops
 
 
 def scaled_grouped(x, w, idx, gu, down, activation: str) -> torch.Tensor:

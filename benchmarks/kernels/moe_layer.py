@@ -1,6 +1,6 @@
 """One MoE layer's routed experts (routing + expert MLP) at the real shapes, against the byte floor.
 
-python benchmarks/kernels/moe_layer.py [--iters 50] [--out results/moe_layer_h200_DATE.json]
+python -m benchmarks.kernels.moe_layer [--iters 50] [--out results/moe_layer_h200_DATE.json]
 
 Shapes: LLaDA-2.1-mini (hidden 2048, 256 experts x 512, top-8, 32 rows, SwiGLU, sigmoid
 group-limited routing 8 groups / top-4) and DiffusionGemma-26B-A4B (hidden 2816, 128 experts x
@@ -16,18 +16,22 @@ router weight, activations in and out (negligible).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks.common import (
+    PEAK_BYTES,
+    PEAK_FLOPS,
+    command_line,
+    cuda_time,
+    iters_parser,
+    write_result,
+)
 from dlmrt import ops
+from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini
 from dlmrt.ops import reference
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, PEAK_FLOPS, cuda_time, iters_parser, write_result  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,18 @@ class Shape:
     n_group: int = 0  # > 0: LLaDA's sigmoid group-limited routing
 
 
-SHAPES = (
-    Shape("llada2.1-mini", 2048, 256, 512, 8, 32, "silu", n_group=8),
-    Shape("diffusiongemma-26b-a4b", 2816, 128, 704, 8, 256, "gelu_tanh"),
-)
+def _model_shapes() -> tuple[Shape, Shape]:
+    """LLaDA-2.1-mini's and DiffusionGemma-26B-A4B's MoE layer at a round's / canvas's rows."""
+    ll, dg = llada21_mini(), diffusion_gemma_26b()
+    return (
+        Shape("llada2.1-mini", ll.hidden_size, ll.num_experts, ll.moe_intermediate_size,
+              ll.top_k, ll.block_size, "silu", n_group=ll.n_group),
+        Shape("diffusiongemma-26b-a4b", dg.hidden_size, dg.num_experts, dg.moe_intermediate_size,
+              dg.top_k_experts, dg.canvas_length, "gelu_tanh"),
+    )  # fmt: skip
+
+
+SHAPES = _model_shapes()
 
 
 def floor_ms(shape: Shape, index: torch.Tensor, bytes_per: int = 2) -> tuple[float, int]:
@@ -177,9 +189,10 @@ def main() -> None:
                 f"grouped_mm {r.get('grouped_mm_eager_ms', r.get('grouped_mm_error'))}"
             )
     if args.out:
-        cmd = "moe_layer.py " + " ".join(sys.argv[1:])
         write_result(
-            args.out, {"benchmark": "moe_layer", "command": cmd, "results": rows}, args.git_revision
+            args.out,
+            {"benchmark": "moe_layer", "command": command_line(), "results": rows},
+            args.git_revision,
         )
 
 

@@ -3,24 +3,19 @@ block scales decoded in registers, bf16 multiplies) against bf16 and FP8 weight-
 at the LLaDA-2.1-mini and DiffusionGemma-26B shapes (`moe_layer.py`), graph-replayed, with the
 weight-read floors (bf16 2 bytes, FP8 1, NVFP4 0.5625 a weight) and the kernel's error vs its twin.
 
-python benchmarks/kernels/moe_nvfp4.py [--iters 50] [--out results/moe_nvfp4.json]
+python -m benchmarks.kernels.moe_nvfp4 [--iters 50] [--out results/moe_nvfp4.json]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import graph_ms, shapes_main  # noqa: E402
-from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
-
-from dlmrt import ops  # noqa: E402
-from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
-from dlmrt.formats.nvfp4 import quantize_nvfp4  # noqa: E402
-from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up  # noqa: E402
+from benchmarks.common import graph_ms, shapes_main
+from benchmarks.kernels.moe_layer import SHAPES, floor_ms, make_layer
+from dlmrt import ops
+from dlmrt.formats.fp8 import quantize_per_channel
+from dlmrt.formats.nvfp4 import quantize_nvfp4
+from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up
 
 CONFIGS = [
     (64, None, 4, None, None, None, True),

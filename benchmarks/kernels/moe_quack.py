@@ -7,23 +7,18 @@ alone (gate|up, then down) with per-tensor scales: a lower bound on what a full 
 whole layer, quack cannot win at these shapes.
 
 quack is optional and not a dependency of dlmrt: on a machine without it every quack entry reads
-"not installed". python benchmarks/kernels/moe_quack.py [--iters 50] [--out results/moe_quack.json]
+"not installed". python -m benchmarks.kernels.moe_quack [--iters 50] [--out results/moe_quack.json]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import cuda_time, graph_ms, shapes_main  # noqa: E402
-from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
-
-from dlmrt import ops  # noqa: E402
-from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
-from dlmrt.ops.moe_fp8 import moe_mlp_w8a8  # noqa: E402
+from benchmarks.common import cuda_time, graph_ms, shapes_main
+from benchmarks.kernels.moe_layer import SHAPES, floor_ms, make_layer
+from dlmrt import ops
+from dlmrt.formats.fp8 import quantize_per_channel
+from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
 
 
 def _time(fn, iters: int) -> dict:

@@ -4,26 +4,21 @@ weight-only (W4A16) and `torch._scaled_grouped_mm` (W8A8, row-wise scales), at t
 32-row and DiffusionGemma-26B-A4B 256-row shapes (`moe_layer.py`). Each entry: µs per layer,
 achieved TB/s (touched expert bytes / time) and % of the byte floor.
 
-python benchmarks/kernels/moe_quant.py [--iters 50] [--out results/moe_quant.json]
+python -m benchmarks.kernels.moe_quant [--iters 50] [--out results/moe_quant.json]
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import cuda_time, graph_ms, shapes_main  # noqa: E402
-from moe_fp8 import scaled_grouped  # noqa: E402
-from moe_layer import SHAPES, floor_ms, make_layer  # noqa: E402
-
-from dlmrt import ops  # noqa: E402
-from dlmrt.formats.fp8 import quantize_per_channel  # noqa: E402
-from dlmrt.formats.nvfp4 import quantize_nvfp4  # noqa: E402
-from dlmrt.ops.moe_fp8 import moe_mlp_w8a8  # noqa: E402
-from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up  # noqa: E402
+from benchmarks.common import cuda_time, graph_ms, shapes_main
+from benchmarks.kernels.moe_fp8 import scaled_grouped
+from benchmarks.kernels.moe_layer import SHAPES, floor_ms, make_layer
+from dlmrt import ops
+from dlmrt.formats.fp8 import quantize_per_channel
+from dlmrt.formats.nvfp4 import quantize_nvfp4
+from dlmrt.ops.moe_fp8 import moe_mlp_w8a8
+from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up
 
 NVFP4_BYTES = 0.5625  # 4 bits + one e4m3 scale per 16 weights
 

@@ -1,6 +1,6 @@
 """Issue 14's kernels against the paths they replace, at the real shapes (one H200, bf16).
 
-python benchmarks/kernels/round_kernels.py [--iters 50] [--out results/round_kernels_h200_DATE.json]
+python -m benchmarks.kernels.round_kernels [--iters 50] [--out results/round_kernels_h200_DATE.json]
 
 Each case is one attention call over one arena layer, every path replayed as a CUDA graph:
 - DiffusionGemma-26B-A4B canvas (256 rows, decoder pass, 16 q heads): sliding layers (8 KV heads
@@ -22,17 +22,22 @@ masks per call (the old model path built them once per pass), a few microseconds
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
+from benchmarks.common import (
+    PEAK_BYTES,
+    block_attention_shape,
+    canvas_attention_shape,
+    cuda_time,
+    iters_parser,
+    write_result,
+)
+from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini, qwen_dlm_4b
+from dlmrt.models.diffusion_gemma_config import FULL, SLIDING
 from dlmrt.ops import canvas, reference
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import PEAK_BYTES, cuda_time, iters_parser, write_result  # noqa: E402
-
 ARENA = 20_480
+DG = diffusion_gemma_26b()
 CONTEXTS = (1024, 4096, 16384)
 
 
@@ -54,8 +59,10 @@ def _tensors(heads: int, kv_heads: int, dim: int, rows: int, gen) -> tuple[torch
 def canvas_case(kind: str, context: int, iters: int) -> dict:
     from dlmrt._kernels.canvas_attention import canvas_attention
 
-    kv_heads, dim, window = (8, 256, 1024) if kind == "sliding" else (2, 512, 0)
-    q, k, v = _tensors(16, kv_heads, dim, 256, torch.Generator("cuda").manual_seed(context))
+    heads, kv_heads, dim, window = canvas_attention_shape(
+        DG, SLIDING if kind == "sliding" else FULL
+    )
+    q, k, v = _tensors(heads, kv_heads, dim, 256, torch.Generator("cuda").manual_seed(context))
     pos = torch.arange(context, context + 256, device="cuda")
     new_ms, new = _graph_ms(lambda: canvas_attention(q, k, v, pos, True, window, 1.0), iters)
     old_ms, old = _graph_ms(lambda: canvas.canvas_attention(q, k, v, pos, True, window, 1.0), iters)
@@ -135,12 +142,17 @@ def main() -> None:
         for kind in ("sliding", "full"):
             results.append(canvas_case(kind, context, args.iters))
             print(results[-1], flush=True)
-        for name, rows, heads, kv in (("llada_mini", 32, 16, 4), ("qwen_dlm_4b", 256, 32, 8)):
+        for name, cfg in (("llada_mini", llada21_mini()), ("qwen_dlm_4b", qwen_dlm_4b())):
+            rows, heads, kv = block_attention_shape(cfg)
             results.append(arena_case(name, rows, heads, kv, context, args.iters))
             print(results[-1], flush=True)
     results.append(vocab_case(args.iters))
     print(results[-1], flush=True)
-    for name, rows, experts in (("dg_canvas", 256, 128), ("llada_mini", 32, 256)):
+    ll = llada21_mini()
+    for name, rows, experts in (
+        ("dg_canvas", DG.canvas_length, DG.num_experts),
+        ("llada_mini", ll.block_size, ll.num_experts),
+    ):
         results.append(plan_case(name, rows, experts, args.iters))
         print(results[-1], flush=True)
     if args.out:

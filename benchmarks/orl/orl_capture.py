@@ -1,6 +1,6 @@
 """ORL capture overhead: rollout tokens/s with the trainer's recorder vs without (QwenDLM-4B shape).
 
-    python benchmarks/orl/orl_capture.py [--mode block_graph] [--rounds 12] [--new-tokens 1024]
+    python -m benchmarks.orl.orl_capture [--mode block_graph] [--rounds 12] [--new-tokens 1024]
         [--out benchmarks/results/orl_capture.json]
 
 One request of `--new-tokens` tokens, `fixed_steps` forcing `--rounds` rounds per 256-token block
@@ -13,16 +13,13 @@ trace lands: eager, unfolded). The target (issue 16): with capture >= 0.9x witho
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import qwen_dlm_4b, random_model, wall_time, write_result
-
+from benchmarks.common import random_model, wall_time, write_result
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
+from dlmrt.model_shapes import qwen_dlm_4b
 from dlmrt.train.orl.capture import StateCapture
 
 

@@ -1,7 +1,7 @@
 """The ORL demo's measurement (issue 17): accuracy, tokens per forward and tokens/s of several
 models over one decoder sweep, on the same held-out problems.
 
-    python benchmarks/orl/orl_demo.py --model base=runs/chain-base --model orl=runs/chain-orl \
+    python -m benchmarks.orl.orl_demo --model base=runs/chain-base --model orl=runs/chain-orl \
         --task arithmetic_chain --problems 500 --out benchmarks/results/orl_demo_h200.json
 
 Every model decodes every point of the grid: the `entropy_budget` rule at each gamma and the
@@ -15,17 +15,14 @@ model). The frontier plot: `benchmarks/orl/orl_demo_plot.py`.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import write_result  # noqa: E402
-
-from dlmrt import LLM  # noqa: E402
-from dlmrt.tasks import TASKS, get_task  # noqa: E402
-from dlmrt.train.evaluate import evaluate  # noqa: E402
+from benchmarks.common import write_result
+from dlmrt import LLM
+from dlmrt.tasks import TASKS, get_task
+from dlmrt.train.evaluate import evaluate
 
 GAMMAS = (0.2, 0.4, 0.8, 1.5, 3.0)
 TAUS = (0.5, 0.7, 0.9)

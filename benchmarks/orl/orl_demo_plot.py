@@ -3,7 +3,7 @@
 with their residual-to-embedding ratio (`residual_ratio`) when the runs logged it.
 `--compare BASE` also prints each model's TPF at equal accuracy against BASE's (a markdown table).
 
-    python benchmarks/orl/orl_demo_plot.py --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
+    python -m benchmarks.orl.orl_demo_plot --sweep benchmarks/results/orl_demo_h200_2026-12-01.json \
         --runs benchmarks/results/orl_demo_runs_h200_2026-12-01.json \
         --out docs/orl_demo_frontier.png --curves docs/orl_demo_training.png
     (or --log NAME=runs/chain-orl/log.jsonl, repeatable, for runs of your own)

@@ -1,6 +1,6 @@
 """ORL replay step time: packed rows + FlexAttention staircase vs replaying states one by one.
 
-    python benchmarks/orl/orl_replay.py [--layers 12] [--rollouts 8] [--new-tokens 2048]
+    python -m benchmarks.orl.orl_replay [--layers 12] [--rollouts 8] [--new-tokens 2048]
         [--rounds 20] [--pack-tokens 16384] [--out benchmarks/results/orl_replay.json]
 
 QwenDLM-4B shape (`--layers` of its 36: a 16k-token row's activations fit with fp32 master
@@ -18,15 +18,12 @@ The target (issue 16): packed >= 4x faster than one by one (the paper: 3.5-5.2x)
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import qwen_dlm_4b, write_result
-
+from benchmarks.common import write_result
 from dlmrt import ops
+from dlmrt.model_shapes import qwen_dlm_4b
 from dlmrt.models.qwen_dlm import QwenDLM
 from dlmrt.train.masks import FLEX_TILE, attention_mask
 from dlmrt.train.orl.capture import Rollout, State

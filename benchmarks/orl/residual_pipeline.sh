@@ -3,7 +3,7 @@
 # offline residual warm-up at three adapter rates (with the ratio and the adapter-off ablation),
 # ORL from a warmed model with the paper's QwenDLM recipe (lambda_AEC 1 beside 0), and the sweep.
 #
-#   bash benchmarks/orl/residual_pipeline.sh STAGE WORK OUT
+#   bash benchmarks/orl/residual_pipeline.sh STAGE WORK OUT   (from the repository root)
 #     base    one Base per seed in $BASE_SEEDS (default 0), in parallel (`dlmrt train sft`, 5,000
 #             steps, ~4 GPU-minutes, block $BLOCK, default 32) -> OUT/base (seed 0), OUT/base-sN
 #             (seed N, its spread) (bf16)
@@ -23,7 +23,6 @@
 set -euo pipefail
 stage=$1 work=$2 out=$3
 mkdir -p "$work" "$out"
-here=$(cd "$(dirname "$0")" && pwd)
 if [ "${SMOKE:-0}" = 1 ]; then
   dev=cpu base_steps=20 warm_steps=4 orl_wall=${ORL_WALL:-60} problems=4 steps_flag="--steps 2"
 else
@@ -61,7 +60,7 @@ case $stage in
        evaluate "$out/warm-$tag" off "$out/warm-$tag-off.json") &
     done
     wait
-    python "$here/warmup_summary.py" "$out" | tail -1 >"$out/warm.txt" ;;
+    python -m benchmarks.orl.warmup_summary "$out" | tail -1 >"$out/warm.txt" ;;
   orl)
     for arm in aec1:sumset-residual-orl aec0:sumset-residual-orl-no-aec; do
       name=${arm%%:*} recipe=${arm#*:}
@@ -76,7 +75,7 @@ case $stage in
     taus="0.95 0.9 0.85 0.8 0.75 0.7 0.6 0.5" gammas="0.1 0.2 0.3 0.4 0.6 0.8 1.5 3.0"
     [ "${SMOKE:-0}" = 1 ] && taus="0.9" gammas="0.4"
     seeds=(); for d in "$out"/base-s*/; do [ -d "$d" ] && seeds+=(--model "$(basename "$d")=$d"); done
-    python "$here/orl_demo.py" --model base="$out/base" "${seeds[@]}" --model warm="$WARM" \
+    python -m benchmarks.orl.orl_demo --model base="$out/base" "${seeds[@]}" --model warm="$WARM" \
       --model orl_aec1="$out/orl-aec1" --model orl_aec0="$out/orl-aec0" \
       --task sum_set_small --problems "$problems" --max-new-tokens 64 --device "$dev" \
       --gammas $gammas --taus $taus --out "$out/sweep.json"

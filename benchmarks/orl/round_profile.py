@@ -1,6 +1,6 @@
 """Which tokens each denoising round accepts: where a model's rounds (and its TPF) go.
 
-    python benchmarks/orl/round_profile.py --model DIR [--task arithmetic_chain] [--problems 60]
+    python -m benchmarks.orl.round_profile --model DIR [--task arithmetic_chain] [--problems 60]
         [--threshold 0.9] [--device cpu] [--out results/round_profile.json]
 
 Greedy `LLM.generate` on the first held-out problems of a task (chat or raw by seed, as in

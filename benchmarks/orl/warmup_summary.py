@@ -1,6 +1,6 @@
 """The residual warm-ups' verdict (issue 39's gate) and the one ORL starts from.
 
-    python benchmarks/orl/warmup_summary.py OUT [--revision REV]
+    python -m benchmarks.orl.warmup_summary OUT [--revision REV]
 
 Reads what `residual_pipeline.sh warmup` left in OUT for each warm-up TAG: `warm-TAG.log.jsonl`
 (the trainer's log), `warm-TAG.config.json` (its settings) and `warm-TAG-{on,off}.json` (`dlmrt
@@ -20,8 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import write_result  # noqa: E402
+from benchmarks.common import write_result
 
 PAPER_RATIO = 0.91  # the paper's QwenDLM at the start of ORL (Figure 19)
 RATIO_GATE = (0.3, 1.1)

@@ -2,7 +2,7 @@
 (folded and unfolded) and with drafts (`DraftBuilder` fed by the device-side round trace, so the
 request runs unfolded), and whether the drafts' tokens equal the unfolded plain request's.
 
-    python benchmarks/rounds/drafts_overhead.py [--rounds 23] [--new-tokens 1024] [--out benchmarks/results/drafts_overhead.json]
+    python -m benchmarks.rounds.drafts_overhead [--rounds 23] [--new-tokens 1024] [--out benchmarks/results/drafts_overhead.json]
 
 The schedule is forced with `fixed_steps` (random weights accept ~1 token per round), as in
 `e2e_tps.py`. One warm-up request per configuration (graph capture) runs first.
@@ -11,17 +11,14 @@ The schedule is forced with `fixed_steps` (random weights accept ~1 token per ro
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import qwen_dlm_4b, random_model, request_parser, wall_time, write_result
-
+from benchmarks.common import command_line, random_model, request_parser, wall_time, write_result
 from dlmrt.decoding import make_rule
 from dlmrt.drafts import DraftBuilder
 from dlmrt.engine import BlockEngine
+from dlmrt.model_shapes import qwen_dlm_4b
 
 CASES = (("plain", True), ("plain", False), ("drafts", False))  # (what, fold_commits)
 
@@ -87,7 +84,7 @@ def main() -> None:
     print(f"drafts equal {args.modes[0]}'s:", same_drafts)
     payload = {
         "benchmark": "drafts_overhead",
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "rounds_per_block": args.rounds,
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,

@@ -1,6 +1,6 @@
 """End-to-end tokens/s of one request, QwenDLM-4B shape, random bf16 weights, in each mode.
 
-    python benchmarks/rounds/e2e_tps.py [--rounds 23] [--new-tokens 1024] [--quantization fp8]
+    python -m benchmarks.rounds.e2e_tps [--rounds 23] [--new-tokens 1024] [--quantization fp8]
         [--out benchmarks/results/e2e_tps.json]
 
 Random weights accept ~1 token per round, so the block schedule is forced with `fixed_steps`
@@ -14,16 +14,14 @@ warm-up request runs first). Each mode runs with commit folding on and off (`--f
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-import fp8_model
 import torch
-from common import qwen_dlm_4b, random_model, request_parser, wall_time, write_result
 
+from benchmarks import fp8_model
+from benchmarks.common import command_line, random_model, request_parser, wall_time, write_result
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
+from dlmrt.model_shapes import qwen_dlm_4b
 
 
 def _args() -> argparse.Namespace:
@@ -100,7 +98,7 @@ def main() -> None:
         args.out,
         {
             "benchmark": "e2e_tps",
-            "command": " ".join(sys.argv),
+            "command": command_line(),
             "rounds_per_block": args.rounds,
             "weights": "fp8" if args.quantization == "fp8" else "bf16",
             "prompt_tokens": args.prompt_tokens,

@@ -1,6 +1,6 @@
 """Peak GPU memory of bringing up each family's full-size model in bf16, FP8 and NVFP4.
 
-    python benchmarks/rounds/load_memory.py [--models qwen_dlm llada2 diffusion_gemma]
+    python -m benchmarks.rounds.load_memory [--models qwen_dlm llada2 diffusion_gemma]
         [--out results/load_memory_h200_DATE.json]
 
 Each case starts from an empty GPU: the bf16 model allocated and filled (seeded random weights,
@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-import fp8_model
 import torch
-from common import write_result
-from round_latency import build
+
+from benchmarks import fp8_model
+from benchmarks.common import write_result
+from benchmarks.rounds.round_latency import build
 
 
 def one(name: str, fmt: str) -> dict:

@@ -1,8 +1,8 @@
 """DiffusionGemma side by side: transformers' `generate` against dlmrt on the same checkpoint.
 
-    python benchmarks/rounds/peer_transformers.py [--layers 12] [--steps 16] [--new-tokens 1024]
+    python -m benchmarks.rounds.peer_transformers [--layers 12] [--steps 16] [--new-tokens 1024]
         [--modes block_graph eager] [--out benchmarks/results/peer_transformers.json]
-    python benchmarks/rounds/peer_transformers.py --tiny --device cpu     # a smoke test (tiny widths)
+    python -m benchmarks.rounds.peer_transformers --tiny --device cpu     # a smoke test (tiny widths)
 
 One random-weight checkpoint (DiffusionGemma-26B-A4B widths: hidden 2816, 16 heads, sliding
 head 256 x 8 KV heads, full head 512 x 2 KV heads, 128 experts x 704, top-8, vocab 262144;
@@ -18,63 +18,72 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import write_result  # noqa: E402
+from benchmarks.common import command_line, write_result
+from dlmrt import LLM
+from dlmrt.model_shapes import diffusion_gemma_26b, layer_widths
+from dlmrt.models.diffusion_gemma_config import FULL as F
+from dlmrt.models.diffusion_gemma_config import SLIDING as S
 
-from dlmrt import LLM  # noqa: E402
 
-S, F = "sliding_attention", "full_attention"
+def _full_widths() -> dict:
+    """DiffusionGemma-26B-A4B's widths (`dlmrt/model_shapes.py`) under transformers' names."""
+    dg = diffusion_gemma_26b()
+    (head, kv), (full_head, full_kv) = layer_widths(dg, S), layer_widths(dg, F)
+    return dict(
+        vocab_size=dg.vocab_size,
+        hidden_size=dg.hidden_size,
+        intermediate_size=dg.intermediate_size,
+        num_attention_heads=dg.num_attention_heads,
+        num_key_value_heads=kv,
+        head_dim=head,
+        global_head_dim=full_head,
+        num_global_key_value_heads=full_kv,
+        sliding_window=dg.sliding_window,
+        num_experts=dg.num_experts,
+        moe_intermediate_size=dg.moe_intermediate_size,
+    )
+
+
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    num_global_key_value_heads=2,
+    sliding_window=16,
+    num_experts=8,
+    moe_intermediate_size=32,
+)
 
 
 def text_config(layers: int, tiny: bool) -> dict:
-    types = [F if i % 6 == 5 else S for i in range(layers)]
-    if tiny:
-        wide = dict(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=96,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            global_head_dim=32,
-            sliding_window=16,
-            num_experts=8,
-            moe_intermediate_size=32,
-        )
-    else:
-        wide = dict(
-            vocab_size=262144,
-            hidden_size=2816,
-            intermediate_size=2112,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=256,
-            global_head_dim=512,
-            sliding_window=1024,
-            num_experts=128,
-            moe_intermediate_size=704,
-        )
+    dg = diffusion_gemma_26b(layers)
     rope = {
-        S: {"rope_type": "default", "rope_theta": 1e4},
-        F: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+        S: {"rope_type": "default", "rope_theta": dg.rope[S].theta},
+        F: {
+            "rope_type": "proportional",
+            "partial_rotary_factor": dg.rope[F].rotary_factor,
+            "rope_theta": dg.rope[F].theta,
+        },
     }
     return dict(
-        wide,
+        TINY if tiny else _full_widths(),
         num_hidden_layers=layers,
-        layer_types=types,
-        num_global_key_value_heads=2,
-        top_k_experts=8,
+        layer_types=list(dg.layer_types),
+        top_k_experts=dg.top_k_experts,
         max_position_embeddings=8192,
         rope_parameters=rope,
         use_bidirectional_attention="vision",
-        final_logit_softcapping=30.0,
+        final_logit_softcapping=dg.final_logit_softcapping,
     )
 
 
@@ -94,7 +103,7 @@ def write_checkpoint(path: Path, layers: int, tiny: bool, device: str):
     cfg = dg.DiffusionGemmaConfig(
         text_config=text_config(layers, tiny),
         vision_config=vision,
-        canvas_length=32 if tiny else 256,
+        canvas_length=32 if tiny else diffusion_gemma_26b().canvas_length,
     )
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     torch.manual_seed(0)
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         payload = {
             "benchmark": "peer_transformers",
-            "command": " ".join(sys.argv),
+            "command": command_line(),
             "config": vars(args),
             "results": results,
         }

@@ -1,6 +1,6 @@
 """Profile one eager denoising round at a full model shape: top CUDA kernels by total time.
 
-python benchmarks/rounds/profile_round.py [--model qwen_dlm|llada2|diffusion_gemma] [--context 1024] [--rows 25]
+python -m benchmarks.rounds.profile_round [--model qwen_dlm|llada2|diffusion_gemma] [--context 1024] [--rows 25]
     [--canvas masks|random] [--quantization none|fp8]
 
 Also prints the number of kernel launches in the round (or DiffusionGemma step) and their total
@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-from round_latency import _block, build
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.rounds.round_latency import _block, build
 from dlmrt.engine.block.round import RoundSpec, denoise_round
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     if args.quantization == "fp8":
         import logging
 
-        import fp8_model
+        from benchmarks import fp8_model
 
         logging.basicConfig(format="%(message)s")
         logging.getLogger("dlmrt").setLevel(logging.INFO)  # which linears run FP8, and why

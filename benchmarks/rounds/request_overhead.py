@@ -1,9 +1,9 @@
 """Where one request's time goes, phase by phase, per mode (issue 23): host time and GPU time.
 
-    python benchmarks/rounds/request_overhead.py                       # the demo model, 40 test problems
-    python benchmarks/rounds/request_overhead.py --model qwen_dlm --context 8192 --requests 2
-    python benchmarks/rounds/request_overhead.py --model llada2 --requests 3
-    python benchmarks/rounds/request_overhead.py --device cpu --requests 2   # smoke test: eager only,
+    python -m benchmarks.rounds.request_overhead                       # the demo model, 40 test problems
+    python -m benchmarks.rounds.request_overhead --model qwen_dlm --context 8192 --requests 2
+    python -m benchmarks.rounds.request_overhead --model llada2 --requests 3
+    python -m benchmarks.rounds.request_overhead --device cpu --requests 2   # smoke test: eager only,
                                                                # timings meaningless, no events
 
 Each phase is one engine entry point wrapped with a host clock and, on CUDA, a pair of CUDA events
@@ -24,19 +24,16 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-from common import qwen_dlm_4b, random_model, write_result
-
 import dlmrt.engine.block.engine as engine_mod
+from benchmarks.common import command_line, random_model, write_result
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
+from dlmrt.model_shapes import llada21_mini, qwen_dlm_4b
 
 
 class Clock:
@@ -193,8 +190,6 @@ def shape_model(args, device: str):
     if args.model == "qwen_dlm":
         cfg = qwen_dlm_4b(args.layers or 36)
         return cfg, random_model(cfg, dev), make_rule("fixed_steps", denoising_steps=23)
-    from moe_models import llada21_mini
-
     from dlmrt.models.llada2 import LLaDA2
 
     cfg = llada21_mini(args.layers or 20)
@@ -289,7 +284,7 @@ def main() -> None:
     print("tokens identical across modes:", same)
     write_result(
         args.out or f"benchmarks/results/request_overhead_{args.model}.json",
-        {"benchmark": "request_overhead", "command": " ".join(sys.argv), "model": args.model,
+        {"benchmark": "request_overhead", "command": command_line(), "model": args.model,
          "device_kind": args.device, "new_tokens": args.new_tokens, "context": args.context,
          "tokens_identical_across_modes": same, "results": rows},
         args.git_revision,

@@ -1,10 +1,10 @@
 """One denoising round at a full model shape (random bf16 weights) in each execution mode.
 
-    python benchmarks/rounds/round_latency.py [--model qwen_dlm|llada2] [--contexts 1024 4096]
+    python -m benchmarks.rounds.round_latency [--model qwen_dlm|llada2] [--contexts 1024 4096]
         [--quantization fp8|nvfp4] [--kv-cache-dtype fp8] [--out benchmarks/results/round_latency.json]
 
 qwen_dlm: QwenDLM-4B + ORL adapter, 256 rows; a block is forced to 23 rounds (`fixed_steps`).
-llada2: LLaDA-2.1-mini (see moe_models.py), 32 rows, its `llada_editing` rule (quality preset;
+llada2: LLaDA-2.1-mini (`dlmrt/model_shapes.py`), 32 rows, its `llada_editing` rule (quality preset;
 random weights fill about one row per round). diffusion_gemma: DiffusionGemma-26B-A4B, one
 256-row canvas decoder step (entropy_bound_canvas, counter RNG), ms/step from requests of 4 and
 20 steps (their difference: no prompt encoding in it). ms/round = block time / rounds, so the graph modes
@@ -20,34 +20,30 @@ TFLOP/s) and the ratio to it; --quantization nvfp4 installs NVFP4 routed experts
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
-import fp8_model
 import torch
-from common import (
+
+from benchmarks import fp8_model
+from benchmarks.common import (
     PEAK_BYTES,
     PEAK_FLOPS,
+    command_line,
     cuda_time,
     gemm_only_ms,
-    qwen_dlm_4b,
     random_model,
     round_flops_bytes,
     wall_time,
     write_result,
 )
-from moe_models import (
+from benchmarks.moe_models import (
     TouchedExperts,
-    diffusion_gemma_26b,
-    llada21_mini,
     moe_round_floor,
 )
-
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine, EncoderDecoderEngine
 from dlmrt.engine.block.round import RoundSpec, denoise_round
+from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini, qwen_dlm_4b
 from dlmrt.models.llada2 import LLaDA2
 
 ROUNDS = 23  # QwenDLM: forced rounds per 256-row block
@@ -134,6 +130,14 @@ def canvas_floor(model, context: int):
     return touched, moe_round_floor(model, 256, context, touched)
 
 
+def _heads(cfg) -> str:
+    return f"{cfg.num_attention_heads}/{cfg.num_key_value_heads}"
+
+
+def _experts(cfg) -> str:
+    return f"{cfg.num_experts}x{cfg.moe_intermediate_size}"
+
+
 def build(name: str, layers: int | None, canvas: str = "masks"):
     """(model, rule, floor(context) -> (FLOPs, bytes), shape dict for the result file)."""
     dev = torch.device("cuda")
@@ -141,17 +145,20 @@ def build(name: str, layers: int | None, canvas: str = "masks"):
     if name == "qwen_dlm":
         cfg = qwen_dlm_4b(layers or 36)
         model = random_model(cfg, dev)
-        shape = {"layers": cfg.num_hidden_layers, "hidden": 2560, "heads": "32/8"}
-        shape |= {"intermediate": 9728, "vocab": 151936, "rows": 256, "orl_adapter": True}
+        shape = {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": _heads(cfg)}
+        shape |= {"intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size}
+        shape |= {"rows": cfg.block_size, "orl_adapter": True}
         rule = make_rule("fixed_steps", denoising_steps=ROUNDS)
-        return model, rule, lambda ctx: round_flops_bytes(cfg, 256, ctx), shape
+        return model, rule, lambda ctx: round_flops_bytes(cfg, cfg.block_size, ctx), shape
     if name == "diffusion_gemma":
         from dlmrt.models.diffusion_gemma import DiffusionGemma
 
         cfg = diffusion_gemma_26b(layers or 30)
         model = random_model(cfg, dev, cls=DiffusionGemma)
-        shape = {"layers": cfg.num_hidden_layers, "hidden": 2816, "experts": "128x704", "top_k": 8}
-        shape |= {"dense": 2112, "vocab": 262144, "rows": 256, "rule": "entropy_bound_canvas"}
+        shape = {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size}
+        shape |= {"experts": _experts(cfg), "top_k": cfg.top_k_experts}
+        shape |= {"dense": cfg.intermediate_size, "vocab": cfg.vocab_size}
+        shape |= {"rows": cfg.canvas_length, "rule": "entropy_bound_canvas"}
 
         def canvas_floor_of(ctx: int) -> tuple[float, float]:
             touched, out = canvas_floor(model, ctx)
@@ -168,8 +175,10 @@ def build(name: str, layers: int | None, canvas: str = "masks"):
         shape.setdefault("touched_experts_per_layer", {})[ctx] = touched.per_layer
         return moe_round_floor(model, cfg.block_size, ctx, touched)
 
-    shape = {"layers": cfg.num_hidden_layers, "hidden": 2048, "heads": "16/4", "experts": "256x512"}
-    shape |= {"top_k": 8, "dense_layers": 1, "vocab": 157184, "rows": 32, "rule": "llada_editing"}
+    shape = {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": _heads(cfg)}
+    shape |= {"experts": _experts(cfg), "top_k": cfg.top_k}
+    shape |= {"dense_layers": cfg.first_k_dense_replace, "vocab": cfg.vocab_size}
+    shape |= {"rows": cfg.block_size, "rule": "llada_editing"}
     return model, rule, floor, shape
 
 
@@ -273,7 +282,7 @@ def main() -> None:
         {
             "benchmark": "round_latency",
             "model": args.model,
-            "command": " ".join(sys.argv),
+            "command": command_line(),
             "shape": {**shape, "dtype": dtype},
             "fp8_installed_weights": None if installed is None else sum(installed.values()),
             "gemm_only_ms": None if gemm is None else round(gemm, 3),

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    """Import benchmarks/<kind>/<name>.py (or a shared module at benchmarks/) as a script would
-    see it: its own folder and benchmarks/ on the path."""
-    path = next(BENCH.glob(f"{name}.py"), None) or next(BENCH.glob(f"*/{name}.py"))
-    sys.path[:0] = [str(path.parent), str(BENCH)]
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(path.parent))
-        sys.path.remove(str(BENCH))
+from benchmark_modules import benchmark
 
 
 def test_moe_floor_counts_the_touched_experts():
-    moe = _load("moe_layer")
+    moe = benchmark("kernels.moe_layer")
     shape = moe.Shape("t", hidden=64, experts=16, inter=32, top_k=2, rows=3, activation="silu")
     index = torch.tensor([[0, 1], [1, 2], [2, 0]])  # 3 distinct experts
     floor, touched = moe.floor_ms(shape, index)
@@ -43,7 +22,7 @@ def test_moe_layer_runs_on_the_twins():
     """Both routings and activations run end to end on the CPU twins at a tiny shape."""
     from dlmrt.ops import reference
 
-    moe = _load("moe_layer")
+    moe = benchmark("kernels.moe_layer")
     for n_group, act in ((4, "silu"), (0, "gelu_tanh")):
         shape = moe.Shape("t", 32, 16, 24, 4, 5, act, n_group=n_group)
         layer, route = moe.make_layer(shape, torch.device("cpu"), torch.float32)
@@ -58,7 +37,7 @@ def test_grouped_mm_experts_match_a_loop_over_the_pairs(activation: str):
     """The peer path of moe_layer.py / moe_fp8.py (pairs sorted by expert, grouped GEMMs,
     scatter-add) on the CPU's torch._grouped_mm against a loop over every (row, slot) pair;
     expert 3 gets no pair."""
-    moe = _load("moe_layer")
+    moe = benchmark("kernels.moe_layer")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 16, generator=gen).bfloat16()
     gate_up_t = (torch.randn(4, 16, 32, generator=gen) / 4).bfloat16()
@@ -85,11 +64,12 @@ def test_moe_round_floor_counts_dense_weights_and_touched_experts():
     from dataclasses import replace
 
     from dlmrt.attention import AttnContext
+    from dlmrt.model_shapes import llada21_mini
     from dlmrt.models.llada2 import LLaDA2
 
-    mm = _load("moe_models")
+    mm = benchmark("moe_models")
     cfg = replace(
-        mm.llada21_mini(3),
+        llada21_mini(3),
         vocab_size=300,
         hidden_size=32,
         intermediate_size=48,
@@ -104,7 +84,7 @@ def test_moe_round_floor_counts_dense_weights_and_touched_experts():
         moe_intermediate_size=8,
         block_size=4,
     )
-    model = _load("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
+    model = benchmark("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
     assert all(b.abs().sum() == 0 for n, b in model.named_buffers() if "expert_bias" in n)
     touched = mm.TouchedExperts(model)
     ids = torch.arange(5)
@@ -126,7 +106,7 @@ def test_grouped_mm_experts_match_the_twin():
     (experts hit 0, 1 and several times), both activations, in bf16 (torch's CPU grouped GEMM)."""
     from dlmrt.ops import reference
 
-    moe = _load("moe_layer")
+    moe = benchmark("kernels.moe_layer")
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7, 32, generator=gen).bfloat16()
     gate_up = (0.1 * torch.randn(6, 32, 32, generator=gen)).bfloat16()
@@ -146,7 +126,7 @@ def test_peer_transformers_runs_both_engines_on_one_checkpoint(tmp_path):
     generate and dlmrt, the same forced step count, a result file with both."""
     import json
 
-    peer = _load("peer_transformers")
+    peer = benchmark("rounds.peer_transformers")
     out = tmp_path / "peer.json"
     argv = ["--tiny", "--device", "cpu", "--layers", "2", "--steps", "2", "--new-tokens", "32"]
     results = peer.main(argv + ["--modes", "eager", "--out", str(out), "--git-revision", "test"])
@@ -161,7 +141,7 @@ def test_round_history_keeps_the_shipped_runs_in_time_order(tmp_path):
     left out."""
     import json
 
-    history = _load("round_history_plot")
+    history = benchmark("round_history_plot")
 
     def write(
         name, model, when, ms, weights="bf16", kv="auto", canvas="random", mode="block_graph"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_benchmark_helpers import BENCH, _load
+from benchmark_modules import BENCH, benchmark
 
 from dlmrt import LLM
 from dlmrt.tasks import get_task
@@ -18,7 +18,7 @@ ROOT = BENCH.parent
 
 
 def test_grid_orders_the_points_and_the_sweep_matches_evaluate():
-    demo = _load("orl_demo")
+    demo = benchmark("orl.orl_demo")
     points = demo.grid([0.4], [0.9, 0.5])
     assert points == [
         {"rule": "entropy_budget", "entropy_budget": 0.4},
@@ -37,7 +37,8 @@ def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
     out = tmp_path / "sweep.json"
     cmd = [
         sys.executable,
-        str(BENCH / "orl" / "orl_demo.py"),
+        "-m",
+        "benchmarks.orl.orl_demo",
         "--model",
         "a=dlmrt/assets/demo",
         "--model",
@@ -68,7 +69,7 @@ def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
         for p, q in zip(data["models"]["b"]["points"], data["models"]["a"]["points"])
     ]  # the same model twice: the same accuracy and TPF at every point
     bad = subprocess.run(
-        cmd[:2] + ["--model", "nodir", "--out", str(out)],
+        cmd[:3] + ["--model", "nodir", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -79,7 +80,7 @@ def test_cli_writes_every_model_and_point_and_names_a_bad_model(tmp_path: Path):
 
 def test_plots_are_written(tmp_path: Path):
     pytest.importorskip("matplotlib")
-    plot = _load("orl_demo_plot")
+    plot = benchmark("orl.orl_demo_plot")
     results = ROOT / "benchmarks" / "results"
     sweep = json.loads((results / "orl_demo_h200_2026-12-01.json").read_text())
     runs = plot.read_runs(results / "orl_demo_runs_h200_2026-12-01.json")
@@ -90,7 +91,7 @@ def test_plots_are_written(tmp_path: Path):
 
 
 def test_the_curves_show_the_residual_ratio_when_a_run_logged_it(tmp_path: Path, monkeypatch):
-    plot = _load("orl_demo_plot")
+    plot = benchmark("orl.orl_demo_plot")
     rows = [
         {"step": 1, "reward": 0.5, "rollout_tpf": 3.0, "residual_ratio": 0.0},
         {"step": 2, "reward": 0.5, "rollout_tpf": 3.1, "residual_ratio": None},
@@ -113,7 +114,7 @@ def test_the_curves_show_the_residual_ratio_when_a_run_logged_it(tmp_path: Path,
 def test_tpf_at_equal_accuracy_follows_the_frontier():
     """Dominated points are dropped, TPF is interpolated between frontier points, None above the
     best accuracy, and the comparison table divides by the base model's TPF."""
-    plot = _load("orl_demo_plot")
+    plot = benchmark("orl.orl_demo_plot")
     pts = [
         {"accuracy": a, "tokens_per_forward": t}
         for a, t in [(0.9, 3.0), (0.8, 5.0), (0.85, 2.0), (0.6, 7.0), (0.6, 6.0)]

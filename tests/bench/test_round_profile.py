@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_benchmark_helpers import _load
+from benchmark_modules import benchmark
 
 from dlmrt import LLM
 from dlmrt.tasks import get_task
@@ -10,7 +10,7 @@ from dlmrt.train.data import is_chat, prompt_text
 
 
 def test_profile_counts_each_blocks_unresolved_rows_once():
-    rp = _load("round_profile")
+    rp = benchmark("orl.round_profile")
     assert (rp.kind(" 42"), rp.kind("the"), rp.kind("."), rp.kind(" ")) == (
         "digit",
         "word",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_benchmark_helpers import _load
+from benchmark_modules import benchmark
 
 
 def _warmup(out: Path, tag: str, lr: float, ratio: float, on: tuple, off: tuple) -> None:
@@ -21,7 +21,7 @@ def _warmup(out: Path, tag: str, lr: float, ratio: float, on: tuple, off: tuple)
 
 
 def test_the_gate_needs_the_ratio_band_and_a_costly_ablation(tmp_path: Path):
-    summary = _load("warmup_summary")
+    summary = benchmark("orl.warmup_summary")
     _warmup(tmp_path, "1e-4", 1e-4, 0.5, (0.80, 4.0), (0.79, 4.1))  # ablation costs 1 point only
     _warmup(tmp_path, "3e-4", 3e-4, 2.0, (0.85, 5.0), (0.70, 4.0))  # ratio out of the band
     _warmup(tmp_path, "2e-4", 2e-4, 0.8, (0.84, 5.0), (0.84, 4.4))  # passes: +13.6% TPF

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import assert_modes_agree
-from dg_helpers import F_, SETTINGS, S, _config, _prompt, _randomise, ckpt, save_checkpoint  # noqa: F401
+from dg_helpers import F_, MID, SETTINGS, S, _config, _prompt, _randomise, ckpt, save_checkpoint  # noqa: F401
 
 from dlmrt import LLM, reference
 from dlmrt.engine.graph import workspace
@@ -22,21 +22,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 GRAPHS = ("block_graph", "round_graph")
-MID = dict(
-    vocab_size=1024,
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=6,
-    layer_types=[S, S, F_, S, S, F_],
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=32,
-    global_head_dim=64,
-    sliding_window=16,
-    num_experts=8,
-    moe_intermediate_size=128,
-    max_position_embeddings=1024,
-)
+MID_LAYERS = [S, S, F_, S, S, F_]
 CASES = {  # (prompt length, max_new_tokens): prompts past the window, partial last canvases
     "tiny": [(3, 20), (13, 40), (9, 30)],
     "mid": [(5, 40), (40, 64), (9, 70)],
@@ -48,7 +34,7 @@ def checkpoints(ckpt, tmp_path_factory):  # noqa: F811
     import transformers.models.diffusion_gemma as dg
 
     torch.manual_seed(1)
-    cfg = _config(**MID)
+    cfg = _config(**MID, num_hidden_layers=len(MID_LAYERS), layer_types=MID_LAYERS)
     cfg.canvas_length = 32
     hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
     _randomise(hf, 2)

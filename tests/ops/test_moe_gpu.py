@@ -12,6 +12,7 @@ import torch
 from kernel_env import CUDA, DEV, kernel_test
 
 from dlmrt import ops
+from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini
 from dlmrt.ops import reference
 
 pytestmark = [pytest.mark.gpu, kernel_test]
@@ -114,14 +115,24 @@ def test_moe_mlp_matches_twin(rows, hits, activation, split, dtype, swap):
     _check_mlp(args, activation, split, dtype, swap)
 
 
+def _real_moe(name: str) -> tuple[int, int, int, int, int]:
+    """(rows, experts, hidden, expert width, top-k) of a released model's MoE layer."""
+    if name == "llada2.1-mini":
+        c = llada21_mini()
+        return c.block_size, c.num_experts, c.hidden_size, c.moe_intermediate_size, c.top_k
+    c = diffusion_gemma_26b()
+    return c.canvas_length, c.num_experts, c.hidden_size, c.moe_intermediate_size, c.top_k_experts
+
+
 @needs_cuda
 @pytest.mark.parametrize(
-    "rows,experts,hidden,inter,activation,split",
-    [(32, 256, 2048, 512, "silu", True), (256, 128, 2816, 704, "gelu_tanh", False)],
+    "name,activation,split",
+    [("llada2.1-mini", "silu", True), ("diffusiongemma-26b", "gelu_tanh", False)],
     ids=["llada2.1-mini", "diffusiongemma-26b"],
 )
-def test_moe_mlp_real_shapes_bf16(rows, experts, hidden, inter, activation, split):
-    args = _moe_inputs(rows, experts, hidden, inter, 8, "random", torch.bfloat16, seed=rows)
+def test_moe_mlp_real_shapes_bf16(name, activation, split):
+    rows, experts, hidden, inter, top_k = _real_moe(name)
+    args = _moe_inputs(rows, experts, hidden, inter, top_k, "random", torch.bfloat16, seed=rows)
     _check_mlp(args, activation, split, torch.bfloat16)
 
 

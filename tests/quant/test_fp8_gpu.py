@@ -155,27 +155,13 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(
     """FP8 routed experts, W8A8 or weight-only (+ FP8 context arena): block_graph ==
     round_graph == static eager."""
     import transformers.models.diffusion_gemma as dg
-    from dg_helpers import F_, S, _config, _prompt, _randomise, save_checkpoint
+    from dg_helpers import F_, MID, S, _config, _prompt, _randomise, save_checkpoint
 
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
     monkeypatch.setenv("DLMRT_FP8_GEMM_KERNEL", "triton")
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", experts_path)
     torch.manual_seed(1)
-    cfg = _config(
-        vocab_size=1024,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=3,
-        layer_types=[S, S, F_],
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=32,
-        global_head_dim=64,
-        sliding_window=16,
-        num_experts=8,
-        moe_intermediate_size=128,
-        max_position_embeddings=1024,
-    )
+    cfg = _config(**MID, num_hidden_layers=3, layer_types=[S, S, F_])
     cfg.canvas_length = 32
     hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
     _randomise(hf, 2)

@@ -1,0 +1,1 @@
+"""One kernel or layer at the models' shapes."""

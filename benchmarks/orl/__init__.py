@@ -1,0 +1,1 @@
+"""The ORL trainer and demo: capture, replay, the decoder sweep and its plots."""

@@ -1,0 +1,1 @@
+"""Rounds, steps and requests at the full model shapes (random weights)."""
