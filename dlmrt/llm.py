@@ -30,7 +30,6 @@ from dlmrt.params import DecodeParams
 from dlmrt.request_checks import (
     check_callbacks,
     check_not_empty,
-    check_rule_style,
     prompt_ids,
     renamed_on_block,
 )
@@ -243,7 +242,6 @@ class LLM(StyleAttributes):
         t0 = time.perf_counter()
         ids = prompt_ids(self.tokenizer, prompt, chat, self.model_config.vocab_size)
         check_not_empty(ids, prompt)
-        check_rule_style(params, self.family.style, self.model_config.architecture)
         self.style.check(ids, params)
         res = self.style.generate(ids, params, Hooks(recorder, on_progress, should_stop))
         return GenerationOutput.of(self.tokenizer.decode(res.token_ids), len(ids), res, t0)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import logging
 
 from dlmrt.blocks import layout, room
-from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
 from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.request_checks import check_block_length
+from dlmrt.rules import BLOCK
 from dlmrt.styles.base import Hooks, Setup
+from dlmrt.styles.checks import check_block_length, check_rule_style
+from dlmrt.styles.decoder_defaults import DecoderDefaults
 
 log = logging.getLogger("dlmrt")
 
@@ -52,6 +53,7 @@ class BlockStyle:
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
         cfg = self.cfg
+        check_rule_style(params, BLOCK, cfg.architecture)
         check_block_length(
             len(ids),
             params,

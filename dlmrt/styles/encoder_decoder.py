@@ -14,8 +14,9 @@ from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
 from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.request_checks import check_encoder_decoder_request
+from dlmrt.rules import ENCODER_DECODER
 from dlmrt.styles.base import Hooks, Setup
+from dlmrt.styles.checks import check_encoder_decoder_request, check_rule_style
 
 log = logging.getLogger("dlmrt")
 
@@ -40,6 +41,7 @@ class EncoderDecoderStyle:
         return cls(engine, setup, settings)
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
+        check_rule_style(params, ENCODER_DECODER, self.cfg.architecture)
         check_encoder_decoder_request(ids, params, self.engine.canvas_length, self.cfg)
         self.rng(params.rng)
 

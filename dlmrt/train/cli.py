@@ -188,7 +188,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    from dlmrt.decoder_defaults import KNOBS
+    from dlmrt.styles.decoder_defaults import KNOBS
     from dlmrt.train.export import export
 
     decoder = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
@@ -247,9 +247,9 @@ def _orl(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dlmrt.decoder_defaults import KNOBS
     from dlmrt.llm import LLM
     from dlmrt.params import DecodeParams
+    from dlmrt.styles.decoder_defaults import KNOBS
     from dlmrt.tasks import get_task
     from dlmrt.train.evaluate import evaluate
 
