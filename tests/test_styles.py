@@ -4,6 +4,8 @@ on which; the server sizes requests by the style's own layout."""
 from __future__ import annotations
 
 import inspect
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import write_checkpoint
@@ -14,12 +16,35 @@ from dlmrt.styles import BlockStyle, EncoderDecoderStyle
 
 
 @pytest.fixture(scope="module")
-def llms(tmp_path_factory):
+def paths(tmp_path_factory):
+    """A block-style checkpoint (QwenDLM) and an encoder-decoder one (DiffusionGemma)."""
     from dg_helpers import tiny_checkpoint
 
-    block = LLM(write_checkpoint(tmp_path_factory.mktemp("st") / "b"), device="cpu")
-    encdec = LLM(tiny_checkpoint(tmp_path_factory)[0], device="cpu")
-    return block, encdec
+    return write_checkpoint(tmp_path_factory.mktemp("st") / "b"), tiny_checkpoint(tmp_path_factory)[
+        0
+    ]
+
+
+@pytest.fixture(scope="module")
+def llms(paths):
+    return LLM(paths[0], device="cpu"), LLM(paths[1], device="cpu")
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["block", "encoder_decoder"])
+def test_a_load_reads_each_config_file_once(paths, which, monkeypatch):
+    """The loader parses config.json and generation_config.json; the tokenizer and the style
+    take them from the `Checkpoint` (`Setup.checkpoint`), and read neither again."""
+    reads = Counter()
+    read_text = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        reads[self.name] += 1
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    LLM(paths[which], device="cpu")
+    assert (paths[which] / "generation_config.json").is_file()
+    assert (reads["config.json"], reads["generation_config.json"]) == (1, 1)
 
 
 def test_llm_holds_one_style_and_no_style_branch(llms):

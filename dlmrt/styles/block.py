@@ -9,7 +9,6 @@ from dlmrt.blocks import layout, room
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
-from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
 from dlmrt.rules import BLOCK
 from dlmrt.styles.base import Hooks, Setup
@@ -40,10 +39,20 @@ class BlockStyle:
                 f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
                 "mask token such as <|MASK|> in the tokenizer)"
             )
-        decoder = DecoderDefaults.of_checkpoint(path, setup.default_rule, setup.auto_rule)
-        kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, path)  # the checkpoint may say fp8
+        decoder = DecoderDefaults.read(
+            setup.default_rule,
+            setup.checkpoint.generation_config,
+            path / "generation_config.json",
+            use_entry=setup.default_rule == setup.auto_rule,
+        )
+        config = setup.config
         engine = BlockEngine(
-            setup.model, setup.device, setup.dtype, setup.mode, setup.config.fold_commits, kv
+            setup.model,
+            setup.device,
+            setup.dtype,
+            setup.mode,
+            config.fold_commits,
+            config.kv_cache_dtype,
         )
         log.info("default decoder %s, block %d", decoder, cfg.block_size)
         return cls(engine, setup, decoder, mask_id)

@@ -12,7 +12,6 @@ from dataclasses import replace
 from dlmrt.config import EAGER
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
-from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
 from dlmrt.rules import ENCODER_DECODER
 from dlmrt.styles.base import Hooks, Setup
@@ -34,9 +33,11 @@ class EncoderDecoderStyle:
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> EncoderDecoderStyle:
         """The checkpoint's (or its role's) canvas settings and the engine."""
-        kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, setup.path)
-        engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, kv)
-        settings = CanvasSettings.from_generation_config(setup.path, setup.config.role)
+        config = setup.config
+        engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, config.kv_cache_dtype)
+        settings = CanvasSettings.from_generation_config(
+            setup.checkpoint.generation_config, setup.path / "generation_config.json", config.role
+        )
         log.info("canvas decoding, canvas %d: %s", engine.canvas_length, settings)
         return cls(engine, setup, settings)
 
