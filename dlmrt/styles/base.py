@@ -64,6 +64,12 @@ class Style(Protocol):
     def check(self, ids: list[int], params: DecodeParams) -> None:
         """ValueError naming what of the request this style cannot run."""
 
+    def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
+        """The decoder a request runs: {"rule": its rule, each knob of this style's rules: the
+        request's value, else the checkpoint's default, else dlmrt's}; None for a knob the rule
+        settles when it runs (a block rule's `denoising_steps`: the block length). A request
+        that sets nothing (`DecodeParams()`) gives the checkpoint's defaults."""
+
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """Positions the request occupies: what must fit the model's context."""
 

@@ -4,6 +4,7 @@ the request's acceptance rule (`dlmrt/decoding/`), on `BlockEngine`."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from dlmrt.blocks import layout, room
 from dlmrt.decoding import make_rule
@@ -70,6 +71,10 @@ class BlockStyle:
             cfg.max_position_embeddings,
             cfg.block_size,
         )
+
+    def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
+        name, knobs = self.decoder.rule_knobs(params)
+        return {"rule": name, **knobs}
 
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """Whole blocks over prompt + new tokens (the last block is decoded whole)."""

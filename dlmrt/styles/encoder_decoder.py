@@ -7,7 +7,8 @@ reference loop."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import asdict, replace
+from typing import Any
 
 from dlmrt.config import EAGER
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
@@ -46,6 +47,15 @@ class EncoderDecoderStyle:
         check_encoder_decoder_request(ids, params, self.engine.canvas_length, self.cfg)
         self.rng(params.rng)
 
+    def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
+        settings = asdict(self._settings(params))
+        return {"rule": params.rule or self.default_rule, **settings, "rng": self.rng(params.rng)}
+
+    def _settings(self, params: DecodeParams) -> CanvasSettings:
+        """The checkpoint's canvas settings under the request's own knobs."""
+        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
+        return replace(self.canvas_settings, **overrides)
+
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """The prompt, then whole canvases for the new tokens."""
         length = self.engine.canvas_length
@@ -65,10 +75,9 @@ class EncoderDecoderStyle:
         return rng or ("counter" if self.mode != EAGER or self.tensor_parallel else "torch")
 
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
-        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
         return self.engine.generate(
             ids,
-            replace(self.canvas_settings, **overrides),
+            self._settings(params),
             max_new_tokens=params.max_new_tokens,
             stop_ids=sorted(self.stop_ids),
             seed=params.seed or 0,
