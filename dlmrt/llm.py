@@ -24,13 +24,12 @@ from dlmrt.draft_stream import DraftStream
 from dlmrt.drafts import DraftBuilder, DraftCallback, chain
 from dlmrt.engine import select_mode
 from dlmrt.errors import CheckpointError
-from dlmrt.loading.checkpoint import load_checkpoint, resolve_model_path
+from dlmrt.loading.checkpoint import Checkpoint, load_checkpoint, resolve_model_path
 from dlmrt.outputs import CanvasRecorder, GenerationOutput, ProgressCallback, Recorder, StopCheck
 from dlmrt.params import DecodeParams
 from dlmrt.request_checks import (
     check_callbacks,
     check_not_empty,
-    check_rule_style,
     prompt_ids,
     renamed_on_block,
 )
@@ -104,7 +103,8 @@ class LLM(StyleAttributes):
             shard=tp_setup.loader(self.group),
             activations=config.activations,
         )
-        self._setup(ckpt.model, Tokenizer(path), ckpt.path, config)
+        tokenizer = Tokenizer(path, ckpt.config_json, ckpt.generation_config)
+        self._setup(ckpt, tokenizer, config)
         if model is None and self.device.type == "cuda":
             from dlmrt.demo import log_demo_speed
 
@@ -137,10 +137,11 @@ class LLM(StyleAttributes):
         )
         llm = cls.__new__(cls)
         llm.group = None
-        llm._setup(model, tokenizer, Path(path), config)
+        llm._setup(Checkpoint.of_model(model, Path(path)), tokenizer, config)
         return llm
 
-    def _setup(self, model, tokenizer: Tokenizer, path: Path, config: EngineConfig) -> None:
+    def _setup(self, ckpt: Checkpoint, tokenizer: Tokenizer, config: EngineConfig) -> None:
+        model, path = ckpt.model, ckpt.path
         self.config, self.path, self.model = config, path, model
         self.device, self.dtype = config.torch_device(), next(model.parameters()).dtype
         self.family = models.family_of(model)
@@ -160,9 +161,8 @@ class LLM(StyleAttributes):
         )
         log.info("execution mode %s: %s", self.mode, self.mode_reason)
         setup = Setup(
-            model,
+            ckpt,
             tokenizer,
-            path,
             config,
             self.mode,
             self.device,
@@ -243,7 +243,6 @@ class LLM(StyleAttributes):
         t0 = time.perf_counter()
         ids = prompt_ids(self.tokenizer, prompt, chat, self.model_config.vocab_size)
         check_not_empty(ids, prompt)
-        check_rule_style(params, self.family.style, self.model_config.architecture)
         self.style.check(ids, params)
         res = self.style.generate(ids, params, Hooks(recorder, on_progress, should_stop))
         return GenerationOutput.of(self.tokenizer.decode(res.token_ids), len(ids), res, t0)

@@ -14,7 +14,7 @@ from dlmrt.knobs import Knob, check_float, check_int
 from dlmrt.rules import ENCODER_DECODER, KNOBS, RULE_NAMES, RULE_OF_KNOB, knob_help, style_knobs
 
 # The block rules' knobs when neither the request nor the checkpoint sets them
-# (dlmrt/decoder_defaults.py says who decides what); declared in dlmrt/rules.py.
+# (dlmrt/styles/decoder_defaults.py says who decides what); declared in dlmrt/rules.py.
 THRESHOLD: float = KNOBS["threshold"].fallback
 ENTROPY_BUDGET: float = KNOBS["entropy_budget"].fallback
 # DecodeParams fields that override a DiffusionGemma checkpoint's canvas-decoder settings.

@@ -29,7 +29,14 @@ def _token_text(value: Any) -> str | None:
 
 
 class Tokenizer:
-    def __init__(self, root: str | Path, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        config: dict[str, Any] | None = None,
+        generation_config: dict[str, Any] | None = None,
+    ) -> None:
+        """config / generation_config: config.json / generation_config.json as already parsed
+        (the loader's `Checkpoint`); None reads the file from `root` (absent: {})."""
         root = Path(root)
         path = root / "tokenizer.json"
         if not path.is_file():
@@ -42,7 +49,9 @@ class Tokenizer:
         model_cfg = (
             config if config is not None else read_json(root / "config.json", required=False) or {}
         )
-        gen_cfg = read_json(root / "generation_config.json", required=False) or {}
+        gen_cfg = generation_config
+        if gen_cfg is None:
+            gen_cfg = read_json(root / "generation_config.json", required=False) or {}
         self.chat_template = self._load_template(root)
         self.mask_token_id = self._mask_id(model_cfg)
         # the stop ids the files declare (generation_config.json, else config.json), then, without

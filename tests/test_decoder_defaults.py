@@ -10,9 +10,9 @@ import pytest
 from conftest import residual_config, write_checkpoint
 
 import dlmrt
-from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.errors import CheckpointError
 from dlmrt.params import ENTROPY_BUDGET, THRESHOLD, DecodeParams
+from dlmrt.styles.decoder_defaults import DecoderDefaults
 
 PROMPT = "What is 12+30?"
 GEN = Path("ckpt/generation_config.json")

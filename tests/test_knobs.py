@@ -121,7 +121,7 @@ def test_each_knob_can_be_swept(knob):
 
 @pytest.mark.parametrize("knob", ALL, ids=IDS)
 def test_a_knob_of_the_other_style_is_refused_by_name(knob):
-    from dlmrt.request_checks import check_rule_style
+    from dlmrt.styles.checks import check_rule_style
 
     style = RULE_OF_KNOB[knob.name].style
     params = DecodeParams(**{knob.name: good_value(knob)})
@@ -150,10 +150,10 @@ def test_make_rule_passes_each_declared_knob(rule):
 
 
 def test_the_other_places_that_name_knobs_agree_with_the_declarations():
-    from dlmrt.decoder_defaults import KNOBS as CHECKPOINT_KNOBS
-    from dlmrt.decoder_defaults import DecoderDefaults
     from dlmrt.decoding.entropy_bound_canvas import RNG_MODES, CanvasSettings
     from dlmrt.decoding.llada_editing import PRESETS
+    from dlmrt.styles.decoder_defaults import KNOBS as CHECKPOINT_KNOBS
+    from dlmrt.styles.decoder_defaults import DecoderDefaults
     from dlmrt.train.orl.config import DECODER_KNOBS
 
     canvas = style_knobs(ENCODER_DECODER, checkpoint=True)

@@ -147,6 +147,37 @@ def test_weight_formats_are_the_bottom_layer():
     assert _edges_into(g, "dlmrt.loading", ("dlmrt.quant",)) == []  # writing sits above reading
 
 
+FILE_IO_MODULES = {"json", "io", "os", "shutil", "pickle", "safetensors", "tempfile"}
+# `read_json`: dlmrt/json_file.py's checkpoint-file reader
+FILE_IO_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "load", "save"}
+FILE_IO_CALLS.add("read_json")
+
+
+def file_io(path: Path) -> list[str]:
+    """The file I/O a module's source names: an I/O module imported, or a call of `open`, a
+    path's read/write methods, `torch.load` / `torch.save` (a `Path` in an annotation is none)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            found += [f"import {n}" for n in names if (n or "").split(".")[0] in FILE_IO_MODULES]
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name in FILE_IO_CALLS:
+                found.append(f"{name}() at line {node.lineno}")
+    return found
+
+
+def test_the_decoding_layer_does_no_file_io():
+    """Rules and canvas settings take what the loader parsed (`Setup.checkpoint`), never a path
+    to read."""
+    assert file_io(ROOT / "dlmrt/json_file.py")  # the check sees a module that reads a file
+    decoding = sorted((ROOT / "dlmrt/decoding").rglob("*.py"))
+    assert decoding  # the check ran over real files
+    assert {str(p.relative_to(ROOT)): io for p in decoding if (io := file_io(p))} == {}
+
+
 def test_parallel_primitives_sit_below_what_shards_and_launches():
     """Models and engines use dlmrt/parallel/ (the group, vocab-parallel statistics); only the
     front (llm.py, the spawned rank's entry) uses dlmrt/distributed/ (sharding, ranks, requests)."""

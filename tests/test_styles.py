@@ -4,6 +4,9 @@ on which; the server sizes requests by the style's own layout."""
 from __future__ import annotations
 
 import inspect
+import re
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import write_checkpoint
@@ -14,12 +17,35 @@ from dlmrt.styles import BlockStyle, EncoderDecoderStyle
 
 
 @pytest.fixture(scope="module")
-def llms(tmp_path_factory):
+def paths(tmp_path_factory):
+    """A block-style checkpoint (QwenDLM) and an encoder-decoder one (DiffusionGemma)."""
     from dg_helpers import tiny_checkpoint
 
-    block = LLM(write_checkpoint(tmp_path_factory.mktemp("st") / "b"), device="cpu")
-    encdec = LLM(tiny_checkpoint(tmp_path_factory)[0], device="cpu")
-    return block, encdec
+    return write_checkpoint(tmp_path_factory.mktemp("st") / "b"), tiny_checkpoint(tmp_path_factory)[
+        0
+    ]
+
+
+@pytest.fixture(scope="module")
+def llms(paths):
+    return LLM(paths[0], device="cpu"), LLM(paths[1], device="cpu")
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["block", "encoder_decoder"])
+def test_a_load_reads_each_config_file_once(paths, which, monkeypatch):
+    """The loader parses config.json and generation_config.json; the tokenizer and the style
+    take them from the `Checkpoint` (`Setup.checkpoint`), and read neither again."""
+    reads = Counter()
+    read_text = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        reads[self.name] += 1
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    LLM(paths[which], device="cpu")
+    assert (paths[which] / "generation_config.json").is_file()
+    assert (reads["config.json"], reads["generation_config.json"]) == (1, 1)
 
 
 def test_llm_holds_one_style_and_no_style_branch(llms):
@@ -78,3 +104,44 @@ def test_generate_takes_validated_params_as_they_are(llms):
     assert by_params.token_ids == by_kwargs.token_ids and len(by_params.token_ids) == 6
     with pytest.raises(TypeError, match="params or keyword arguments, not both"):
         block.generate([5, 6, 7], params=params, max_new_tokens=3)
+
+
+def test_decoder_of_resolves_a_requests_knobs_in_either_style(llms):
+    """The request's knob, else the checkpoint's default, else dlmrt's; no knob set: the
+    defaults the bench report and `dlmrt train eval` record."""
+    from dataclasses import asdict
+
+    from dlmrt.params import DecodeParams
+
+    block, encdec = llms
+    assert block.decoder_of() == block.decoder_of(DecodeParams())
+    defaults = block.decoder_of()
+    assert defaults["rule"] == block.default_rule
+    assert (defaults["threshold"], defaults["entropy_budget"]) == (
+        block.decoder.threshold,
+        block.decoder.entropy_budget,
+    )
+    assert defaults["denoising_steps"] is None  # fixed_steps settles it: the block length
+    asked = block.decoder_of(DecodeParams(threshold=0.25, editing="speed"))
+    assert (asked["rule"], asked["threshold"], asked["editing"]) == ("llada_editing", 0.25, "speed")
+
+    canvas = encdec.decoder_of()
+    assert canvas == {
+        "rule": "entropy_bound_canvas",
+        **asdict(encdec.canvas_settings),
+        "rng": "torch",
+    }
+    bound = encdec.canvas_settings.entropy_bound * 2
+    asked = encdec.decoder_of(DecodeParams(entropy_bound=bound, rng="counter"))
+    assert (asked["entropy_bound"], asked["rng"]) == (bound, "counter")
+    assert asked["t_max"] == encdec.canvas_settings.t_max
+
+
+def test_front_ends_ask_the_style_not_whether_it_has_a_decoder():
+    """cli, server, llm.py, bench and the trainer's CLI read `decoder_of`, never `llm.decoder`."""
+    root = Path(dlmrt.llm.__file__).parent
+    fronts = [root / "cli.py", root / "llm.py", root / "train" / "cli.py"]
+    fronts += [*(root / "server").rglob("*.py"), *(root / "bench").rglob("*.py")]
+    assert all(p.is_file() for p in fronts)
+    named = [str(p.relative_to(root)) for p in fronts if re.search(r"\.decoder\b", p.read_text())]
+    assert named == []

@@ -18,7 +18,7 @@ from dlmrt.bench.checks import check_bench_args
 from dlmrt.bench.datasets import Problem, load_problems, pick_template, render_prompt
 from dlmrt.bench.report import SCHEMA, format_table, summarize, warmup_info, write_json
 from dlmrt.params import DecodeParams
-from dlmrt.rules import BLOCK, RULE_OF_KNOB
+from dlmrt.rules import BLOCK, RULE_OF_KNOB, RULES
 
 log = logging.getLogger("dlmrt")
 # A block rule's knob swept without --rule selects the rule that declares it (dlmrt/rules.py).
@@ -132,14 +132,13 @@ def _value_parser(annotation: str, knob: str):
 
 
 def _rule_label(params: DecodeParams, llm: Any) -> str:
-    if llm.decoder is None:  # the encoder-decoder style: its own settings
-        return params.rule or llm.default_rule
-    rule, threshold, entropy_budget = llm.decoder.resolve(params)
-    if rule == "threshold":
-        return f"threshold={threshold}"
-    if rule == "entropy_budget":
-        return f"entropy_budget={entropy_budget}"
-    return f"{rule} steps={params.denoising_steps or 'B'}"
+    decoder = llm.decoder_of(params)  # the request's knobs, else the checkpoint's, else dlmrt's
+    rule = decoder["rule"]
+    if rule in ("threshold", "entropy_budget"):  # the rule's one knob, named as the rule
+        return f"{rule}={decoder[rule]}"
+    if RULES[rule].style == BLOCK:
+        return f"{rule} steps={params.denoising_steps or 'B'}"
+    return rule  # the canvas decoder: its settings are the checkpoint's unless swept
 
 
 def _render(problem: Problem, llm: Any, chat: bool, template: str | None) -> str:
@@ -228,7 +227,7 @@ def _report(
         "quantization": llm.config.quantization,  # None: as the checkpoint is stored
         "kv_cache_dtype": llm.config.kv_cache_dtype,
         "default_rule": llm.default_rule,
-        "decoder": dataclasses.asdict(llm.decoder) if llm.decoder else None,  # knobs left unset
+        "decoder": llm.decoder_of(),  # what a request gets for the knobs it leaves unset
         "dataset": args.dataset,
         "kind": kind,
         "n_problems": len(problems),

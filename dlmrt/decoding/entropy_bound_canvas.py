@@ -19,7 +19,6 @@ canvas, step, row) like the other rules' sampling noise, so a CUDA graph can rep
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -64,32 +63,32 @@ class CanvasSettings:
             raise ValueError(f"stability_threshold: must be >= 0, got {self.stability_threshold}")
 
     @classmethod
-    def from_generation_config(cls, path: Path, role: str | None) -> CanvasSettings:
-        """Settings of `path/generation_config.json` over the defaults; role "orl" then applies
-        its "orl" section (the ORL decoder recorded with the checkpoint) when there is one."""
-        gen: dict[str, Any] = {}
-        if (path / "generation_config.json").is_file():
-            gen = json.loads((path / "generation_config.json").read_text())
-        settings = replace(cls(), **_known(gen, path))
+    def from_generation_config(
+        cls, gen: dict[str, Any], where: Path, role: str | None
+    ) -> CanvasSettings:
+        """Settings of a checkpoint's parsed generation_config.json (`gen`, read from `where`,
+        the path errors name) over the defaults; role "orl" then applies its "orl" section (the
+        ORL decoder recorded with the checkpoint) when there is one."""
+        settings = replace(cls(), **_known(gen, where))
         if role == "orl":
             if isinstance(gen.get("orl"), dict):
-                settings = replace(settings, **_known(gen["orl"], path))
+                settings = replace(settings, **_known(gen["orl"], where))
             else:
                 log.warning(
-                    "%s: role 'orl' but generation_config.json records no 'orl' decoder settings; "
-                    "using the base decoder's",
-                    path,
+                    "%s: role 'orl' but it records no 'orl' decoder settings; using the base "
+                    "decoder's",
+                    where,
                 )
         return settings
 
 
-def _known(gen: dict[str, Any], path: Path) -> dict[str, Any]:
+def _known(gen: dict[str, Any], where: Path) -> dict[str, Any]:
     names = {f.name for f in fields(CanvasSettings)}
     out = {k: v for k, v in gen.items() if k in names and v is not None}
-    out.update(sampler_settings(gen.get("sampler_config"), path / "generation_config.json"))
+    out.update(sampler_settings(gen.get("sampler_config"), where))
     for name, value in out.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{path / 'generation_config.json'}: {name} must be a number")
+            raise ValueError(f"{where}: {name} must be a number")
     return out
 
 

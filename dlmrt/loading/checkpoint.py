@@ -26,7 +26,7 @@ from dlmrt.formats.fp8 import Fp8Weight
 from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.json_file import read_json
 from dlmrt.loading.placement import collect_quantized, place_quantized
-from dlmrt.loading.quant_config import read_quant_config
+from dlmrt.loading.quant_config import QuantConfig, read_quant_config
 from dlmrt.loading.reader import quantized_reader
 from dlmrt.loading.tensors import (
     check_tensors,
@@ -43,14 +43,25 @@ log = logging.getLogger("dlmrt")
 
 @dataclass
 class Checkpoint:
-    """A loaded checkpoint: the model (eval mode, on its device) and the files it came from."""
+    """A loaded checkpoint: the model (eval mode, on its device) and its files, each parsed once
+    here (the tokenizer and the decoding styles read these, never the files again)."""
 
     path: Path
     model: torch.nn.Module
     config: Any  # the family's frozen config dataclass
-    generation_config: dict[str, Any]
+    config_json: dict[str, Any]  # config.json as read
+    generation_config: dict[str, Any]  # generation_config.json as read ({}: none)
+    quant_config: QuantConfig | None = None  # the quantization the files declare (None: none)
     # its quantized weights as they run (Fp8Weight / Nvfp4Weight, dlmrt/formats/)
     quantized: dict[str, Fp8Weight | Nvfp4Weight] = field(default_factory=dict)
+
+    @classmethod
+    def of_model(cls, model: torch.nn.Module, path: Path) -> Checkpoint:
+        """A live model (the trainer's, its current weights) with the files of its directory
+        `path` (each optional: a directory without them gives {})."""
+        raw = read_json(path / "config.json", required=False) or {}
+        gen = read_json(path / "generation_config.json", required=False) or {}
+        return cls(path, model, model.cfg, raw, gen)
 
 
 def load_checkpoint(
@@ -103,16 +114,12 @@ def load_checkpoint(
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
     place_quantized(model, quantized, why, device, activations)
-    log.info(
-        "loaded %s (%s, %s%s) on %s in %s",
-        root,
-        arch,
-        "tied" if tied else "untied",
-        ", ORL residual" if getattr(config, "residual", None) else "",
-        device,
-        dtype,
-    )
-    return Checkpoint(root, model, config, gen_cfg, quantized)
+    residual = ", ORL residual" if getattr(config, "residual", None) else ""
+    tying = "tied" if tied else "untied"
+    log.info("loaded %s (%s, %s%s) on %s in %s", root, arch, tying, residual, device, dtype)
+    if qcfg is not None and qcfg.fp8_kv_cache:  # a hint only: QuantConfig.fp8_kv_cache says why
+        log.info("%s declares an FP8 KV cache: pass kv_cache_dtype='fp8' to use one", root)
+    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
 
 
 def _stream_weights(

@@ -16,7 +16,6 @@ CheckpointError naming the file and the value, never loaded as if it were bf16.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,7 @@ CT_FORMATS = ("float-quantized", "naive-quantized")
 CT_NVFP4 = "nvfp4-pack-quantized"
 MODELOPT_ALGOS = {"FP8": "tensor", "FP8_PER_CHANNEL_PER_TOKEN": "channel", "NVFP4": "group"}
 STRATEGIES = ("channel", "tensor", "block")
-
-log = logging.getLogger("dlmrt")
+FP8_KV_NAMES = ("FP8", "float8")  # ModelOpt kv_cache_quant_algo; compressed-tensors kv_cache_scheme
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,13 @@ class QuantConfig:
     kv_cache: str | None = None
     scheme: str = "fp8"
     block: tuple[int, int] | None = None
+
+    @property
+    def fp8_kv_cache(self) -> bool:
+        """The files declare an FP8 KV cache. It does not switch kv_cache_dtype "auto" to FP8,
+        as in vLLM: the FP8 arena is slower on Hopper today (docs/quantization.md); dlmrt keeps
+        its own KV scale."""
+        return self.kv_cache in FP8_KV_NAMES
 
 
 def read_quant_config(root: Path, raw: dict[str, Any]) -> QuantConfig | None:
@@ -205,20 +210,3 @@ def _ct_nvfp4(w: dict[str, Any], where: str) -> str:
     if w.get("symmetric") is False:
         raise CheckpointError(f"{where}.weights: asymmetric NVFP4 (zero points) is not supported")
     return "group"
-
-
-FP8_KV_NAMES = ("FP8", "float8")  # ModelOpt kv_cache_quant_algo; compressed-tensors kv_cache_scheme
-
-
-def kv_cache_dtype_for(requested: str, root: Path) -> str:
-    """The arena dtype to run: `requested` as given. A checkpoint that declares an FP8 KV cache
-    (ModelOpt `kv_cache_quant_algo: "FP8"`, compressed-tensors `kv_cache_scheme` float 8) does
-    not switch "auto" to FP8, as in vLLM: the FP8 arena is slower on Hopper today
-    (docs/quantization.md), so it is logged as a hint; dlmrt keeps its own KV scale."""
-    raw = read_json(root / "config.json", required=False)
-    if requested != "auto" or raw is None:
-        return requested
-    qcfg = read_quant_config(root, raw)
-    if qcfg is not None and qcfg.kv_cache in FP8_KV_NAMES:
-        log.info("%s declares an FP8 KV cache: pass kv_cache_dtype='fp8' to use one", root)
-    return requested

@@ -6,6 +6,8 @@ its decoder defaults) and then, per request, checks it (`check`), says how many 
 and never branches on which.
   block            QwenDLM and LLaDA2 (`block.py`): rounds over blocks of B rows, a rule per request
   encoder_decoder  DiffusionGemma (`encoder_decoder.py`): denoising steps over a canvas
+A style's request checks are in `checks.py`; the block style's defaults for the knobs a request
+leaves unset (the checkpoint's, else dlmrt's) in `decoder_defaults.py`.
 """
 
 from __future__ import annotations

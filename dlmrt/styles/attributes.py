@@ -7,6 +7,10 @@ The assignable ones are those tests swap (an engine with other settings, stop id
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlmrt.params import DecodeParams
+
 
 class StyleAttributes:
     """Read-through attributes of `self.style` (and the tensor-parallel `group`)."""
@@ -57,6 +61,11 @@ class StyleAttributes:
     def mask_id(self) -> int | None:
         """The block style's mask token id (None for the encoder-decoder style)."""
         return self.style.mask_id
+
+    def decoder_of(self, params: DecodeParams | None = None) -> dict[str, Any]:
+        """The decoder a request with `params` runs, its knobs resolved (`Style.decoder_of`);
+        None: a request that sets nothing, i.e. the checkpoint's defaults."""
+        return self.style.decoder_of(params if params is not None else DecodeParams())
 
     @property
     def decoder(self):

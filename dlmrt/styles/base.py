@@ -9,17 +9,18 @@ from typing import Any, Protocol
 import torch
 
 from dlmrt.config import EngineConfig
+from dlmrt.loading.checkpoint import Checkpoint
 from dlmrt.outputs import CanvasRecorder, ProgressCallback, Recorder, StopCheck
 from dlmrt.params import DecodeParams
 
 
 @dataclass(frozen=True)
 class Setup:
-    """The one parsed checkpoint and the engine settings a style is built from."""
+    """The one parsed checkpoint and the engine settings a style is built from. A style reads the
+    checkpoint's files through `checkpoint` (parsed once, by the loader), never from disk."""
 
-    model: torch.nn.Module
+    checkpoint: Checkpoint  # the model, its directory, config.json and generation_config.json
     tokenizer: Any  # dlmrt.tokenizer.Tokenizer
-    path: Path  # the checkpoint directory (its generation_config.json applies)
     config: EngineConfig
     mode: str  # the execution mode already agreed (`select_mode`, tensor-parallel ranks)
     device: torch.device
@@ -28,6 +29,15 @@ class Setup:
     default_rule: str  # the family's rule for the role asked for
     auto_rule: str  # the family's rule without a role
     tensor_parallel: bool
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.checkpoint.model
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint directory (the files errors name)."""
+        return self.checkpoint.path
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,12 @@ class Style(Protocol):
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
         """ValueError naming what of the request this style cannot run."""
+
+    def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
+        """The decoder a request runs: {"rule": its rule, each knob of this style's rules: the
+        request's value, else the checkpoint's default, else dlmrt's}; None for a knob the rule
+        settles when it runs (a block rule's `denoising_steps`: the block length). A request
+        that sets nothing (`DecodeParams()`) gives the checkpoint's defaults."""
 
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """Positions the request occupies: what must fit the model's context."""

@@ -4,16 +4,17 @@ the request's acceptance rule (`dlmrt/decoding/`), on `BlockEngine`."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from dlmrt.blocks import layout, room
-from dlmrt.decoder_defaults import DecoderDefaults
 from dlmrt.decoding import make_rule
 from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
-from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.request_checks import check_block_length
+from dlmrt.rules import BLOCK
 from dlmrt.styles.base import Hooks, Setup
+from dlmrt.styles.checks import check_block_length, check_rule_style
+from dlmrt.styles.decoder_defaults import DecoderDefaults
 
 log = logging.getLogger("dlmrt")
 
@@ -39,10 +40,20 @@ class BlockStyle:
                 f"{path / 'config.json'}: no mask token (set 'mask_token_id' in config.json or a "
                 "mask token such as <|MASK|> in the tokenizer)"
             )
-        decoder = DecoderDefaults.of_checkpoint(path, setup.default_rule, setup.auto_rule)
-        kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, path)  # the checkpoint may say fp8
+        decoder = DecoderDefaults.read(
+            setup.default_rule,
+            setup.checkpoint.generation_config,
+            path / "generation_config.json",
+            use_entry=setup.default_rule == setup.auto_rule,
+        )
+        config = setup.config
         engine = BlockEngine(
-            setup.model, setup.device, setup.dtype, setup.mode, setup.config.fold_commits, kv
+            setup.model,
+            setup.device,
+            setup.dtype,
+            setup.mode,
+            config.fold_commits,
+            config.kv_cache_dtype,
         )
         log.info("default decoder %s, block %d", decoder, cfg.block_size)
         return cls(engine, setup, decoder, mask_id)
@@ -52,6 +63,7 @@ class BlockStyle:
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
         cfg = self.cfg
+        check_rule_style(params, BLOCK, cfg.architecture)
         check_block_length(
             len(ids),
             params,
@@ -59,6 +71,10 @@ class BlockStyle:
             cfg.max_position_embeddings,
             cfg.block_size,
         )
+
+    def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
+        name, knobs = self.decoder.rule_knobs(params)
+        return {"rule": name, **knobs}
 
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """Whole blocks over prompt + new tokens (the last block is decoded whole)."""

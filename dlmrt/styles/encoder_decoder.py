@@ -7,15 +7,16 @@ reference loop."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import asdict, replace
+from typing import Any
 
 from dlmrt.config import EAGER
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
-from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
-from dlmrt.request_checks import check_encoder_decoder_request
+from dlmrt.rules import ENCODER_DECODER
 from dlmrt.styles.base import Hooks, Setup
+from dlmrt.styles.checks import check_encoder_decoder_request, check_rule_style
 
 log = logging.getLogger("dlmrt")
 
@@ -33,15 +34,27 @@ class EncoderDecoderStyle:
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> EncoderDecoderStyle:
         """The checkpoint's (or its role's) canvas settings and the engine."""
-        kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, setup.path)
-        engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, kv)
-        settings = CanvasSettings.from_generation_config(setup.path, setup.config.role)
+        config = setup.config
+        engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, config.kv_cache_dtype)
+        settings = CanvasSettings.from_generation_config(
+            setup.checkpoint.generation_config, setup.path / "generation_config.json", config.role
+        )
         log.info("canvas decoding, canvas %d: %s", engine.canvas_length, settings)
         return cls(engine, setup, settings)
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
+        check_rule_style(params, ENCODER_DECODER, self.cfg.architecture)
         check_encoder_decoder_request(ids, params, self.engine.canvas_length, self.cfg)
         self.rng(params.rng)
+
+    def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
+        settings = asdict(self._settings(params))
+        return {"rule": params.rule or self.default_rule, **settings, "rng": self.rng(params.rng)}
+
+    def _settings(self, params: DecodeParams) -> CanvasSettings:
+        """The checkpoint's canvas settings under the request's own knobs."""
+        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
+        return replace(self.canvas_settings, **overrides)
 
     def rows_needed(self, prompt_len: int, max_new_tokens: int, block_length: int | None) -> int:
         """The prompt, then whole canvases for the new tokens."""
@@ -62,10 +75,9 @@ class EncoderDecoderStyle:
         return rng or ("counter" if self.mode != EAGER or self.tensor_parallel else "torch")
 
     def generate(self, ids: list[int], params: DecodeParams, hooks: Hooks):
-        overrides = {k: v for k, v in params.canvas_overrides().items() if v is not None}
         return self.engine.generate(
             ids,
-            replace(self.canvas_settings, **overrides),
+            self._settings(params),
             max_new_tokens=params.max_new_tokens,
             stop_ids=sorted(self.stop_ids),
             seed=params.seed or 0,

@@ -188,7 +188,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    from dlmrt.decoder_defaults import KNOBS
+    from dlmrt.styles.decoder_defaults import KNOBS
     from dlmrt.train.export import export
 
     decoder = {k: getattr(args, k) for k in KNOBS if getattr(args, k) is not None}
@@ -247,9 +247,9 @@ def _orl(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dlmrt.decoder_defaults import KNOBS
     from dlmrt.llm import LLM
     from dlmrt.params import DecodeParams
+    from dlmrt.styles.decoder_defaults import KNOBS
     from dlmrt.tasks import get_task
     from dlmrt.train.evaluate import evaluate
 
@@ -270,12 +270,12 @@ def _eval(args: argparse.Namespace) -> int:
         show_progress=sys.stderr.isatty(),
         **{k: v for k, v in params.items() if v is not None},
     )
-    res = {"model": str(args.model), "rule": args.rule or llm.default_rule, **res}
+    # the decoder run: the flags' knobs, else the checkpoint's, else dlmrt's
+    decoder = llm.decoder_of(DecodeParams(**params))
+    res = {"model": str(args.model), "rule": decoder["rule"], **res}
     if adapter is not None:
         res["adapter"] = args.adapter
-    if llm.decoder is not None:  # the knobs the flags left unset: the checkpoint's, else dlmrt's
-        knobs = llm.decoder.rule_knobs(DecodeParams(**params))[1]
-        res.update({k: knobs[k] for k in KNOBS[1:]})
+    res.update({k: decoder[k] for k in KNOBS[1:] if k in decoder})  # the block style's
     text = json.dumps(res)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dlmrt.config import DTYPE_NAMES, torch_dtypes
-from dlmrt.decoder_defaults import KEY, DecoderDefaults
 from dlmrt.errors import CheckpointError
+from dlmrt.styles.decoder_defaults import KEY, DecoderDefaults
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 WEIGHTS = "model.safetensors"
@@ -79,7 +79,7 @@ def export(
 
     Only the HF files are copied (no optimizer state, logs or checkpoints); `dest` must not exist.
     decoder: the model's own default decoder, e.g. {"rule": "entropy_budget", "entropy_budget":
-    0.4}, written to generation_config.json as "dlmrt_decoder" (`dlmrt/decoder_defaults.py`).
+    0.4}, written to generation_config.json as "dlmrt_decoder" (`dlmrt/styles/decoder_defaults.py`).
     """
     src, dest = Path(src), Path(dest)
     if dtype not in DTYPE_NAMES:

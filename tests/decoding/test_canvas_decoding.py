@@ -152,19 +152,20 @@ def test_cached_passes_equal_the_full_forward(ckpt):
 def test_role_orl_reads_the_recorded_settings(ckpt, tmp_path, caplog):
     path = ckpt[0]
     gen = json.loads((path / "generation_config.json").read_text())
+    where = tmp_path / "generation_config.json"
     base = dict(gen, max_denoising_steps=12, sampler_config={"entropy_bound": 0.3})
-    (tmp_path / "generation_config.json").write_text(json.dumps(base))
-    assert ebc.CanvasSettings.from_generation_config(tmp_path, None) == ebc.CanvasSettings(
+    assert ebc.CanvasSettings.from_generation_config(base, where, None) == ebc.CanvasSettings(
         max_denoising_steps=12, entropy_bound=0.3
     )
     with caplog.at_level(logging.WARNING, logger="dlmrt"):
-        same = ebc.CanvasSettings.from_generation_config(tmp_path, "orl")
+        same = ebc.CanvasSettings.from_generation_config(base, where, "orl")
     assert same.entropy_bound == 0.3 and "no 'orl' decoder settings" in caplog.text
     orl = dict(base, orl={"entropy_bound": 0.6, "t_min": 0.2})
-    (tmp_path / "generation_config.json").write_text(json.dumps(orl))
-    settings = ebc.CanvasSettings.from_generation_config(tmp_path, "orl")
+    settings = ebc.CanvasSettings.from_generation_config(orl, where, "orl")
     assert (settings.entropy_bound, settings.t_min, settings.max_denoising_steps) == (0.6, 0.2, 12)
-    assert ebc.CanvasSettings.from_generation_config(tmp_path, None).entropy_bound == 0.3
+    assert ebc.CanvasSettings.from_generation_config(orl, where, None).entropy_bound == 0.3
+    with pytest.raises(ValueError, match=f"^{where}: t_min must be a number"):
+        ebc.CanvasSettings.from_generation_config(dict(base, t_min="low"), where, None)
 
 
 def test_bad_requests_name_the_problem(llm, base_ckpt):

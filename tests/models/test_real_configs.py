@@ -120,6 +120,7 @@ def test_dg_checkpoint_loads_in_both_config_forms(dg_ckpt, tmp_path):
 
 
 SAMPLER = {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.3}
+GEN = Path("dg/generation_config.json")  # where the parsed settings were read (errors name it)
 
 
 @pytest.mark.parametrize(
@@ -127,12 +128,11 @@ SAMPLER = {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.3}
     [(SAMPLER, 0.3), ({"entropy_bound": 0.3}, 0.3), (None, 0.1)],
     ids=["class-name", "no-class-name", "null"],
 )
-def test_dg_known_sampler_class_sets_the_bound(sampler, entropy_bound, tmp_path):
-    _write(tmp_path, dg_config(), {**dg_generation_config(), "sampler_config": sampler})
-    assert CanvasSettings.from_generation_config(tmp_path, None).entropy_bound == entropy_bound
+def test_dg_known_sampler_class_sets_the_bound(sampler, entropy_bound):
+    gen = {**dg_generation_config(), "sampler_config": sampler}
+    assert CanvasSettings.from_generation_config(gen, GEN, None).entropy_bound == entropy_bound
     orl = {**dg_generation_config(), "orl": {"sampler_config": {**SAMPLER, "entropy_bound": 0.7}}}
-    _write(tmp_path, dg_config(), orl)
-    assert CanvasSettings.from_generation_config(tmp_path, "orl").entropy_bound == 0.7
+    assert CanvasSettings.from_generation_config(orl, GEN, "orl").entropy_bound == 0.7
 
 
 @pytest.mark.parametrize(
@@ -144,15 +144,15 @@ def test_dg_known_sampler_class_sets_the_bound(sampler, entropy_bound, tmp_path)
         ("EntropyBoundSamplerConfig", "'sampler_config' must be an object"),
     ],
 )
-def test_dg_unknown_sampler_class_is_named(sampler, message, tmp_path):
-    _write(tmp_path, dg_config(), {**dg_generation_config(), "sampler_config": sampler})
+def test_dg_unknown_sampler_class_is_named(sampler, message):
+    gen = {**dg_generation_config(), "sampler_config": sampler}
     with pytest.raises(CheckpointError, match=f"generation_config.json: .*{message}"):
-        CanvasSettings.from_generation_config(tmp_path, None)
+        CanvasSettings.from_generation_config(gen, GEN, None)
 
 
-def test_dg_resaved_generation_config_of_nulls_gives_the_defaults(tmp_path):
-    _write(tmp_path, dg_config(), dg_generation_config_resaved())
-    assert CanvasSettings.from_generation_config(tmp_path, None) == CanvasSettings()
+def test_dg_resaved_generation_config_of_nulls_gives_the_defaults():
+    gen = dg_generation_config_resaved()
+    assert CanvasSettings.from_generation_config(gen, GEN, None) == CanvasSettings()
 
 
 # LLaDA-2.1-mini

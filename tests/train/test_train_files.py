@@ -87,7 +87,7 @@ def test_export_records_the_models_default_decoder(tmp_path, capsys) -> None:
     import json
 
     from dlmrt import LLM
-    from dlmrt.decoder_defaults import DecoderDefaults
+    from dlmrt.styles.decoder_defaults import DecoderDefaults
 
     train_sft(tiny(steps=1), tmp_path / "run", progress=False)
     argv = ["train", "export", str(tmp_path / "run"), str(tmp_path / "shipped")]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dlmrt.decoder_defaults import KEY as DECODER_KEY
+from dlmrt.styles.decoder_defaults import KEY as DECODER_KEY
 from dlmrt.train.export import HF_FILES, WEIGHTS, copy_atomic, latest_checkpoint, write_json
 from dlmrt.train.orl import dist
 from dlmrt.train.orl.config import RESUMABLE, ORLConfig

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.errors import CheckpointError
-from dlmrt.json_file import read_json
 from dlmrt.params import ENTROPY_BUDGET, THRESHOLD, DecodeParams
 from dlmrt.rules import BLOCK, RULE_OF_KNOB, RULES, style_knobs
 
@@ -70,14 +69,6 @@ class DecoderDefaults:
         if RULES[rule].style != BLOCK:
             raise CheckpointError(f"{where}: rule {rule!r} is not a block-style rule")
         return cls(rule, **entry)
-
-    @classmethod
-    def of_checkpoint(cls, root: Path, family_rule: str, auto_rule: str) -> DecoderDefaults:
-        """`read` on the generation_config.json of checkpoint directory `root` (if any);
-        auto_rule: the family's rule for this checkpoint without a role."""
-        path = root / "generation_config.json"
-        generation_config = read_json(path, required=False) if root.is_dir() else None
-        return cls.read(family_rule, generation_config or {}, path, family_rule == auto_rule)
 
     def resolve(self, params: DecodeParams) -> tuple[str, float, float]:
         """(rule, threshold, entropy_budget) of a request: its values where set, else these."""
