@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from dlmrt import capture_guard
 from dlmrt.models.config import ModelConfig
 from dlmrt.models.qwen_dlm import QwenDLM
 from dlmrt.models.residual import ResidualConfig
@@ -146,7 +147,7 @@ def gemm_only_ms(cfg, rows: int, iters: int) -> float:
 
     graph = torch.cuda.CUDAGraph()
     gemms()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         gemms()
     return cuda_time(graph.replay, iters) * 1e3
 
@@ -159,7 +160,7 @@ def graph_ms(fn: Callable[[], None], iters: int) -> float:
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         fn()
     return cuda_time(graph.replay, iters) * 1e3
 

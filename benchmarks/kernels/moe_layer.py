@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dlmrt import ops
+from dlmrt import capture_guard, ops
 from dlmrt.ops import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
@@ -150,7 +150,7 @@ def bench(shape: Shape, iters: int) -> dict:
     with torch.cuda.stream(stream):
         layer(ops)  # warm-up (Triton compiles) outside the capture
     torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         static = layer(ops)
     out["ops_graph_ms"] = cuda_time(graph.replay, iters) * 1e3
     out["graph_equals_eager"] = bool(torch.equal(static, layer(ops)))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dlmrt import capture_guard
 from dlmrt.ops import canvas, reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
@@ -39,7 +40,7 @@ CONTEXTS = (1024, 4096, 16384)
 def _graph_ms(fn, iters: int) -> tuple[float, torch.Tensor]:
     fn()  # autotune / warm up outside the capture
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         out = fn()
     return cuda_time(graph.replay, iters) * 1e3, out
 
