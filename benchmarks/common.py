@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from dlmrt import capture_guard
 from dlmrt.model_shapes import layer_widths
 from dlmrt.models.config import ModelConfig
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
@@ -144,7 +145,7 @@ def gemm_only_ms(cfg, rows: int, iters: int) -> float:
 
     graph = torch.cuda.CUDAGraph()
     gemms()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         gemms()
     return cuda_time(graph.replay, iters) * 1e3
 
@@ -157,7 +158,7 @@ def graph_ms(fn: Callable[[], None], iters: int) -> float:
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         fn()
     return cuda_time(graph.replay, iters) * 1e3
 

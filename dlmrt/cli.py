@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_serve_parser(sub: Any) -> None:
     from dlmrt.config import EngineConfig
+    from dlmrt.server.launcher import MAX_CONNECTIONS
 
     srv = sub.add_parser(
         "serve",
@@ -86,6 +87,12 @@ def add_serve_parser(sub: Any) -> None:
         type=int,
         default=8 * 1024 * 1024,
         help="larger request bodies get 413 before they are read (default: 8 MiB)",
+    )
+    srv.add_argument(
+        "--max-connections",
+        type=int,
+        default=MAX_CONNECTIONS,
+        help=f"open connections at most; more get 503 (default: {MAX_CONNECTIONS})",
     )
     srv.add_argument(
         "--served-model-name",

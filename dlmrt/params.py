@@ -19,6 +19,20 @@ THRESHOLD: float = KNOBS["threshold"].fallback
 ENTROPY_BUDGET: float = KNOBS["entropy_budget"].fallback
 # DecodeParams fields that override a DiffusionGemma checkpoint's canvas-decoder settings.
 CANVAS_FIELDS = tuple(k.name for k in style_knobs(ENCODER_DECODER, checkpoint=True))
+# The smallest sampling temperature: softmax(logits / T) runs in float32, where logits / T overflows
+# to inf (and the softmax to NaN) for T below ~1e-38 at ordinary logits; at 1e-6 a logit would
+# have to exceed 1e32 to overflow. Sampling below it is greedy in all but name: use 0.
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(value: Any) -> None:
+    """0 (greedy) or a finite T in [MIN_TEMPERATURE, 1e4]; ValueError naming `temperature`."""
+    check_float("temperature", value, 0.0, 1e4)
+    if 0 < value < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature: must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (softmax(logits / T) "
+            f"overflows float32 below that), got {value!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +73,7 @@ class RequestParams:
             raise ValueError(
                 f"rule: unknown rule {self.rule!r} (choose from {', '.join(RULE_NAMES)})"
             )
-        check_float("temperature", self.temperature, 0.0, 1e4)
+        check_temperature(self.temperature)
         if self.seed is not None:
             check_int("seed", self.seed, 0, 2**63 - 1)
         if self.block_length is not None:

@@ -141,6 +141,8 @@ def test_unknown_keyword_is_type_error(base_llm):
         ("threshold", float("nan")),
         ("entropy_budget", -1),
         ("temperature", -0.1),
+        ("temperature", 1e-39),  # logits / T overflows float32: refused, not a NaN 'weights' error
+        ("temperature", 5e-324),
         ("rule", "nope"),
         ("block_length", 0),
         ("seed", -1),
@@ -151,6 +153,16 @@ def test_invalid_decode_value_names_field(base_llm, field, value):
     """An invalid DecodeParams value raises ValueError whose message starts with the field name."""
     with pytest.raises(ValueError, match=f"^{field}"):
         base_llm.generate(PROMPT, **{field: value})
+
+
+def test_the_smallest_temperature_samples(base_llm):
+    """MIN_TEMPERATURE, the smallest one accepted, samples (no non-finite logits error)."""
+    from dlmrt.params import MIN_TEMPERATURE
+
+    out = base_llm.generate(PROMPT, max_new_tokens=9, temperature=MIN_TEMPERATURE, ignore_eos=True)
+    assert len(out.token_ids) == 9 and all(
+        0 <= t < base_llm.model_config.vocab_size for t in out.token_ids
+    )
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from benchmarks.common import (
     iters_parser,
     write_result,
 )
-from dlmrt import ops
+from dlmrt import capture_guard, ops
 from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini
 from dlmrt.ops import reference
 
@@ -162,7 +162,7 @@ def bench(shape: Shape, iters: int) -> dict:
     with torch.cuda.stream(stream):
         layer(ops)  # warm-up (Triton compiles) outside the capture
     torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         static = layer(ops)
     out["ops_graph_ms"] = cuda_time(graph.replay, iters) * 1e3
     out["graph_equals_eager"] = bool(torch.equal(static, layer(ops)))

@@ -32,6 +32,7 @@ from benchmarks.common import (
     iters_parser,
     write_result,
 )
+from dlmrt import capture_guard
 from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini, qwen_dlm_4b
 from dlmrt.models.diffusion_gemma_config import FULL, SLIDING
 from dlmrt.ops import canvas, reference
@@ -44,7 +45,7 @@ CONTEXTS = (1024, 4096, 16384)
 def _graph_ms(fn, iters: int) -> tuple[float, torch.Tensor]:
     fn()  # autotune / warm up outside the capture
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         out = fn()
     return cuda_time(graph.replay, iters) * 1e3, out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dlmrt import envs
+from dlmrt import capture_guard, envs
 from dlmrt.config import BLOCK_GRAPH, EAGER, ROUND_GRAPH, EngineConfig
 from dlmrt.parallel.group import TPGroup, init_from_env, launched_world_size
 from dlmrt.parallel.linear import ShardError, split
@@ -79,7 +79,7 @@ def _collective_capture_self_test(group: TPGroup) -> None:
     group.all_reduce(x)  # warm-up outside the graph (NCCL initialises its communicator)
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
+    with capture_guard.graph(graph, stream=stream):
         group.all_reduce(x)
     x.fill_(1.0)
     graph.replay()

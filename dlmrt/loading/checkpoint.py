@@ -29,6 +29,7 @@ from dlmrt.loading.placement import collect_quantized, place_quantized
 from dlmrt.loading.quant_config import QuantConfig, read_quant_config
 from dlmrt.loading.reader import quantized_reader
 from dlmrt.loading.tensors import (
+    check_layer_count,
     check_tensors,
     expand_slices,
     map_names,
@@ -90,15 +91,15 @@ def load_checkpoint(
     gen_cfg = read_json(gen_path, required=False) or {}
     eos_ids(gen_cfg.get("eos_token_id"), gen_path, config.vocab_size)  # stop ids in the vocabulary
 
+    rename = getattr(model_cls, "checkpoint_name", None)
+    found, source = map_names(tensor_shapes(weight_files(root)), rename, root)
+    check_layer_count(getattr(config, "num_hidden_layers", None), found, cfg_path)
     with torch.device("meta"):
         model = model_cls(config).to(dtype)  # free on meta: the one allocation below is in `dtype`
     expected = {n: tuple(p.shape) for n, p in model.state_dict().items()}
     reader = shard(model) if shard is not None else None  # reshapes the meta model, reads slices
     slices = model.checkpoint_slices() if hasattr(model, "checkpoint_slices") else {}
     expected = expand_slices(expected, slices)
-    found, source = map_names(
-        tensor_shapes(weight_files(root)), getattr(model_cls, "checkpoint_name", None), root
-    )
     found, qreader = quantized_reader(found, source, qcfg, slices)
     tied = check_tensors(expected, found, config.tie_word_embeddings, root)
 

@@ -7,6 +7,7 @@ any weight is read (`checkpoint.py` then streams the weights in).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from dlmrt.json_file import read_json
 log = logging.getLogger("dlmrt")
 
 LM_HEAD = "lm_head.weight"
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a decoder layer's tensors: ...layers.N.name
 
 
 def weight_files(root: Path) -> list[Path]:
@@ -87,6 +89,21 @@ def map_names(
         if names:
             log.info("%s: ignoring %d %s, e.g. %s", root, len(names), what, names[0])
     return mapped, source
+
+
+def check_layer_count(
+    layers: int | None, found: dict[str, tuple[Path, tuple[int, ...]]], cfg_path: Path
+) -> None:
+    """`num_hidden_layers` no larger than the layers the tensors hold, checked before the model is
+    built: building costs time per layer (100000 layers: minutes), and every extra layer would
+    be reported missing only after it. No `layers.N.` tensors at all: nothing to compare."""
+    held = {int(m.group(1)) for name in found if (m := LAYER.search(name))}
+    if layers is None or not held or layers <= max(held) + 1:
+        return
+    raise CheckpointError(
+        f"{cfg_path}: num_hidden_layers is {layers}, but the checkpoint's tensors hold "
+        f"{max(held) + 1} layer(s) (layers.0 .. layers.{max(held)})"
+    )
 
 
 def expand_slices(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from dlmrt import capture_guard
+
 
 def graph_time_us(fn, reps: int = 20) -> float:
     """GPU µs per call of `fn`, replayed from a CUDA graph of `reps` calls (as the rounds run it:
@@ -16,7 +18,7 @@ def graph_time_us(fn, reps: int = 20) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         for _ in range(reps):
             fn()
     graph.replay()

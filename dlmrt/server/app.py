@@ -31,7 +31,13 @@ from starlette.requests import ClientDisconnect
 
 from dlmrt import __version__
 from dlmrt.server import protocol, responses
-from dlmrt.server.limits import BODY_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, BodyLimit, BodyTimeout
+from dlmrt.server.limits import (
+    BODY_DEADLINE_S,
+    BODY_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BYTES,
+    BodyLimit,
+    BodyTimeout,
+)
 from dlmrt.server.metrics import Metrics
 from dlmrt.server.page import page_html
 from dlmrt.server.protocol import APIError, ModelInfo, RequestSpec
@@ -49,11 +55,12 @@ def build_app(
     max_queue: int = 8,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    body_deadline_s: float = BODY_DEADLINE_S,
 ) -> FastAPI:
     """An app serving `llm` (a `dlmrt.LLM`); its worker thread runs while the app's lifespan does.
 
     Bodies over `max_request_bytes` are answered 413 before they are read; a body stalled for
-    `body_timeout_s` 408."""
+    `body_timeout_s`, or not complete within `body_deadline_s`, 408."""
     metrics = Metrics()
     worker = Worker(llm, max_queue, metrics)
     cfg = llm.model_config
@@ -83,7 +90,11 @@ def build_app(
             metrics.count_status(413)
 
     app.add_middleware(
-        BodyLimit, max_bytes=max_request_bytes, on_reject=rejected, body_timeout_s=body_timeout_s
+        BodyLimit,
+        max_bytes=max_request_bytes,
+        on_reject=rejected,
+        body_timeout_s=body_timeout_s,
+        body_deadline_s=body_deadline_s,
     )
     _add_generation_routes(app, worker, info)
     _add_info_routes(app, worker, metrics, info)
@@ -230,8 +241,10 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if isinstance(exc.__cause__, BodyTimeout):  # too slow or idle a client: 408
-            return answer(request, APIError(408, str(exc.__cause__)))
+        if isinstance(exc.__cause__, BodyTimeout):  # too slow or idle a client: 408, and close
+            # (the rest of its body would otherwise keep the connection until the header deadline)
+            error = APIError(408, str(exc.__cause__), headers={"connection": "close"})
+            return answer(request, error)
         if isinstance(exc.__cause__, ClientDisconnect):  # left mid-body: not a bad request
             if request.url.path in GENERATION_PATHS:
                 metrics.count_status(CLIENT_CLOSED)

@@ -2,6 +2,11 @@
 
 SIGINT / SIGTERM: uvicorn stops accepting connections, the worker refuses queued requests (503) and
 cancels the running one at its next round, open streams end, and the process exits with status 0.
+
+No client holds the server for ever: a request's headers have a deadline (`header_deadline.py`),
+its body one for each read and one for the whole (`limits.py`), an idle keep-alive connection is
+closed after `KEEP_ALIVE_S`, and beyond `--max-connections` open connections uvicorn answers 503
+(its `limit_concurrency`), so file descriptors stay bounded.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 
 log = logging.getLogger("dlmrt")
 GRACE_S = 30  # uvicorn's backstop: tasks still running this long after a signal are cancelled
+MAX_CONNECTIONS = 256  # open connections at most (more: 503); one request runs, --max-queue wait
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
 
 
 def missing_dependencies() -> list[str]:
@@ -38,6 +45,8 @@ def serve_command(args: argparse.Namespace) -> int:
         raise ValueError(f"max_queue: must be >= 1, got {args.max_queue}")
     if args.max_request_bytes < 1:
         raise ValueError(f"max_request_bytes: must be >= 1, got {args.max_request_bytes}")
+    if args.max_connections < 1:
+        raise ValueError(f"max_connections: must be >= 1, got {args.max_connections}")
 
     from dlmrt.config import EngineConfig
     from dlmrt.distributed.requests import root_only
@@ -53,7 +62,6 @@ def _serve(args: argparse.Namespace, llm: Any) -> int:
     import uvicorn
 
     from dlmrt.server.app import build_app
-    from dlmrt.server.header_deadline import header_deadline_protocol
 
     app = build_app(
         llm,
@@ -61,16 +69,7 @@ def _serve(args: argparse.Namespace, llm: Any) -> int:
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
     )
-    level = "info" if args.verbose else "warning"
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=level,
-        access_log=args.verbose,
-        timeout_graceful_shutdown=GRACE_S,
-        http=header_deadline_protocol(),  # a slow or idle client's headers end in 408
-    )
+    config = uvicorn_config(uvicorn, app, args)
     name, queue = app.state.info.name, args.max_queue
     server = _server_class(uvicorn)(
         config, app.state.worker, lambda port: serving_line(name, args.host, port, queue)
@@ -87,6 +86,23 @@ def _serve(args: argparse.Namespace, llm: Any) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def uvicorn_config(uvicorn: Any, app: Any, args: argparse.Namespace) -> Any:
+    """The `uvicorn.Config` of `dlmrt serve`: the bounds of the module docstring."""
+    from dlmrt.server.header_deadline import header_deadline_protocol
+
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info" if args.verbose else "warning",
+        access_log=args.verbose,
+        timeout_graceful_shutdown=GRACE_S,
+        http=header_deadline_protocol(),  # a slow or idle client's headers end in 408
+        limit_concurrency=args.max_connections,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
 
 
 def serving_line(name: str, host: str, port: int, max_queue: int) -> str:

@@ -2,8 +2,9 @@
 
 `BodyLimit` (ASGI middleware) answers 413 before the body is read when Content-Length exceeds
 the limit, and stops reading a chunked body as soon as it does; a body whose next bytes do not
-arrive within `body_timeout_s` (a slow or idle client) ends the request with 408 (`BodyTimeout`;
-the wait for a disconnect after the body is untimed); `check_prompt_chars` refuses a
+arrive within `body_timeout_s` (an idle client), or that is not complete `body_deadline_s` after
+the request began (a client trickling a byte now and then), ends the request with 408
+(`BodyTimeout`; the wait for a disconnect after the body is untimed); `check_prompt_chars` refuses a
 prompt that cannot fit the context before it is tokenized (tokenizing runs off the event loop,
 see app.py).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,10 +21,12 @@ from dlmrt.server.errors import error_body
 
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # 8 MiB: far above any prompt a context holds
 BODY_TIMEOUT_S = 30.0  # longest wait for a request body's next bytes
+BODY_DEADLINE_S = 120.0  # longest time for a whole body (8 MiB in it: 70 KB/s at least)
 
 
 class BodyTimeout(Exception):
-    """The client sent part of a body, then nothing for `body_timeout_s`."""
+    """The client sent part of a body, then nothing for `body_timeout_s`, or not all of it within
+    `body_deadline_s`."""
 
 
 Scope = dict[str, Any]
@@ -39,16 +43,23 @@ class BodyLimit:
         max_bytes: int,
         on_reject: Callable[[Scope], None] | None = None,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        body_deadline_s: float = BODY_DEADLINE_S,
     ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_request_bytes: must be >= 1, got {max_bytes}")
+        for name, value in (
+            ("body_timeout_s", body_timeout_s),
+            ("body_deadline_s", body_deadline_s),
+        ):
+            if not 0 < value < float("inf"):
+                raise ValueError(f"{name}: must be a finite number of seconds > 0, got {value}")
         self.app, self.max_bytes, self.on_reject = app, max_bytes, on_reject
-        self.body_timeout_s = body_timeout_s
+        self.body_timeout_s, self.body_deadline_s = body_timeout_s, body_deadline_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        receive = _timed(receive, self.body_timeout_s)
+        receive = _timed(receive, self.body_timeout_s, self.body_deadline_s)
         declared = _content_length(scope)
         if declared is not None:
             if declared > self.max_bytes:  # never read: the server discards what follows
@@ -80,18 +91,22 @@ class BodyLimit:
         await _answer(send, 413, message, "request_too_large")
 
 
-def _timed(receive: Receive, timeout_s: float) -> Receive:
-    """`receive`, each wait for the body's next bytes bounded by `timeout_s` (BodyTimeout); once
-    the body is complete, later calls (disconnect detection) wait as long as they need."""
-    done = False
+def _timed(receive: Receive, timeout_s: float, deadline_s: float) -> Receive:
+    """`receive`, each wait for the body's next bytes bounded by `timeout_s` and the whole body by
+    `deadline_s` from now (BodyTimeout); once the body is complete, later calls (disconnect
+    detection) wait as long as they need."""
+    done, end = False, time.monotonic() + deadline_s
 
     async def timed() -> dict[str, Any]:
         nonlocal done
         if done:
             return await receive()
+        left = end - time.monotonic()
         try:
-            message = await asyncio.wait_for(receive(), timeout_s)
+            message = await asyncio.wait_for(receive(), max(0.0, min(timeout_s, left)))
         except TimeoutError:
+            if left < timeout_s:
+                raise BodyTimeout(f"request body: not complete within {deadline_s} s") from None
             raise BodyTimeout(f"request body: no bytes for {timeout_s} s") from None
         done = message["type"] != "http.request" or not message.get("more_body", False)
         return message

@@ -9,6 +9,7 @@ BPE tokenizer, 8000 steps of 32768-token packs (about 6 minutes on one H200).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,15 @@ RESUMABLE = (
 
 def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
+
+
+def check_finite(config: Any) -> None:
+    """Every float field of the dataclass `config` finite: a NaN or inf learning rate (or decay,
+    beta, clip...) passes every `<` check and would fail late, or train NaN weights."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{f.name}: must be a finite number, got {value}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +107,7 @@ class TrainConfig:
         from dlmrt.tasks import get_task
 
         get_task(self.task)
+        check_finite(self)
         for name in (
             "steps",
             "hidden_size",
@@ -128,8 +139,15 @@ class TrainConfig:
             raise ValueError(f"chat_fraction: must be in [0, 1], got {self.chat_fraction}")
         if not 0.0 <= self.eval_threshold <= 1.0:
             raise ValueError(f"eval_threshold: must be in [0, 1], got {self.eval_threshold}")
-        if self.lr <= 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError("lr: must be > 0, and min_lr_ratio in [0, 1]")
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):  # AdamW's own check would come after the run directory
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name}: must be in [0, 1), got {getattr(self, name)}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
         if self.warmup_steps < 0 or self.eval_every < 0 or self.grad_clip < 0:
             raise ValueError("warmup_steps, eval_every and grad_clip must be >= 0")
         if self.loss_weighting not in ("mean", "elbo"):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from dlmrt.config import DTYPE_NAMES, torch_dtypes
 from dlmrt.errors import CheckpointError
 from dlmrt.styles.decoder_defaults import KEY, DecoderDefaults
+from dlmrt.train.disk_full import writing
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 WEIGHTS = "model.safetensors"
@@ -41,22 +44,36 @@ def new_file_mode() -> int:
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """`save_file`, readable like the run's other files: safetensors writes a private (0o600)
-    temporary file and renames it, so the mode is set to a new file's afterwards."""
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    temporary file and renames it, so the mode is set to a new file's afterwards. A full disk
+    raises `DiskFull` naming `path` (safetensors' own error names no file)."""
+    with writing(path):
+        save_file(tensors, str(path), metadata={"format": "pt"})
     os.chmod(path, new_file_mode())
 
 
 def write_json(path: Path, value: dict) -> None:
     """Write a JSON file atomically (temporary file, then rename)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    with writing(path), _removed_on_error(tmp):
+        tmp.write_text(json.dumps(value, indent=2) + "\n")
     os.replace(tmp, path)
 
 
 def copy_atomic(src: Path, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(src, tmp)
+    with writing(dest), _removed_on_error(tmp):
+        shutil.copyfile(src, tmp)
     os.replace(tmp, dest)
+
+
+@contextmanager
+def _removed_on_error(tmp: Path) -> Iterator[None]:
+    """A failed write (a full disk) leaves no partial temporary file behind."""
+    try:
+        yield
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -20,8 +21,10 @@ from typing import Any
 
 import torch
 
+from dlmrt.errors import CheckpointError
 from dlmrt.tasks import get_task
 from dlmrt.train.config import RESUMABLE, TrainConfig
+from dlmrt.train.disk_full import save_torch, writing
 from dlmrt.train.export import (
     HF_FILES,
     WEIGHTS,
@@ -109,7 +112,10 @@ class Checkpointer:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             self._write(tmp, step, model, optimizer, scheduler, state)
-        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+        except (
+            OSError,
+            RuntimeError,
+        ) as e:  # a full disk: DiskFull (`disk_full.py`) names the file
             shutil.rmtree(tmp, ignore_errors=True)
             raise OSError(
                 f"saving checkpoint step {step} under {self.root} failed ({e}); "
@@ -127,8 +133,9 @@ class Checkpointer:
     def _write(self, tmp: Path, step: int, model, optimizer, scheduler, state) -> None:
         tmp.mkdir(parents=True)
         for name in HF_FILES:
-            shutil.copyfile(self.out / name, tmp / name)
-        save_weights(model, tmp / WEIGHTS)
+            with writing(tmp / name):
+                shutil.copyfile(self.out / name, tmp / name)
+        save_weights(model, tmp / WEIGHTS)  # `save_tensors`: DiskFull on a full disk
         full = {
             **state,
             "step": step,
@@ -136,9 +143,10 @@ class Checkpointer:
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
         }
-        torch.save(full, tmp / STATE)
+        save_torch(full, tmp / STATE)
         summary = {k: v for k, v in state.items() if isinstance(v, int | float | str)}
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **summary}, indent=2))
+        with writing(tmp / "trainer_state.json"):
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **summary}, indent=2))
 
     def clean(self) -> None:
         for tmp in self.root.glob(".step-*.tmp"):
@@ -179,12 +187,24 @@ def open_run(cfg: TrainConfig, out: Path, resume: bool):
     return ckpt, ckpts
 
 
+def load_state(path: Path) -> dict[str, Any]:
+    """A trainer_state.pt, unpickled with torch's weights-only loader: tensors, numbers,
+    strings and containers (all that `Checkpointer` writes), never code a planted file names."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{path}: refused, it holds more than tensors, numbers, strings and containers "
+            f"(not a trainer state dlmrt wrote): {str(e).splitlines()[0]}"
+        ) from None
+
+
 def restore(ckpt, model, optimizer, scheduler, out: Path) -> tuple[int, float]:
     """Load weights, optimizer, scheduler and RNG state from a checkpoint; (step, train time)."""
     if ckpt is None:
         return 0, 0.0
     load_weights(model, ckpt / WEIGHTS)
-    state = torch.load(ckpt / STATE, map_location="cpu", weights_only=False)
+    state = load_state(ckpt / STATE)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])

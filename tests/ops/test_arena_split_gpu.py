@@ -10,6 +10,7 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, INTERPRET, kernel_test
 
+from dlmrt import capture_guard
 from dlmrt.ops import reference
 
 pytestmark = [pytest.mark.gpu, kernel_test]
@@ -80,7 +81,7 @@ def test_captured_split_follows_the_device_positions(rows, heads, kv_heads):
     pos = torch.arange(rows, device=DEV)
     arena_attention(q, k, v, pos, rows, 0.1)  # autotune outside the capture
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         out = arena_attention(q, k, v, pos, rows, 0.1)
     for start in (0, 1024, 4096 - rows):
         pos.copy_(torch.arange(start, start + rows, device=DEV))

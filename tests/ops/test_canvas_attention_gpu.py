@@ -11,6 +11,7 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, INTERPRET, kernel_test
 
+from dlmrt import capture_guard
 from dlmrt.ops import canvas
 
 pytestmark = [pytest.mark.gpu, kernel_test]
@@ -103,7 +104,7 @@ def test_captured_kernel_follows_the_device_start():
     for decoder in (True, False):
         canvas_attention(q, k, v, pos, decoder, WINDOW, 1.0)  # autotune outside the capture
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture_guard.graph(graph):
             out = canvas_attention(q, k, v, pos, decoder, WINDOW, 1.0)
         for start in (0, 37, 344):
             pos.copy_(torch.arange(start, start + 256, device=DEV))

@@ -11,6 +11,7 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, kernel_test
 
+from dlmrt import capture_guard
 from dlmrt.formats.fp8 import quantize_per_channel, quantize_rows
 
 ROWS = (1, 7, 32, 256, 512) if CUDA else (1, 7, 33)
@@ -77,7 +78,7 @@ def test_fp8_gemm_replays_from_a_cuda_graph(split, tma):
         fp8_gemm(a, sa, w, sw, counts, torch.bfloat16, config)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         out = fp8_gemm(a, sa, w, sw, counts, torch.bfloat16, config)
     for _ in range(3):
         graph.replay()

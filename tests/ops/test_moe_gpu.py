@@ -11,7 +11,7 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, kernel_test
 
-from dlmrt import ops
+from dlmrt import capture_guard, ops
 from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini
 from dlmrt.ops import reference
 
@@ -174,7 +174,7 @@ def test_moe_layer_captured_in_a_cuda_graph_replays_eager_bits(family, dtype):
             layer(static_x, router, extra, gate_up, down)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture_guard.graph(graph):
             static_out = layer(static_x, router, extra, gate_up, down)
         for seed in (1, 2):
             new_x = torch.randn(x.shape, device=DEV, generator=_gen(seed)).to(dtype)

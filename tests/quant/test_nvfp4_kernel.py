@@ -12,6 +12,7 @@ import pytest
 import torch
 from kernel_env import CUDA, DEV, kernel_test
 
+from dlmrt import capture_guard
 from dlmrt.formats.nvfp4 import Nvfp4Weight, quantize_nvfp4
 from dlmrt.ops import reference
 from dlmrt.ops.nvfp4 import moe_mlp_nvfp4, split_gate_up
@@ -127,7 +128,7 @@ def test_op_dispatches_to_the_kernel_and_graph_capture_replays():
         eager, _run(x, weights, index, gate_up, down, "silu"), rtol=0, atol=0
     )
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         out = moe_mlp_nvfp4(x, weights, index, gate, up, down, "silu")
     graph.replay()
     assert torch.equal(out, eager)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from kernel_env import CUDA, DEV, kernel_test
 
+from dlmrt import capture_guard
 from dlmrt.formats.nvfp4 import Nvfp4Weight, cat_rows, quantize_nvfp4
 from dlmrt.ops.nvfp4 import fake_quant_act, linear_nvfp4
 
@@ -143,7 +144,7 @@ def test_kernel_bf16_e4m3_and_graph_capture(rows, make):
         got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max().item()
     )
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_guard.graph(graph):
         out = linear_nvfp4(x, w)
     graph.replay()
     assert torch.equal(out, got)

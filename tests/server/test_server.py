@@ -304,6 +304,7 @@ BAD_INPUTS = [
     ({"prompt": "x", "max_tokens": 2.5}, 400, "max_tokens"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ({"prompt": "x", "temperature": 1e-39}, 400, "temperature"),  # not a 500 blaming the weights
     ({"prompt": 5}, 400, "prompt"),
     ({"prompt": [1, 99999]}, 400, "prompt"),
     ({"prompt": ["a", "b"]}, 400, "prompt"),

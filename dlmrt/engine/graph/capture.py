@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from dlmrt import capture_guard
 from dlmrt.errors import GenerationCancelled
 from dlmrt.outputs import StopCheck
 
@@ -47,6 +48,6 @@ def capture(fn: Callable[[], None], stream: torch.cuda.Stream, pool) -> torch.cu
     """Warm `fn` up, then capture it into a graph in the engine's memory pool."""
     warm_up(fn, stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream, pool=pool):
+    with capture_guard.graph(graph, stream=stream, pool=pool):
         fn()
     return graph

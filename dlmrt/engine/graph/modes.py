@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from dlmrt import capture_guard
 from dlmrt.config import AUTO, BLOCK_GRAPH, EAGER, MODES, ROUND_GRAPH
 
 log = logging.getLogger("dlmrt")
@@ -16,7 +17,7 @@ def _round_graph_self_test() -> None:
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
+    with capture_guard.graph(graph, stream=stream):
         x.add_(1)
     graph.replay()
     graph.replay()

@@ -5,7 +5,8 @@ temperature; DiffusionGemma's canvas settings), so every distinct per-request ov
 one. Each holds device buffers and, in graph modes, graphs in the engine's memory pool (a
 DiffusionGemma-26B runner's self-conditioning buffer alone is 128 MiB), so a client sweeping a
 setting must not grow them without bound: the least recently used runner is dropped beyond
-`MAX_RUNNERS` (its graphs and buffers are freed; asking for it again rebuilds and recaptures).
+`MAX_RUNNERS` (its graphs and buffers are freed, once no capture runs: `dlmrt/capture_guard.py`;
+asking for it again rebuilds and recaptures).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
+
+from dlmrt import capture_guard
 
 log = logging.getLogger("dlmrt")
 MAX_RUNNERS = 4
@@ -34,6 +37,7 @@ class RunnerCache(OrderedDict):
             return self[key]
         item = self[key] = build()
         while len(self) > self.max_size:
-            old, _ = self.popitem(last=False)
+            old, runner = self.popitem(last=False)
+            capture_guard.release(runner)  # its graphs die once no capture runs
             log.info("runner cache full (%d): dropped the runner for %s", self.max_size, old)
         return item

@@ -17,6 +17,8 @@ import torch
 from cuda.bindings import driver, nvrtc
 from cuda.bindings import runtime as cudart
 
+from dlmrt import capture_guard
+
 MIN_DRIVER = 12040  # WHILE nodes: driver >= 12.4
 CUDA13 = int(__import__("cuda.bindings").bindings.__version__.split(".")[0]) >= 13
 
@@ -85,7 +87,7 @@ def _assign_default_flag() -> int:
 def _add_child(graph, deps: list, fn, stream: torch.cuda.Stream, pool, keep: list):
     """A child-graph node of `graph` after `deps` running `fn()` as captured by torch."""
     torch_graph = torch.cuda.CUDAGraph(keep_graph=True)  # its pool backs the captured work
-    with torch.cuda.graph(torch_graph, stream=stream, pool=pool):
+    with capture_guard.graph(torch_graph, stream=stream, pool=pool):
         fn()
     keep.append(torch_graph)
     raw = torch_graph.raw_cuda_graph()
@@ -123,6 +125,10 @@ class GraphChain:
     """
 
     def __init__(self, segments: list[Segment], stream: torch.cuda.Stream, pool) -> None:
+        with capture_guard.guard():  # one collection for all the children's captures
+            self._build(segments, stream, pool)
+
+    def _build(self, segments: list[Segment], stream: torch.cuda.Stream, pool) -> None:
         self.outer = ck(cudart.cudaGraphCreate(0))
         self.keep: list[torch.cuda.CUDAGraph] = []  # the captured children (and their pools)
         deps: list = []

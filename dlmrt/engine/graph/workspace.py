@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from dlmrt import capture_guard
 from dlmrt.config import EAGER
 from dlmrt.engine.allocator import use_expandable_segments
 from dlmrt.engine.graph.loop import Runner, make_runner
@@ -43,7 +44,9 @@ class Workspace(Generic[A]):
         """The arena, grown first if it holds fewer than `rows` rows."""
         if self.arena is None or self.arena.max_len < rows:
             self.arena = None  # free the old one before allocating the new one
-            self.programs.clear()  # graphs hold pointers into the old arena
+            # graphs hold pointers into the old arena; they die once no capture runs
+            capture_guard.release((list(self.programs.values()), list(self.extras.values())))
+            self.programs.clear()
             self.extras.clear()
             self.arena = self._new_arena(-(-rows // ARENA_QUANTUM) * ARENA_QUANTUM)
         return self.arena

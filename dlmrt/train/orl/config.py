@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from dlmrt.config import MODES
+from dlmrt.params import check_temperature
 from dlmrt.rules import KNOBS, RULE_NAMES, knob_help
+from dlmrt.train.config import check_finite
 
 # Fields that may change on resume: they change neither the rollouts nor the update rule.
 RESUMABLE = (
@@ -134,6 +136,8 @@ class ORLConfig:
             raise ValueError(f"task: unknown task {self.task!r} (choose from {', '.join(NAMES)})")
         if (self.task in FILE_TASKS) != (self.data is not None):
             raise ValueError("data: needed by the tasks math and code (a JSONL file), only by them")
+        check_finite(self)  # before any run directory is written
+        check_temperature(self.temperature)  # the rollouts' sampling temperature
         for name in (
             "steps",
             "prompts_per_step",
@@ -154,7 +158,6 @@ class ORLConfig:
             ("aec_rho", 0.0 <= self.aec_rho <= 1.0, "in [0, 1]"),
             ("chat_fraction", 0.0 <= self.chat_fraction <= 1.0, "in [0, 1]"),
             ("aec_weight", self.aec_weight >= 0, ">= 0"),
-            ("temperature", self.temperature >= 0, ">= 0"),
             ("lr", self.lr > 0, "> 0"),
             ("adapter_lr_scale", self.adapter_lr_scale >= 0, ">= 0"),
             ("adapter_adam_eps", self.adapter_adam_eps > 0, "> 0"),
@@ -162,6 +165,9 @@ class ORLConfig:
             ("gamma", self.gamma is None or self.gamma > 0, "> 0"),
             ("adapter_post_norm_scale", _positive_or_none(self.adapter_post_norm_scale), "> 0"),
             ("grad_clip", self.grad_clip >= 0, ">= 0"),
+            ("beta1", 0.0 <= self.beta1 < 1.0, "in [0, 1)"),
+            ("beta2", 0.0 <= self.beta2 < 1.0, "in [0, 1)"),
+            ("weight_decay", self.weight_decay >= 0, ">= 0"),
             ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
             ("eval_every", self.eval_every >= 0, ">= 0"),
             ("verifier_workers", self.verifier_workers >= 0, ">= 0"),

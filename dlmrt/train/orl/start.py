@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from dlmrt import models
+from dlmrt.loading.tensors import check_layer_count, tensor_shapes
 from dlmrt.models.config import model_config_from_hf
 from dlmrt.models.qwen_dlm import QwenDLM
 from dlmrt.models.residual import ResidualConfig, rescale_residual_adapter
@@ -71,7 +72,10 @@ def load_trainable(
     allow_missing_adapter: bool = False,
 ) -> QwenDLM:
     """`raw`'s model with `path`'s weights, unfused, fp32, requiring grad."""
-    model = build_model(model_config_from_hf(raw, path), device, seed)
+    config = model_config_from_hf(raw, path)
+    headers = tensor_shapes(sorted(path.glob("*.safetensors")))  # before the model is built
+    check_layer_count(config.num_hidden_layers, headers, path / "config.json")
+    model = build_model(config, device, seed)
     tensors, expected = _weights(path), state_tensors(model)
     missing = sorted(set(expected) - set(tensors))
     if allow_missing_adapter:
