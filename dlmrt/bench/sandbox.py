@@ -29,20 +29,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger("dlmrt")
 WRAPPER = Path(__file__).with_name("sandbox_wrapper.py")
-UNSHARE = [
-    "unshare",
-    "--user",
-    "--map-root-user",
-    "--mount",
-    "--net",
-    "--pid",
-    "--fork",
-    "--kill-child",
-    "--mount-proc",
-]
+# The run's own namespaces; `--user --map-root-user` only where the harness is not root (root
+# needs no user namespace to mount, and the wrapper drops to RUN_UID once the view is built).
+NAMESPACE_FLAGS = ["--mount", "--net", "--pid", "--ipc", "--uts"]
+NAMESPACE_FLAGS += ["--fork", "--kill-child", "--mount-proc"]
+AS_ROOT = os.geteuid() == 0
+UNSHARE = ["unshare", *([] if AS_ROOT else ["--user", "--map-root-user"]), *NAMESPACE_FLAGS]
+RUN_UID = 65534 if AS_ROOT else None  # "nobody": the program never runs as the host's root
 NPROC_IN_NAMESPACE = 64  # counts only the run's own processes (a fresh user namespace)
 NPROC_MARGIN = 64  # fallback: processes the run may add to the user's current count
 MARKER = "DLMRT_SANDBOX_RUN"
@@ -62,8 +59,9 @@ NAMESPACES, FALLBACK = Mode("namespaces", tuple(UNSHARE)), Mode("fallback", ())
 @dataclass(frozen=True)
 class Limits:
     cpu_s: int
-    memory_mb: int
-    file_mb: int
+    memory_mb: int  # each process's address space (and the run's total under a cgroup)
+    file_mb: int  # the largest file
+    disk_mb: int = 128  # the run directory (namespaces: its tmpfs)
 
 
 @dataclass(frozen=True)
@@ -103,37 +101,48 @@ class Running:
     t0: float
     cpu0: float
     marker: str
+    stderr: IO[bytes]  # the program's stderr: an unnamed file only this descriptor reaches
 
     def usage(self) -> tuple[float, float]:
         """(wall seconds, CPU seconds of reaped children) since the start."""
         return time.perf_counter() - self.t0, _children_cpu() - self.cpu0
 
+    def stderr_tail(self) -> str:
+        """The last OUTPUT_TAIL characters of its stderr, read through our own descriptor (never
+        a path the program could have replaced), at most 4 * OUTPUT_TAIL bytes."""
+        fd = self.stderr.fileno()
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, 4 * OUTPUT_TAIL, max(0, size - 4 * OUTPUT_TAIL))
+        return data.decode("utf-8", errors="replace")[-OUTPUT_TAIL:]
+
 
 @contextlib.contextmanager
 def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -> Iterator[Running]:
-    """Start the wrapper on `workdir/program.py` under `mode` (stdout / stderr to files there);
-    `entry`: serve that function to a judge (sandbox_wrapper.py) instead of running to the end.
-    Leaving the block kills everything the run started."""
+    """Start the wrapper on `workdir/program.py` under `mode` (stdout to /dev/null, stderr to an
+    unnamed file); `entry`: serve that function to a judge (sandbox_wrapper.py) instead of
+    running to the end. Leaving the block kills everything the run started."""
     if mode is FALLBACK:
         _not_dumpable()
+        if RUN_UID is not None:  # the program's working directory, as the user it runs as
+            os.chown(workdir, RUN_UID, RUN_UID)
     marker = secrets.token_hex(8)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir)}
     env.update(TMPDIR=str(workdir), LANG="C.UTF-8", OMP_NUM_THREADS="1")
     env.update(PYTHONDONTWRITEBYTECODE="1", **{MARKER: marker})
-    nproc = NPROC_IN_NAMESPACE if mode is NAMESPACES else _user_tasks() + NPROC_MARGIN
-    argv = [*mode.prefix, sys.executable, "-I", str(WRAPPER), mode.name]
+    nproc = NPROC_IN_NAMESPACE if mode is NAMESPACES else _user_tasks(_run_uid()) + NPROC_MARGIN
+    argv = [*mode.prefix, _interpreter(), "-I", "-S", str(WRAPPER), mode.name]
     read_end, write_end = os.pipe()
-    argv += [str(write_end), str(nproc), str(workdir), str(workdir / "program.py")]
-    argv += [entry] if entry else []
+    argv += [str(write_end), str(nproc), str(limits.disk_mb), str(RUN_UID or "-")]
+    argv += [str(workdir), str(workdir / "program.py"), *([entry] if entry else [])]
     try:
-        with open(workdir / "stdout", "wb") as out, open(workdir / "stderr", "wb") as err:
+        with tempfile.TemporaryFile() as err:
             cpu0, t0 = _children_cpu(), time.perf_counter()
             proc = subprocess.Popen(
                 argv,
                 cwd=workdir,
                 env=env,
                 stdin=subprocess.PIPE,
-                stdout=out,
+                stdout=subprocess.DEVNULL,
                 stderr=err,
                 pass_fds=(write_end,),
                 start_new_session=True,  # its own session and process group, killed as a whole
@@ -141,7 +150,7 @@ def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -
             )
             os.close(write_end)
             write_end = -1
-            running = Running(proc, read_end, t0, cpu0, marker)
+            running = Running(proc, read_end, t0, cpu0, marker, err)
             try:
                 yield running
             finally:
@@ -150,6 +159,11 @@ def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+
+
+def _interpreter() -> str:
+    """The base interpreter (not a virtual environment's link: its packages stay outside)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 @functools.cache
@@ -175,10 +189,6 @@ def out_of_cpu(code: int | None, cpu_s: float, limit_s: float) -> bool:
     return code == -signal.SIGXCPU or (code != 0 and cpu_s >= limit_s - 0.05)
 
 
-def stderr_tail(workdir: Path) -> str:
-    return (workdir / "stderr").read_text(encoding="utf-8", errors="replace")[-OUTPUT_TAIL:]
-
-
 def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
     """Run `workdir/program.py` through the wrapper under `mode` to its end; stdout/stderr go to
     files. `reported`: the wrapper sent back the secret it was given (the program returned)."""
@@ -192,7 +202,8 @@ def run(workdir: Path, mode: Mode, timeout_s: float, limits: Limits) -> Outcome:
         finish(running, mode)
         elapsed, cpu = running.usage()
         report = _read_report(running.report_fd)
-    return Outcome(code, elapsed, cpu, report == secret, stderr_tail(workdir))
+        tail = running.stderr_tail()
+    return Outcome(code, elapsed, cpu, report == secret, tail)
 
 
 def _send_secret(proc: subprocess.Popen, secret: bytes) -> None:
@@ -247,7 +258,7 @@ def _kill_run(proc: subprocess.Popen, marker: str | None) -> None:
 def _kill_stragglers(session: int, marker: str) -> int:
     """SIGKILL our processes in `session` or whose environment carries `marker`; how many."""
     tag, killed = f"{MARKER}={marker}".encode(), 0
-    for pid in _own_pids():
+    for pid in _own_pids(_run_uid()):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             if stat[0] == "Z":
@@ -265,8 +276,13 @@ def _kill_stragglers(session: int, marker: str) -> int:
     return killed
 
 
-def _own_pids() -> list[int]:
-    uid, me = os.getuid(), os.getpid()
+def _run_uid() -> int:
+    return RUN_UID if RUN_UID is not None else os.getuid()
+
+
+def _own_pids(uid: int) -> list[int]:
+    """The processes of `uid`, this one left out."""
+    me = os.getpid()
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) != me:
@@ -278,10 +294,10 @@ def _own_pids() -> list[int]:
     return pids
 
 
-def _user_tasks() -> int:
-    """Threads of this user now: RLIMIT_NPROC outside a user namespace counts all of them."""
+def _user_tasks(uid: int) -> int:
+    """Threads of `uid` now: RLIMIT_NPROC outside a user namespace counts all of them."""
     total = 0
-    for pid in _own_pids() + [os.getpid()]:
+    for pid in _own_pids(uid) + ([os.getpid()] if uid == os.getuid() else []):
         try:
             total += len(os.listdir(f"/proc/{pid}/task"))
         except OSError:
