@@ -258,7 +258,7 @@ def _namespaces_only() -> None:
 def test_the_read_only_view_cannot_be_remounted_writable(tmp_path):
     """The remount a candidate would try (CAP_SYS_ADMIN in its user namespace) must fail: the
     mounts are locked (a nested user + mount namespace), so / and the interpreter's library stay
-    read-only (opened for append, nothing written), and the host's directories stay out of sight."""
+    read-only, and the host's directories are out of sight."""
     _namespaces_only()
     target = tmp_path / "escaped"
     program = textwrap.dedent(f"""
@@ -268,12 +268,12 @@ def test_the_read_only_view_cannot_be_remounted_writable(tmp_path):
         for point in ("/", os.path.dirname(os.__file__)):
             rc = libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RELATIME, None)
             print(point, rc, os.strerror(ctypes.get_errno()))
+            assert os.statvfs(point).f_flag & os.ST_RDONLY, point + " is writable"
         try:
             open({str(target)!r}, "w").write("outside the temp dir")
-        except FileNotFoundError as e:
-            print(e)
-        open(os.__file__, "ab").close()
+        except FileNotFoundError:
+            pass
     """)
     result = run_program(program)
     assert not target.exists()
-    assert result.status == "failed" and "Read-only file system" in result.stderr_tail, result
+    assert result.passed, result
