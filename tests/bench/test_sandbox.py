@@ -183,7 +183,9 @@ def test_process_count_is_limited(mode):
     if mode is sandbox.NAMESPACES:
         bound = sandbox.NPROC_IN_NAMESPACE
     else:
-        bound = sandbox._user_tasks(sandbox._run_uid()) + sandbox.NPROC_MARGIN + 32  # slack: other tests' threads
+        bound = (
+            sandbox._user_tasks(sandbox._run_uid()) + sandbox.NPROC_MARGIN + 32
+        )  # slack: other tests' threads
     program = (
         "import resource\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)\n"
