@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from isolation_modes import isolation_mode  # noqa: F401 (the `mode` fixture)
 
-from dlmrt.bench import sandbox
+from dlmrt.bench import sandbox, sandbox_sweep
 from dlmrt.bench.humaneval_runner import check_completion, run_program
 
 ADD_PROMPT = 'def add(a, b):\n    """Add."""\n'
@@ -184,7 +184,7 @@ def test_process_count_is_limited(mode):
         bound = sandbox.NPROC_IN_NAMESPACE
     else:
         bound = (
-            sandbox._user_tasks(sandbox._run_uid()) + sandbox.NPROC_MARGIN + 32
+            sandbox_sweep.user_tasks(sandbox._run_uid()) + sandbox.NPROC_MARGIN + 32
         )  # slack: other tests' threads
     program = (
         "import resource\n"

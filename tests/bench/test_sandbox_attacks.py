@@ -12,6 +12,7 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,28 @@ def test_the_run_directory_is_bounded_in_total():
     finally:
         run_dir.remove(workdir)
     assert out.returncode == 0 and out.reported, out.stderr_tail
+
+
+def test_the_fallback_sweep_finds_a_process_in_another_group():
+    """A child that left the run's process group (setpgid, same session) dies with the run, also
+    when it runs as RUN_UID without being dumpable (its /proc directory shows as root's)."""
+    program = textwrap.dedent("""
+        import os, sys, time
+        pid = os.fork()
+        if pid == 0:
+            os.setpgid(0, 0)
+            time.sleep(30)
+            os._exit(0)
+        print("CHILD", pid, file=sys.stderr, flush=True)
+        time.sleep(0.2)
+    """)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sandbox, "isolation", lambda: sandbox.FALLBACK)
+        result = run_program(program)
+    assert result.passed, result.stderr_tail
+    pid = int(result.stderr_tail.split()[1])
+    for _ in range(40):
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the child outlived the run"
