@@ -32,7 +32,8 @@ def kill_stragglers(session: int, tag: bytes, uid: int) -> int:
 
 def own_pids(uid: int) -> list[int]:
     """The processes whose real uid is `uid`, this one left out. From /proc/PID/status, not the
-    directory's owner: a process that dropped from root is not dumpable and shows as root's."""
+    directory's owner: a process that dropped from root is not dumpable, and some kernels show
+    such a process's directory as root's."""
     me, pids = os.getpid(), []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
