@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import re
 import signal
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
-from dlmrt.bench import judge, sandbox
+from dlmrt.bench import judge, run_dir, sandbox
 
 MEMORY_MB, FILE_MB = 2048, 64  # the run's address space and largest file
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[^\n]*\n(.*?)(?:```|\Z)", re.S | re.I)
@@ -80,16 +78,21 @@ def run_program(
     """Run `program`; "passed" iff it runs to its end and exits 0 within `timeout_s` (wall) and
     `cpu_s` (CPU)."""
     cpu = cpu_s if cpu_s is not None else int(timeout_s) + 1
-    with tempfile.TemporaryDirectory(prefix="dlmrt-he-") as tmp:
-        (Path(tmp) / "program.py").write_text(program, encoding="utf-8")
+    workdir = run_dir.make()
+    try:
+        (workdir / "program.py").write_text(program, encoding="utf-8")
         limits = sandbox.Limits(cpu, memory_mb, file_mb)
-        out = sandbox.run(Path(tmp), sandbox.isolation(), timeout_s, limits)
+        out = sandbox.run(workdir, sandbox.isolation(), timeout_s, limits)
+    finally:
+        left = run_dir.discard(workdir)
     code = out.returncode
     # wall limit (still running, or killed), or the CPU limit
     timed_out = code in (None, -signal.SIGKILL) or sandbox.out_of_cpu(code, out.cpu_s, cpu)
     status = "timeout" if timed_out else "failed"
     if code == 0 and out.reported:
         status = "passed"
+    if left:  # a run that leaves what cannot be removed does not pass
+        return ExecResult("failed", code, out.elapsed_s, left)
     return ExecResult(status, code, out.elapsed_s, out.stderr_tail)
 
 

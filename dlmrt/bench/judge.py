@@ -13,7 +13,9 @@ checked exactly). The pass is "check() returned", decided in this process:
 - exiting early, printing, or writing to any file descriptor cannot make check() return.
 The prompt and tests are the data set's (trusted) code; they run under the wall deadline only at
 the candidate's calls. The global `random` state is restored afterwards (tests may seed it).
-What stays reachable to a candidate: files it can read (a data set on disk included).
+The judge trusts no file of the run: the candidate's stderr is read through the judge's own
+descriptor on an unnamed file (a bounded tail), no path in the run's directory is ever opened,
+and the directory is removed without recursion or following links (run_dir.py).
 """
 
 from __future__ import annotations
@@ -21,12 +23,11 @@ from __future__ import annotations
 import os
 import random
 import select
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlmrt.bench import sandbox
+from dlmrt.bench import run_dir, sandbox
 from dlmrt.bench.value_codec import CodecError, decode, encode
 
 
@@ -95,33 +96,53 @@ class Verdict:
 def run_check(
     module: str, prompt: str, test: str, entry_point: str, timeout_s: float, limits: sandbox.Limits
 ) -> Verdict:
-    """`module` (prompt + completion) served from the sandbox; `test`'s check() run here."""
-    with tempfile.TemporaryDirectory(prefix="dlmrt-he-") as tmp:
-        workdir = Path(tmp)
-        (workdir / "program.py").write_text(module, encoding="utf-8")
-        mode = sandbox.isolation()
-        state = random.getstate()
-        with sandbox.start(workdir, mode, limits, entry=entry_point) as running:
-            channel = Channel(running, time.monotonic() + timeout_s)
-            status, why = "failed", ""
-            try:
-                channel.ready()
-                scope: dict[str, object] = {"__name__": "__judge__"}
-                exec(compile(prompt, "<prompt>", "exec"), scope)
-                exec(compile(test, "<test>", "exec"), scope)
-                scope["check"](channel.call)  # type: ignore[operator]
-                status = "passed"
-            except Deadline:
-                status = "timeout"
-            except CandidateEnded:
-                pass  # why: its stderr
-            except Exception as e:  # noqa: BLE001 (a failed assert, the candidate's error, ...)
-                why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            finally:
-                random.setstate(state)
-            sandbox.finish(running, mode)
-            code = running.proc.returncode
-            elapsed, cpu = running.usage()
-        if status == "failed" and sandbox.out_of_cpu(code, cpu, limits.cpu_s):
+    """`module` (prompt + completion) served from the sandbox; `test`'s check() run here. The
+    run's directory is removed afterwards; when that fails the verdict is "failed" (the reason
+    says so) and the directory is logged, never an exception out of here."""
+    workdir = run_dir.make()
+    try:
+        verdict = _judge(workdir, module, prompt, test, entry_point, timeout_s, limits)
+    finally:
+        left = run_dir.discard(workdir)
+    if left:
+        return Verdict("failed", verdict.returncode, verdict.elapsed_s, left)
+    return verdict
+
+
+def _judge(
+    workdir: Path,
+    module: str,
+    prompt: str,
+    test: str,
+    entry_point: str,
+    timeout_s: float,
+    limits: sandbox.Limits,
+) -> Verdict:
+    (workdir / "program.py").write_text(module, encoding="utf-8")
+    mode = sandbox.isolation()
+    state = random.getstate()
+    with sandbox.start(workdir, mode, limits, entry=entry_point) as running:
+        channel = Channel(running, time.monotonic() + timeout_s)
+        status, why = "failed", ""
+        try:
+            channel.ready()
+            scope: dict[str, object] = {"__name__": "__judge__"}
+            exec(compile(prompt, "<prompt>", "exec"), scope)
+            exec(compile(test, "<test>", "exec"), scope)
+            scope["check"](channel.call)  # type: ignore[operator]
+            status = "passed"
+        except Deadline:
             status = "timeout"
-        return Verdict(status, code, elapsed, why or sandbox.stderr_tail(workdir))
+        except CandidateEnded:
+            pass  # why: its stderr
+        except Exception as e:  # noqa: BLE001 (a failed assert, the candidate's error, ...)
+            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        finally:
+            random.setstate(state)
+        sandbox.finish(running, mode)
+        code = running.proc.returncode
+        elapsed, cpu = running.usage()
+        why = why or running.stderr_tail()
+    if status == "failed" and sandbox.out_of_cpu(code, cpu, limits.cpu_s):
+        status = "timeout"
+    return Verdict(status, code, elapsed, why)

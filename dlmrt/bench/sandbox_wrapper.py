@@ -2,24 +2,25 @@
 
 Standard library only, no dlmrt import: it runs in a fresh interpreter inside the sandbox.
 
-    sandbox_wrapper.py MODE REPORT_FD NPROC WORKDIR PROGRAM [ENTRY]
+    sandbox_wrapper.py MODE REPORT_FD NPROC DISK_MB UID WORKDIR PROGRAM [ENTRY]
 
 1. Reads the pass secret from stdin (a pipe the harness writes and closes), then points fd 0 at
-   /dev/null: the secret is never in the program's text, a file, the environment or argv.
-2. MODE "namespaces" (inside `unshare --user --mount ...`): makes every mount read-only except
-   WORKDIR (a private bind mount) and /proc, then moves into a nested user + mount namespace:
-   mounts that reach a less privileged mount namespace have their read-only flag locked, so the
-   program, root with every capability in that namespace, still cannot remount them writable
-   (mount_namespaces(7)); /proc stays writable because the nested namespace's uid map is written
-   there, and /proc grants nothing a capability in a user namespace could use. MODE "fallback":
+   /dev/null: the secret is never in the program's text, a file, the environment or argv. Reads
+   PROGRAM's text (the host's file is out of sight once step 2 has run).
+2. MODE "namespaces" (inside `unshare [--user --map-root-user] --mount --ipc --uts ...`):
+   pivots into a fresh root (sandbox_root.py: the system directories and the interpreter
+   read-only, WORKDIR a tmpfs of DISK_MB MiB, /proc/sys read-only), drops to UID (a number: the
+   harness is root; "-": keep the user), then moves into a nested user + mount namespace where
+   every mount is locked. MODE "fallback": empties the capability bounding set, drops to UID,
+   keeps the interpreter's library importable through descriptors opened before the drop, and
    installs an audit hook refusing sockets (the `socket` and raw `_socket` modules alike) and
    ctypes.
 3. Both modes: a seccomp filter makes `socket()` fail with EACCES for every address family, in
    this process and everything it starts (`socketpair()` stays: it reaches nothing). Unix-domain
    sockets on the file system (`connect` to /run/..., `curl --unix-socket`) and, in the fallback,
    the network from a child process, are therefore out of reach too. The same filter refuses
-   `setsid()` (EPERM): every process the program starts stays in the run's session. The fallback
-   also drops every capability (`drop_capabilities`).
+   `setsid()` (EPERM): every process the program starts stays in the run's session. In the
+   fallback it also refuses SysV IPC and every signal but 0 (the judge shares the PID space).
 4. Sets RLIMIT_NPROC to NPROC (inside a user namespace it counts that namespace's processes only).
 5. Runs PROGRAM as `__main__`; only when it returns normally does it write the secret to
    REPORT_FD and `os._exit(0)`. An early `sys.exit`, `os._exit` or exception never reports.
@@ -41,29 +42,20 @@ import resource
 import struct
 import sys
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1024, 2048, 4096
-MS_REC, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 21, 1 << 24
-MS_NOSYMFOLLOW = 256
-CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-# Per-mount flags a user namespace locks: a remount must repeat them or it is refused.
-LOCKED = {
-    "nosuid": MS_NOSUID,
-    "nodev": MS_NODEV,
-    "noexec": MS_NOEXEC,
-    "noatime": MS_NOATIME,
-    "nodiratime": MS_NODIRATIME,
-    "relatime": MS_RELATIME,
-    "nosymfollow": MS_NOSYMFOLLOW,
-}
-PSEUDO = ("/sys",)  # kernel file systems: a refused remount there is tolerated
-WRITABLE = ("/proc",)  # left as mounted: the nested namespace's maps are written there
 BLOCKED_EVENTS = ("socket.", "ctypes.dlopen")
 NO_NETWORK = "network access is disabled in the dlmrt HumanEval sandbox"
 SETUP_FAILED = 3  # exit status: the sandbox could not be set up (the program never ran)
-# seccomp: the native audit arch, socket()'s and setsid()'s numbers (a foreign arch, e.g. a 32-bit
-# program, gets EPERM for every system call; x86-64's x32 numbers are refused the same way)
-SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 112), "aarch64": (0xC00000B7, 198, 157)}
+# seccomp: the native audit arch and system call numbers (a foreign arch, e.g. a 32-bit program,
+# gets EPERM for every system call; x86-64's x32 numbers are refused the same way)
+SYSCALLS = {
+    "x86_64": (0xC000003E, dict(socket=41, setsid=112, shmget=29, semget=64, msgget=68)),
+    "aarch64": (0xC00000B7, dict(socket=198, setsid=157, shmget=194, semget=190, msgget=186)),
+}
+# the signal-sending calls and the index of their signal argument (the fallback's filter)
+SIGNALS = {
+    "x86_64": {62: 1, 200: 1, 234: 2, 129: 1, 297: 2, 424: 1},
+    "aarch64": {129: 1, 130: 1, 131: 2, 138: 1, 240: 2, 424: 1},
+}
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 CAP_VERSION_3 = 0x20080522
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
@@ -81,86 +73,46 @@ def read_secret() -> bytes:
     return b"".join(chunks)
 
 
-def _mount_points() -> list[tuple[str, int]]:
-    """(mount point, its locked flags) from /proc/self/mountinfo, parents first, deduplicated."""
-    seen: dict[str, int] = {}
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # "\040" is a space
-            opts = fields[5].split(",")
-            flags = sum(v for k, v in LOCKED.items() if k in opts)
-            if not flags & (MS_NOATIME | MS_RELATIME):
-                flags |= MS_STRICTATIME
-            seen[point] = flags  # a later (upper) mount at the same point wins
-    return sorted(seen.items(), key=lambda item: item[0].count("/"))
-
-
-def read_only_view(workdir: str) -> None:
-    """Every mount read-only, `workdir` a writable bind mount of itself (private mount namespace)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def mount(source: str | None, target: str, flags: int) -> int:
-        src = None if source is None else source.encode()
-        if libc.mount(src, target.encode(), None, flags, None) == 0:
-            return 0
-        return ctypes.get_errno()
-
-    if err := mount(workdir, workdir, MS_BIND | MS_REC):
-        raise OSError(err, f"bind mount of {workdir}: {os.strerror(err)}")
-    for point, flags in _mount_points():
-        inside = (workdir, *WRITABLE)
-        if any(point == d or point.startswith(d + "/") for d in inside):
-            continue
-        err = mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
-        if err and not point.startswith(PSEUDO):
-            raise OSError(err, f"read-only remount of {point}: {os.strerror(err)}")
-    os.chdir(workdir)  # the old cwd is the directory under the bind mount: read-only now
-    if os.access("/", os.W_OK) or not os.access(".", os.W_OK):
-        raise OSError(f"read-only view not in effect (/ writable or {workdir} not)")
-    _lock(libc, ctypes)
-
-
-def _lock(libc, ctypes) -> None:
-    """Enter a nested user + mount namespace (uid / gid 0 mapped to ours): every mount arrives
-    there locked, read-only ones staying read-only whatever the program's capabilities."""
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"nested user namespace: {os.strerror(err)}")
-    for name, text in (("setgroups", "deny"), ("uid_map", "0 0 1"), ("gid_map", "0 0 1")):
-        with open(f"/proc/self/{name}", "w", encoding="ascii") as f:
-            f.write(text)
-
-
-def _seccomp_program() -> bytes:
-    """Classic BPF over seccomp_data (nr at 0, arch at 4): socket() -> EACCES, setsid() -> EPERM
-    (every process stays in the run's session, so the fallback's session sweep finds a daemon
-    whatever its environment), all else allowed."""
-    arch, nr_socket, nr_setsid = SECCOMP_ARCH[platform.machine()]
+def _seccomp_program(fallback: bool) -> bytes:
+    """Classic BPF over seccomp_data (nr at 0, arch at 4, argument i's low word at 16 + 8 i):
+    socket() -> EACCES, setsid() -> EPERM (every process stays in the run's session, so the
+    fallback's session sweep finds a daemon whatever its environment). The fallback also refuses
+    SysV IPC (shmget, semget, msgget: no IPC namespace there) and every signal but 0 sent by
+    kill, tkill, tgkill, rt_(tg)sigqueueinfo or pidfd_send_signal (no PID namespace: the judge
+    would be in reach). All else allowed."""
+    arch, nr = SYSCALLS[platform.machine()]
     ld, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
     code = [
         (ld, 0, 0, 4),  # A = arch
         (jeq, 1, 0, arch),  # native: skip the next
         (ret, 0, 0, RET_ERRNO | EPERM),
         (ld, 0, 0, 0),  # A = syscall number
-        (0x35, 4, 0, 0x40000000),  # BPF_JGE: x32 numbers -> EPERM (4 ahead)
-        (jeq, 0, 1, nr_socket),
-        (ret, 0, 0, RET_ERRNO | EACCES),
-        (jeq, 1, 0, nr_setsid),  # setsid -> EPERM (1 ahead)
-        (ret, 0, 0, RET_ALLOW),
+        (0x35, 0, 1, 0x40000000),  # BPF_JGE: x32 numbers -> EPERM
         (ret, 0, 0, RET_ERRNO | EPERM),
     ]
+    refused = {nr["socket"]: EACCES, nr["setsid"]: EPERM}
+    if fallback:
+        refused.update({nr[name]: EPERM for name in ("shmget", "semget", "msgget")})
+    for number, errno in refused.items():
+        code += [(jeq, 0, 1, number), (ret, 0, 0, RET_ERRNO | errno)]
+    for number, index in (SIGNALS[platform.machine()] if fallback else {}).items():
+        code += [
+            (jeq, 0, 4, number),
+            (ld, 0, 0, 16 + 8 * index),  # A = the signal (the int's low word)
+            (jeq, 0, 1, 0),  # signal 0 (does it exist?) is allowed
+            (ret, 0, 0, RET_ALLOW),
+            (ret, 0, 0, RET_ERRNO | EPERM),
+        ]
+    code.append((ret, 0, 0, RET_ALLOW))
     return b"".join(struct.pack("HBBI", *insn) for insn in code)
 
 
-def no_sockets() -> None:
+def install_filter(fallback: bool) -> None:
     """Install the seccomp filter (no_new_privs first: allowed without any capability)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    program = ctypes.create_string_buffer(_seccomp_program())
+    program = ctypes.create_string_buffer(_seccomp_program(fallback))
 
     class Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
@@ -173,11 +125,23 @@ def no_sockets() -> None:
         raise OSError(err, f"seccomp filter: {os.strerror(err)}")
 
 
-def drop_capabilities() -> None:
-    """Fallback: no capability left (bounding set, ambient, effective / permitted / inheritable),
-    so a program run as root cannot read the harness's /proc files (the harness is non-dumpable:
-    sandbox.py) nor regain capabilities through exec. Without CAP_SETPCAP (not root) the
-    bounding-set drops fail: such a process has nothing to drop there."""
+def drop_user(uid: int | None) -> None:
+    """Become `uid` (group `uid`, no supplementary groups) when one is given: the harness is root
+    and the program must not be. A uid change from 0 clears every capability."""
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != uid:
+        raise OSError(f"could not drop to uid {uid}")
+
+
+def drop_capabilities(uid: int | None) -> None:
+    """Fallback: the bounding and ambient sets emptied (while CAP_SETPCAP lasts), the user
+    dropped to `uid` (root only), then no capability left at all, so a program run by root
+    cannot read the harness's /proc files (the harness is non-dumpable: sandbox.py) nor regain
+    capabilities through exec. Not root: the bounding-set drops fail, nothing to drop there."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -186,10 +150,31 @@ def drop_capabilities() -> None:
     for cap in range(last + 1):
         libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    drop_user(uid)
     header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
     if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"capset: {os.strerror(err)}")
+
+
+def _imports_by_descriptor() -> dict[str, int]:
+    """A descriptor on each directory of sys.path, opened while this process can still reach it
+    (root, before the fallback's drop: the interpreter may live under /root)."""
+    fds = {}
+    for entry in sys.path:
+        try:
+            fds[entry] = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            pass  # a missing zip, say
+    return fds
+
+
+def _reach_imports(fds: dict[str, int]) -> None:
+    """sys.path entries the dropped user cannot reach are read through their descriptors
+    (/proc/self/fd/N resolves without walking the path's parents)."""
+    for i, entry in enumerate(sys.path):
+        if entry in fds and not os.access(entry, os.R_OK | os.X_OK):
+            sys.path[i] = f"/proc/self/fd/{fds[entry]}"
 
 
 def _audit(event: str, args: tuple) -> None:
@@ -197,25 +182,34 @@ def _audit(event: str, args: tuple) -> None:
         raise OSError(NO_NETWORK + f" ({event})")
 
 
-def setup(mode: str, nproc: int, workdir: str) -> None:
+def setup(mode: str, nproc: int, disk_mb: int, uid: int | None, workdir: str, text: str) -> None:
+    """The isolation of `mode`, then RLIMIT_NPROC; the program runs as `uid` (None: as is)."""
     if mode not in ("namespaces", "fallback"):
         raise ValueError(f"mode: expected 'namespaces' or 'fallback', got {mode!r}")
     if mode == "namespaces":
-        read_only_view(workdir)
+        view = _load("sandbox_root.py", "dlmrt_sandbox_root")
+        owner = (uid, uid) if uid is not None else (0, 0)
+        view.build(workdir, text, disk_mb, owner)
+        drop_user(uid)
+        view.lock()
+        if os.access("/", os.W_OK) or not os.access(".", os.W_OK):
+            raise OSError(f"read-only view not in effect (/ writable or {workdir} not)")
     else:
-        drop_capabilities()
-    no_sockets()  # before the audit hook, which refuses the ctypes it needs
+        fds = _imports_by_descriptor() if uid is not None else {}
+        drop_capabilities(uid)
+        _reach_imports(fds)
+    install_filter(fallback=mode == "fallback")  # before the audit hook (it refuses ctypes)
     if mode == "fallback":
         sys.addaudithook(_audit)  # cannot be removed; raw `_socket` raises the same events
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _load_codec():
-    """dlmrt/bench/value_codec.py by path (`-I` puts no directory of ours on sys.path)."""
+def _load(file: str, name: str):
+    """A module of dlmrt/bench by path (`-I` puts no directory of ours on sys.path)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "value_codec.py")
-    spec = importlib.util.spec_from_file_location("dlmrt_value_codec", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), file)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -260,13 +254,14 @@ def serve(code, namespace: dict, entry: str, report_fd: int, codec) -> None:
 
 
 def main(argv: list[str]) -> None:
-    mode, report_fd, nproc, workdir, program, *entry = argv
+    mode, report_fd, nproc, disk_mb, uid, workdir, program, *entry = argv
     secret = read_secret() if not entry else b""
-    codec = _load_codec() if entry else None
+    codec = _load("value_codec.py", "dlmrt_value_codec") if entry else None
     try:
-        setup(mode, int(nproc), workdir)
         with open(program, encoding="utf-8") as f:
-            code = compile(f.read(), program, "exec")
+            text = f.read()  # before setup: in the namespaces the host's file is out of sight
+        setup(mode, int(nproc), int(disk_mb), None if uid == "-" else int(uid), workdir, text)
+        code = compile(text, program, "exec")
     except (OSError, ValueError, SyntaxError) as e:
         print(f"dlmrt sandbox: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(SETUP_FAILED if not isinstance(e, SyntaxError) else 1)
