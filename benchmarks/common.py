@@ -21,8 +21,21 @@ from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.qwen_dlm import QwenDLM
 from dlmrt.ops import choices
 
-PEAK_FLOPS = 790e12  # measured bf16 dense on the H200
-PEAK_BYTES = 4.3e12  # HBM3e bytes/s
+# Measured copy bandwidth (bytes/s) of the GPUs the floors are stated for: the H100's HBM3
+# reaches ~3.0 TB/s in a device-to-device copy, the H200's HBM3e ~4.3 TB/s.
+COPY_BANDWIDTH = {"H100": 3.0e12, "H200": 4.3e12}
+
+
+def device_copy_bandwidth(name: str | None = None) -> float:
+    """The measured copy bandwidth of the GPU named `name` (default: CUDA device 0; the H200's
+    on a machine without one or a GPU not in the table)."""
+    if name is None:
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
+    return next((bw for key, bw in COPY_BANDWIDTH.items() if key in name), COPY_BANDWIDTH["H200"])
+
+
+PEAK_FLOPS = 790e12  # dense bf16, the same on the H100 and H200 (FP8: twice)
+PEAK_BYTES = device_copy_bandwidth()  # the floors follow the device the benchmark runs on
 
 
 def random_model(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common import PEAK_BYTES
 from dlmrt.loading.placement import install, quantize_candidates
 
 PEAK_FP8_FLOPS = 1580e12  # dense e4m3 on the H200 (2x bf16)
@@ -53,11 +54,11 @@ def fp8_floor(
     rows: int,
     bytes_per: float = 1.0,
 ) -> float:
-    """Seconds: max(FLOPs at their peaks, bytes / 4.3 TB/s) with the installed weights at
+    """Seconds: max(FLOPs at their peaks, bytes / the device's copy bandwidth) with the installed weights at
     `bytes_per` bytes (FP8 1, NVFP4 0.5625)."""
     dense = sum(n for name, n in installed.items() if "experts." not in name)
     experts = sum(n for name, n in installed.items() if "experts." in name)
     saved = (dense + experts * expert_share) * (2 - bytes_per)  # bytes: 2 -> bytes_per a weight
     fp8_flops = 2 * rows * dense if bytes_per == 1.0 else 0  # dense FP8 GEMMs; experts in bf16
     time_flops = (flops - fp8_flops) / 790e12 + fp8_flops / PEAK_FP8_FLOPS
-    return max(time_flops, (nbytes - saved) / 4.3e12)
+    return max(time_flops, (nbytes - saved) / PEAK_BYTES)

@@ -15,7 +15,7 @@ distinct arena layers in one CUDA graph, as in attention_tiles.py) of:
   warp-specialization pass asserting, FA3 dying of SIGFPE with FlashInfer 0.7.4 here) is run
   alone with `--variants`. FlashInfer is optional: without it those
   entries say so. FlashAttention-4's numbers at these shapes: docs/kernels.md.
-Floors: FLOPs (4 rows keys heads dim at 790 TFLOP/s) and bytes (the visible K and V at 4.3 TB/s);
+Floors: FLOPs (4 rows keys heads dim at 790 TFLOP/s) and bytes (the visible K and V at the device's copy bandwidth (`common.PEAK_BYTES`));
 `max_abs_diff` of each against ours.
 """
 

@@ -8,7 +8,7 @@ contexts 1k and 4k: the one-pass kernel (`kernels/arena_attention.py`) under eac
 is `LAYERS` back-to-back calls on distinct arena layers captured in one CUDA graph (as a round
 runs them), so a call's time includes its launch inside a graph but not a graph launch. Reports
 us per call, the shipped choice (`tile_config`, `pick_splits`), and the floors: FLOPs
-(4 rows keys heads dim at 790 TFLOP/s) and bytes (K and V of the visible keys at 4.3 TB/s).
+(4 rows keys heads dim at 790 TFLOP/s) and bytes (K and V of the visible keys at the device's copy bandwidth (`common.PEAK_BYTES`)).
 DiffusionGemma-26B-A4B's canvas attention (`kernels/canvas_attention.py`, 256 rows, sliding layers
 16 / 8 x 256 with a 1,024 window, full layers 16 / 2 x 512) under its candidate (BLOCK_M, BLOCK_N,
 BLOCK_D, BLOCK_DV, num_warps, num_stages, splits): the `canvas` rows.

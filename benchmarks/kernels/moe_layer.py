@@ -10,7 +10,7 @@ routing itself). Modes: the torch twin (a loop over the active experts, host syn
 (Triton routing + grouped expert kernel), the CUDA ops replayed as one CUDA graph, and the same
 routing with the experts on `torch._grouped_mm` (CUTLASS grouped GEMM; device-side sort; eager:
 it copies from the host inside, so it cannot be captured) for comparison with ops eager.
-Floor: max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s), bytes = the touched experts' weights plus the
+Floor: max(FLOPs / 790 TFLOP/s, bytes / the device's copy bandwidth), bytes = the touched experts' weights plus the
 router weight, activations in and out (negligible).
 """
 

@@ -16,7 +16,7 @@ Each case is one attention call over one arena layer, every path replayed as a C
   LLaDA-2.1-mini's 32 x 8 over 256): the chunked multi-program plan vs the single program vs the
   torch sort plan.
 Reports ms per call, the split count picked, the max |kernel - twin| and the byte floor
-(K and V of the visible keys read once at 4.3 TB/s). The twin of the canvas attention builds its
+(K and V of the visible keys read once at the device's copy bandwidth (`common.PEAK_BYTES`)). The twin of the canvas attention builds its
 masks per call (the old model path built them once per pass), a few microseconds more.
 """
 

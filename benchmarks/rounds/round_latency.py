@@ -10,7 +10,7 @@ random weights fill about one row per round). diffusion_gemma: DiffusionGemma-26
 20 steps (their difference: no prompt encoding in it). ms/round = block time / rounds, so the graph modes
 include their per-round host work (round_graph: one replay + one `done` read per round;
 block_graph: one launch per block). Also: the QwenDLM round's dense GEMMs alone (graph-replayed),
-and the roofline floor max(FLOPs / 790 TFLOP/s, bytes / 4.3 TB/s); for MoE the bytes count only
+and the roofline floor max(FLOPs / 790 TFLOP/s, bytes / the device's copy bandwidth: 3.0 TB/s on an H100, 4.3 on an H200); for MoE the bytes count only
 the experts the round's routing touches (counted from one round's routing). With
 --quantization fp8 the FP8 floor too (`fp8_model.py`: FP8 weights at 1 byte, FP8 GEMMs at 1,580
 TFLOP/s) and the ratio to it; --quantization nvfp4 installs NVFP4 routed experts (W4A16 kernel,

@@ -44,3 +44,11 @@ def test_a_result_records_the_module_command(monkeypatch):
     assert common.command_line() == "python -m benchmarks.kernels.moe_fp8 --iters 5"
     monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__spec__=None))
     assert common.command_line() == "/x/benchmarks/kernels/moe_fp8.py --iters 5"
+
+
+def test_the_floors_follow_the_device():
+    """The byte floors use the measured copy bandwidth of the GPU the benchmark runs on."""
+    device_copy_bandwidth = benchmark("common").device_copy_bandwidth
+    assert device_copy_bandwidth("NVIDIA H100 80GB HBM3") == 3.0e12
+    assert device_copy_bandwidth("NVIDIA H200") == 4.3e12
+    assert device_copy_bandwidth("Some other GPU") == 4.3e12  # the table's default
