@@ -42,9 +42,8 @@ on and reuses a freed block for that stream's later allocations, ordered only on
   as a result is dropped before the next `fork_join` on its device (a layer's local: it is).
 - `main`'s tensors live on the current stream throughout.
 
-The side stream is one per device, drawn once from PyTorch's stream pool; if it happens to be
-the current stream (the pool is round-robin), `fork_join` runs sequentially. In eager mode the
-stream priorities are the pool's default; inside a graph, stream priority is not captured.
+The side stream is one per device, drawn from PyTorch's stream pool (default priority, as the
+capture streams; a graph instantiated without node priorities runs its branches as equals).
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from typing import TypeVar
 import torch
 
 from dlmrt import envs
+from dlmrt.ops import choices
 from dlmrt.parallel import group as tp
 
 A = TypeVar("A")
@@ -63,17 +63,30 @@ _SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def enabled(like: torch.Tensor) -> bool:
-    """Whether `fork_join` runs its branches on two streams for work on `like`'s device."""
+    """Whether `fork_join` runs its branches on two streams for work on `like`'s device. For
+    CUDA inference the decision is recorded (`choices`: "branch_streams", in the benchmarks'
+    reports beside the kernels' choices)."""
     if like.device.type != "cuda" or torch.is_grad_enabled():
         return False
-    return tp.active() is None and envs.branch_streams()
+    if tp.active() is not None:
+        return _record(False, "tensor parallel")
+    if not envs.branch_streams():
+        return _record(False, "DLMRT_BRANCH_STREAMS=0")
+    return _record(True, "CUDA inference")
 
 
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The second stream of `device` (made on first use; warm-ups run before any capture)."""
+def _record(two: bool, why: str) -> bool:
+    choices.record("branch_streams", "two streams" if two else "one stream", why)
+    return two
+
+
+def side_stream(device: torch.device, current: torch.cuda.Stream) -> torch.cuda.Stream:
+    """The second stream of `device`, never `current`: drawn from PyTorch's stream pool on first
+    use, and drawn again should the pool (round-robin) have handed `current` out since (a later
+    runner's capture stream). Drawing a pool stream makes no CUDA call once the pool exists."""
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _SIDE:
+    while device not in _SIDE or _SIDE[device] == current:  # the pool holds 32 streams
         _SIDE[device] = torch.cuda.Stream(device)
     return _SIDE[device]
 
@@ -84,9 +97,7 @@ def fork_join(main: Callable[[], A], side: Callable[[], B], like: torch.Tensor) 
     if not enabled(like):
         return main(), side()
     here = torch.cuda.current_stream(like.device)
-    other = side_stream(like.device)
-    if other == here:
-        return main(), side()
+    other = side_stream(like.device, here)
     other.wait_stream(here)  # fork: side's inputs are made
     try:
         with torch.cuda.stream(other):  # issued first: the long branch starts first

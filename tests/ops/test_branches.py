@@ -14,7 +14,7 @@ from dg_helpers import VOCAB, ckpt  # noqa: F401
 from dlmrt import envs
 from dlmrt.attention import AttnContext
 from dlmrt.loading.checkpoint import load_checkpoint
-from dlmrt.ops import branches
+from dlmrt.ops import branches, choices
 from dlmrt.parallel import group as tp
 
 CUDA_LIKE = SimpleNamespace(device=torch.device("cuda", 0))  # what `enabled` reads of a tensor
@@ -51,6 +51,13 @@ def test_two_streams_only_for_cuda_inference(monkeypatch):
         assert branches.enabled(CUDA_LIKE)
     with torch.enable_grad():
         assert not branches.enabled(CUDA_LIKE)  # training: sequential
+    assert choices.get("branch_streams").line() == "branch_streams: two streams (CUDA inference)"
+    monkeypatch.setenv("DLMRT_BRANCH_STREAMS", "0")
+    with torch.inference_mode():
+        branches.enabled(CUDA_LIKE)
+    assert choices.get("branch_streams").line() == (
+        "branch_streams: one stream (DLMRT_BRANCH_STREAMS=0)"
+    )
 
 
 def test_tensor_parallelism_runs_sequentially():
@@ -59,6 +66,7 @@ def test_tensor_parallelism_runs_sequentially():
     try:
         with torch.no_grad():
             assert not branches.enabled(CUDA_LIKE)
+        assert choices.get("branch_streams").why == "tensor parallel"
     finally:
         tp.set_active(None)
     with torch.no_grad():
@@ -91,3 +99,16 @@ def test_diffusion_gemma_branches_are_independent(ckpt, monkeypatch):  # noqa: F
         swapped = model(ids, ctx, canvas=8)
     assert calls == [torch.Size([11, model.cfg.hidden_size])] * model.cfg.num_hidden_layers
     assert torch.equal(plain, swapped)
+
+
+def test_the_side_stream_is_never_the_current_one(monkeypatch):
+    """PyTorch's stream pool is round-robin: should it hand the side stream out again as a later
+    capture stream, the next fork draws another side stream (else the branches would serialise)."""
+    pool = iter(["s0", "s1", "s2", "s3"])
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: next(pool))
+    monkeypatch.setattr(branches, "_SIDE", {})
+    gpu = torch.device("cuda", 0)
+    assert branches.side_stream(gpu, "main") == "s0"
+    assert branches.side_stream(gpu, "main") == "s0"  # drawn once
+    assert branches.side_stream(gpu, "s0") == "s1"  # s0 came back as the current stream
+    assert branches.side_stream(gpu, "s2") == "s1"
