@@ -110,3 +110,13 @@ def fa4() -> str:
     if value not in ("auto", "on", "off"):
         raise ValueError(f"DLMRT_FA4={value!r}: expected 'auto', 'on' or 'off'")
     return value
+
+
+def branch_streams() -> bool:
+    """DLMRT_BRANCH_STREAMS: "1" (default) runs a forward's independent branches on two CUDA
+    streams in inference (DiffusionGemma's dense MLP beside its routed experts: `ops/branches.py`),
+    "0" runs them one after the other on one stream (the before/after switch)."""
+    value = os.environ.get("DLMRT_BRANCH_STREAMS", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"DLMRT_BRANCH_STREAMS={value!r}: expected '0' or '1'")
+    return value == "1"

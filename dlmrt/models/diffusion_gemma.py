@@ -33,7 +33,7 @@ from dlmrt.models.layers import (
     set_slot,
 )
 from dlmrt.models.residual import SelfConditioning
-from dlmrt.ops import gemma
+from dlmrt.ops import branches, gemma
 from dlmrt.parallel import group as tp
 from dlmrt.parallel import vocab
 
@@ -122,14 +122,18 @@ class Layer(nn.Module):
         self.register_buffer("encoder_layer_scalar", torch.ones(1))
 
     def forward(self, h, rope, pos, view, layer: int, sliding: bool):
-        """The residual stream's norms and adds are two fused ops (`dlmrt/ops/gemma.py`)."""
+        """The residual stream's norms and adds are two fused ops (`dlmrt/ops/gemma.py`). The
+        dense MLP and the router + routed experts read the residual through their own norms and
+        meet only at `layer_out`: two branches (`dlmrt/ops/branches.py`)."""
         attn = self.self_attn(self.input_layernorm(h), rope, pos, view, layer, sliding)
         gains_in = (self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight)
         gains_in += (self.pre_feedforward_layernorm_2.weight,)
         r, x_mlp, x_moe, x_router = gemma.attn_residual(
             attn, h, gains_in, self.router.scale, self.router.root, self.eps
         )
-        dense, moe = self.mlp(x_mlp), self.experts(x_moe, *self.router(x_router))
+        dense, moe = branches.fork_join(
+            lambda: self.mlp(x_mlp), lambda: self.experts(x_moe, *self.router(x_router)), h
+        )  # CUDA inference: router + experts on a second stream, beside the dense MLP
         gains_out = (
             self.post_feedforward_layernorm_1.weight,
             self.post_feedforward_layernorm_2.weight,

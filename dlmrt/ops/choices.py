@@ -1,7 +1,8 @@
 """The one registry of implementation choices: every start-up decision of which implementation
 runs (an op's Triton kernel or torch twin, FlashAttention-4 or our arena kernel, an attention
 tile, FP8 or bf16 GEMMs, the fused FP8 GLU, NVFP4 kernels, W8A8 or W8A16 experts, whether a
-model's quantized weights run on its kernels) is recorded here under a key saying what was
+model's quantized weights run on its kernels, one or two streams for independent branches:
+`ops/branches.py`, DLMRT_BRANCH_STREAMS) is recorded here under a key saying what was
 decided, logged once at INFO, and can be read back (`report()`: `dlmrt generate -v`, the
 benchmarks, the tests).
 
