@@ -76,3 +76,24 @@ def moe_round_floor(
         nbytes += keys * kv_size * size
         flops += 4 * rows * keys * q_size
     return float(flops), float(nbytes)
+
+
+def route_to_first(model: nn.Module, n: int) -> int:
+    """Bias every MoE router of `model` so each row picks its experts among the layer's first `n`
+    only (random weights route a block's rows to about every expert; a real model's canvas
+    touches fewer). LLaDA2: the selection-only `expert_bias` (no extra kernel); DiffusionGemma
+    (no bias): a forward hook adds -1e4 to the other experts' logits (one elementwise kernel a
+    layer). Returns n; ValueError if n is not in [top_k, experts]."""
+    routers = [m for m in model.modules() if _router(m)]
+    for router in routers:
+        experts = router.weight.shape[0] if hasattr(router, "weight") else router.proj.out_features
+        top_k = getattr(router, "top_k", None) or router.k
+        if not top_k <= n <= experts:
+            raise ValueError(f"--route-to: expected {top_k}..{experts} experts, got {n}")
+        bias = torch.zeros(experts, device=next(router.parameters()).device)
+        bias[n:] = -1e4
+        if getattr(router, "expert_bias", None) is not None:
+            router.expert_bias.copy_(bias)
+        else:
+            router.proj.register_forward_hook(lambda _m, _a, out, b=bias: out + b.to(out.dtype))
+    return n

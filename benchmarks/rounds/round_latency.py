@@ -20,7 +20,6 @@ TFLOP/s) and the ratio to it; --quantization nvfp4 installs NVFP4 routed experts
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
 import torch
 
@@ -33,15 +32,12 @@ from benchmarks.common import (
     gemm_only_ms,
     random_model,
     round_flops_bytes,
-    wall_time,
     write_result,
 )
-from benchmarks.moe_models import (
-    TouchedExperts,
-    moe_round_floor,
-)
+from benchmarks.moe_models import TouchedExperts, moe_round_floor, route_to_first
+from benchmarks.rounds.canvas_step import canvas_floor, time_canvas_mode
 from dlmrt.decoding import make_rule
-from dlmrt.engine import BlockEngine, EncoderDecoderEngine
+from dlmrt.engine import BlockEngine
 from dlmrt.engine.block.round import RoundSpec, denoise_round
 from dlmrt.model_shapes import diffusion_gemma_26b, llada21_mini, qwen_dlm_4b
 from dlmrt.models.llada2 import LLaDA2
@@ -94,40 +90,6 @@ def touched_experts(model, context: int, rule, canvas: str) -> TouchedExperts:
         denoise_round(prog.spec, prog.buf, prog.kv)
         counter.close()
     return counter
-
-
-def time_canvas_mode(model, mode: str, context: int, iters: int) -> tuple[float, int]:
-    """DiffusionGemma: (ms per decoder step, steps) from one-canvas requests of 4 and 20 steps
-    (never stopping early): the difference removes the prompt's encoder pass and host set-up."""
-    from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-
-    engine = EncoderDecoderEngine(model, model.embed_table.device, mode, KV_DTYPE)
-    prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
-    seconds = {}
-    for steps in (4, 20):
-        s = replace(CanvasSettings(), max_denoising_steps=steps, confidence_threshold=-1.0)
-
-        def request(s: CanvasSettings = s) -> None:
-            out = engine.generate(prompt, s, max_new_tokens=256, stop_ids=[], ignore_eos=True)
-            assert out.denoising_forwards == s.max_denoising_steps
-
-        request()  # warm-up: graph capture for these settings
-        seconds[steps] = sorted(wall_time(request) for _ in range(iters))[iters // 2]
-    return (seconds[20] - seconds[4]) / 16 * 1e3, 20
-
-
-def canvas_floor(model, context: int):
-    """(FLOPs, bytes) of one decoder step over the 256-row canvas, experts counted from the
-    routing of a one-step request (canvas passes only)."""
-    from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-
-    engine = EncoderDecoderEngine(model, model.embed_table.device, "eager")
-    touched = TouchedExperts(model, rows=256)
-    prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
-    s = replace(CanvasSettings(), max_denoising_steps=1)
-    engine.generate(prompt, s, max_new_tokens=256, stop_ids=[], ignore_eos=True)
-    touched.close()
-    return touched, moe_round_floor(model, 256, context, touched)
 
 
 def _heads(cfg) -> str:
@@ -199,6 +161,13 @@ def _args() -> argparse.Namespace:
         default="masks",
         help="block contents: all masks, or random tokens (diverse rows: MoE routing spreads)",
     )
+    ap.add_argument(
+        "--route-to",
+        type=int,
+        default=0,
+        help="MoE: bias every router so rows go to its first N experts only (touched experts per "
+        "layer, as a real model's skewed routing; 0: random weights' own, about all)",
+    )
     ap.add_argument("--no-gemm", action="store_true", help="skip the GEMM-only timing (qwen_dlm)")
     ap.add_argument("--quantization", choices=["none", "fp8", "nvfp4"], default="none")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
@@ -228,7 +197,7 @@ def _floors(args, model, floor_of, shape) -> dict[int, dict]:
 
 def _time(args, model, rule, context: int, mode: str) -> tuple[float, int]:
     if args.model == "diffusion_gemma":
-        return time_canvas_mode(model, mode, context, args.iters)
+        return time_canvas_mode(model, mode, context, args.iters, KV_DTYPE)
     return time_mode(model, mode, context, args.iters, rule, args.canvas)
 
 
@@ -238,6 +207,8 @@ def main() -> None:
     KV_DTYPE = args.kv_cache_dtype
     model, rule, floor_of, shape = build(args.model, args.layers, args.canvas)
     shape["canvas"] = args.canvas
+    if args.route_to:
+        shape["route_to"] = route_to_first(model, args.route_to)
     rows, gemm = [], None
     if args.model == "qwen_dlm" and not args.no_gemm:
         gemm = gemm_only_ms(model.cfg, 256, args.iters)

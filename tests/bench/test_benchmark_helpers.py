@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from benchmark_modules import benchmark
@@ -61,8 +63,6 @@ def test_grouped_mm_experts_match_a_loop_over_the_pairs(activation: str):
 def test_moe_round_floor_counts_dense_weights_and_touched_experts():
     """A tiny LLaDA2: the hook counts one round's distinct experts per MoE layer, and the floor's
     bytes are every non-embedding weight but the routed experts, plus the touched experts, plus KV."""
-    from dataclasses import replace
-
     from dlmrt.attention import AttnContext
     from dlmrt.model_shapes import llada21_mini
     from dlmrt.models.llada2 import LLaDA2
@@ -164,3 +164,67 @@ def test_round_history_keeps_the_shipped_runs_in_time_order(tmp_path):
     assert runs[("qwen_dlm", 1024)][0]["revision"] == "abc1234"
     assert [r["ms"] for r in runs[("llada2", 1024)]] == [3.9]
     assert runs[("diffusion_gemma", 1024)] == []
+
+
+def _tiny_llada(experts: int = 16):
+    from dlmrt.model_shapes import llada21_mini
+    from dlmrt.models.llada2 import LLaDA2
+
+    cfg = replace(
+        llada21_mini(2),
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rotary_dim=8,
+        num_experts=experts,
+        n_group=4,
+        topk_group=2,
+        top_k=3,
+        moe_intermediate_size=8,
+        block_size=4,
+    )
+    return benchmark("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
+
+
+@pytest.mark.parametrize("family", ["llada2", "diffusion_gemma"])
+def test_route_to_first_keeps_every_row_on_the_first_experts(tmp_path_factory, family):
+    """--route-to N: the biased routers pick only among each layer's first N experts (the
+    touched count the floor reads follows); N outside [top_k, experts] is refused."""
+    from dlmrt.attention import AttnContext
+
+    mm = benchmark("moe_models")
+    if family == "llada2":
+        model, n, rows = _tiny_llada(), 5, 24
+        run = lambda: model(torch.arange(rows), AttnContext(torch.arange(rows), 4))  # noqa: E731
+    else:
+        from dg_helpers import tiny_checkpoint
+
+        from dlmrt import LLM
+
+        model = LLM(tiny_checkpoint(tmp_path_factory)[0], device="cpu").model
+        n, rows = 3, 16
+        ids = torch.randint(0, 96, (rows,), generator=torch.Generator().manual_seed(0))
+        run = lambda: model(ids, AttnContext(torch.arange(rows), rows), canvas=rows)  # noqa: E731
+    before = mm.TouchedExperts(model)
+    run()
+    before.close()
+    assert max(before.per_layer) > n  # random weights spread further
+    assert mm.route_to_first(model, n) == n
+    after = mm.TouchedExperts(model)
+    index = []
+    hook = [
+        m.register_forward_hook(lambda _m, _a, out: index.append(out[1]))
+        for m in model.modules()
+        if mm._router(m)
+    ]
+    run()
+    after.close()
+    for h in hook:
+        h.remove()
+    assert all(t <= n for t in after.per_layer) and max(after.per_layer) == n
+    assert all(int(i.max()) < n for i in index)
+    with pytest.raises(ValueError, match="--route-to"):
+        mm.route_to_first(model, 1)  # fewer than top_k
