@@ -113,11 +113,11 @@ def fa4() -> str:
 
 
 def vocab_pass() -> bool:
-    """DLMRT_VOCAB_PASS: "on" (default) runs a greedy round's vocabulary work of QwenDLM / LLaDA2
-    (LM head, the decoder's statistics, the residual z) as one pass from the final hidden
-    (`ops.vocab_pass`: kernels/vocab_pass.py on CUDA); "off" keeps the logits and the three
-    separate steps. See `engine/block/vocab_step.py`."""
-    value = os.environ.get("DLMRT_VOCAB_PASS", "on").lower()
+    """DLMRT_VOCAB_PASS: "on" runs a greedy round's vocabulary work of QwenDLM / LLaDA2 (LM head,
+    the decoder's statistics, the residual z) as one pass from the final hidden (`ops.vocab_pass`:
+    kernels/vocab_pass.py on CUDA); "off" (default, until measured on vs off on the GPU) keeps
+    the logits and the three separate steps. See `engine/block/vocab_step.py`."""
+    value = os.environ.get("DLMRT_VOCAB_PASS", "off").lower()
     if value not in ("on", "off"):
         raise ValueError(f"DLMRT_VOCAB_PASS={value!r}: expected 'on' or 'off'")
     return value == "on"

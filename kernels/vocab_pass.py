@@ -31,7 +31,7 @@ import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
 
-BLOCK_V = 64  # vocabulary rows per chunk
+BLOCK_V = 128  # vocabulary rows per chunk (the z scratch is read and written once per chunk)
 BLOCK_K = 64  # hidden columns per step of the logits dot
 BLOCK_D = 64  # hidden columns per step of the z update
 
@@ -223,7 +223,8 @@ def vocab_pass(
     _vocab_split_kernel[(triton.cdiv(rows, block_m), splits)](
         h, weight, e, rows, vocab, hidden, split_len, inv_t, inv_tz, *part, arg, zpart,
         BLOCK_M=block_m, BLOCK_V=BLOCK_V, BLOCK_K=BLOCK_K, BLOCK_D=BLOCK_D, WITH_Z=with_z,
-        SAME=same, ROUND=h.dtype != torch.float32, IEEE=ieee, num_warps=4, **pdl.launch(),
+        SAME=same, ROUND=h.dtype != torch.float32, IEEE=ieee, num_warps=4 if block_m < 64 else 8,
+        **pdl.launch(),
     )  # fmt: skip
     token = torch.empty(rows, dtype=torch.long, device=dev)
     conf, entropy, log_z = (torch.empty(rows, dtype=torch.float32, device=dev) for _ in range(3))

@@ -18,7 +18,8 @@ PROMPT = [(37 * i + 11) % 256 for i in range(11)]
 
 @pytest.fixture
 def calls(monkeypatch) -> list[int]:
-    """Rows of every `ops.vocab_pass` call the rounds make."""
+    """Rows of every `ops.vocab_pass` call the rounds make (with DLMRT_VOCAB_PASS=on)."""
+    monkeypatch.setenv("DLMRT_VOCAB_PASS", "on")
     seen: list[int] = []
     real = ops.vocab_pass
 
@@ -76,6 +77,9 @@ def test_where_it_does_not_apply(tmp_path, monkeypatch, calls):
     model.lm_head = head
     monkeypatch.setenv("DLMRT_VOCAB_PASS", "off")
     assert not vocab_step.one_pass(model, 0.0)
+    monkeypatch.delenv("DLMRT_VOCAB_PASS")
+    assert not vocab_step.one_pass(model, 0.0)  # off by default until measured on the GPU
+    assert choices.get("round vocabulary (greedy)").why == "DLMRT_VOCAB_PASS=off"
     monkeypatch.setenv("DLMRT_VOCAB_PASS", "maybe")
     with pytest.raises(ValueError, match="DLMRT_VOCAB_PASS='maybe'"):
         vocab_step.one_pass(model, 0.0)

@@ -14,9 +14,11 @@ from dlmrt.decoding import propose
 from dlmrt.models.residual import soft_embedding
 from dlmrt.ops import one_pass as twin
 
+CHUNK = 128  # kernels/vocab_pass.py's BLOCK_V
+
 
 def _ties(vocab: int) -> list[int]:
-    return sorted({max(0, vocab // 2 - 64), vocab // 2, vocab - 1})
+    return sorted({max(0, vocab // 2 - CHUNK), vocab // 2, vocab - 1})
 
 
 def _inputs(rows: int, vocab: int, hidden: int, seed: int, dtype=torch.float32, tied=True):
@@ -33,7 +35,8 @@ def _inputs(rows: int, vocab: int, hidden: int, seed: int, dtype=torch.float32, 
     embed = grid(-8, 9, (vocab, hidden), 1 / 16)
     head = embed if tied else grid(-8, 9, (vocab, hidden), 1 / 16)
     if rows > 1:  # a tie at row 1's maximum (h . w at its largest): the first index wins; the
-        # copies sit a chunk apart (kernels/vocab_pass.py's BLOCK_V) and in another split
+        # copies sit a chunk apart (in one split at vocab 3000 under the interpreter: the
+        # running argmax) and in another split (the combine)
         head = head.clone()
         head[_ties(vocab)] = grid(0, 2, (hidden,), 1.0) - 0.5  # every entry +-8/16
         h[1] = head[vocab // 2] / 2
@@ -79,7 +82,7 @@ def _check(got, want) -> None:
     torch.testing.assert_close(got[4].float(), want[4].float(), rtol=rtol, atol=atol)
 
 
-SHAPES = [(1, 300, 64), (7, 1000, 96), (32, 517, 64), (7, 37, 96)]
+SHAPES = [(1, 300, 64), (7, 1000, 96), (32, 517, 64), (7, 37, 96), (7, 3000, 96)]
 if CUDA:
     SHAPES += [(r, 151936 if r >= 256 else 32000, 2560) for r in (1, 7, 32, 256, 512)]
 
@@ -93,8 +96,9 @@ def test_kernel_matches_twin(rows, vocab, hidden, temperature, z_temperature, dt
         pytest.skip("the Triton interpreter's bf16 casts truncate")
     if INTERPRET and temperature > 0 and rows != 7:
         pytest.skip("slow under the interpreter: one shape for the sampled-temperature stats")
-    from dlmrt._kernels.vocab_pass import vocab_pass
+    from dlmrt._kernels.vocab_pass import BLOCK_V, vocab_pass
 
+    assert BLOCK_V == CHUNK
     h, head, embed = _inputs(rows, vocab, hidden, rows + vocab, dtype)
     want = twin.vocab_pass(h, head, embed, temperature, z_temperature)
     assert rows == 1 or want[0][1] == _ties(vocab)[0]  # the tie is there
