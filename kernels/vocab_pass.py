@@ -25,6 +25,8 @@ and the p @ E GEMM).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -189,6 +191,7 @@ def launch_shape(rows: int, vocab: int, sms: int) -> tuple[int, int, int]:
     return block_m, triton.cdiv(chunks, per_split), per_split * BLOCK_V
 
 
+@functools.cache
 def _sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: a few splits, so the combine is exercised
