@@ -120,3 +120,14 @@ def branch_streams() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"DLMRT_BRANCH_STREAMS={value!r}: expected '0' or '1'")
     return value == "1"
+
+
+def vocab_pass() -> bool:
+    """DLMRT_VOCAB_PASS: "on" runs a greedy round's vocabulary work of QwenDLM / LLaDA2 (LM head,
+    the decoder's statistics, the residual z) as one pass from the final hidden (`ops.vocab_pass`:
+    kernels/vocab_pass.py on CUDA); "off" (default, until measured on vs off on the GPU) keeps
+    the logits and the three separate steps. See `engine/block/vocab_step.py`."""
+    value = os.environ.get("DLMRT_VOCAB_PASS", "off").lower()
+    if value not in ("on", "off"):
+        raise ValueError(f"DLMRT_VOCAB_PASS={value!r}: expected 'on' or 'off'")
+    return value == "on"

@@ -84,7 +84,10 @@ class BlockLM(nn.Module):
         receives: torch.Tensor | None = None,  # [n] bool: which of those rows get alpha * g(z)
         compute_logits: bool = True,
         last_logits: int | None = None,  # n: logits of the last n rows only
+        normed: bool = False,  # return the head's input (final normed hidden), not the logits
     ) -> torch.Tensor | None:
+        """`normed`: the final normed hidden [rows, hidden] of the rows the logits would cover,
+        for the round's one pass over the vocabulary to apply the head (`ops.vocab_pass`)."""
         h = getattr(self.model, self.EMBED)(input_ids)
         if z is not None and self.adapter is not None:
             h = self.adapter.inject_tail(h, z, receives)
@@ -96,4 +99,5 @@ class BlockLM(nn.Module):
             return None
         if last_logits is not None:
             h, residual = h[-last_logits:], residual[-last_logits:]
-        return self.lm_head(self.model.norm(h, residual)[0])
+        h = self.model.norm(h, residual)[0]
+        return h if normed else self.lm_head(h)

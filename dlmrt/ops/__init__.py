@@ -13,13 +13,13 @@ from collections.abc import Callable
 import torch
 
 from dlmrt import envs
-from dlmrt.ops import arena_launch, canvas, choices, flash_attn4, reference, vocab
+from dlmrt.ops import arena_launch, canvas, choices, flash_attn4, one_pass, reference, vocab
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 _IMPL: dict[str, str] = {}  # the registry's picks, per op: the per-call lookup
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
-OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms", "qkv_norm_rope")
+OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms", "qkv_norm_rope", "vocab_pass")
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -115,6 +115,24 @@ def canvas_vocab(
     if fast and implementation("canvas_vocab") == "triton":
         return _resolve("canvas_vocab")(raw, softcap, temperature, u, sc)
     return vocab.canvas_vocab(raw, softcap, temperature, u, sc)
+
+
+def vocab_pass(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    embed: torch.Tensor | None,
+    temperature: float,
+    z_temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One pass over the vocabulary from the final normed hidden h [rows, hidden]: the head
+    `weight` [vocab, hidden], (argmax, confidence, entropy, log_z) of softmax(logits / T) (T <= 0:
+    greedy, T = 1) and z = softmax(logits / z_temperature) @ embed (None: no z), without writing
+    the logits. Kernel: kernels/vocab_pass.py (floating weights of h's dtype); twin: today's
+    head, `token_stats` and residual softmax (`dlmrt/ops/one_pass.py`)."""
+    fast = h.is_cuda and weight.dtype == h.dtype and (embed is None or embed.dtype == h.dtype)
+    if fast and implementation("vocab_pass") == "triton":
+        return _resolve("vocab_pass")(h, weight, embed, temperature, z_temperature)
+    return one_pass.vocab_pass(h, weight, embed, temperature, z_temperature)
 
 
 def token_stats(

@@ -97,7 +97,7 @@ class BlockEngine:
         benchmarks: `program.runner.run(program.rounds)` times a block's rounds). `traced`: its
         rounds also write the device-side `RoundTrace` a recorder reads after each block."""
         kv = self.workspace.reserve(max_len)
-        key = (spec.block_length, spec.rule, spec.temperature, traced)
+        key = (spec.block_length, spec.rule, spec.temperature, spec.one_pass, traced)
         return self.workspace.program(
             key, lambda run: BlockProgram(spec, kv, run, self.device, traced)
         )

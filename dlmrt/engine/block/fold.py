@@ -95,7 +95,7 @@ def joint_pass(
     ctx = AttnContext(fb.positions, rows, kv, kv_len)
     receives = spec.receives(buf.unresolved) if buf.z is not None else None
     last = None if check else rows  # a pure commit half needs no logits
-    logits = spec.model(ids, ctx, z=buf.z, receives=receives, last_logits=last)
+    logits = spec.head_out(ids, ctx, z=buf.z, receives=receives, last_logits=last)
     store_round(buf, decide_block(spec, buf, logits[-rows:]))
     if check:
         redo = _check_half(spec, fb, buf.seed, logits[:rows])

@@ -8,7 +8,7 @@ round counter and the sampling seed are device tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import DecodeRule, Proposal, RuleOutput, propose
 from dlmrt.decoding.noise import counter_uniform
+from dlmrt.engine.block import vocab_step
 from dlmrt.models.residual import soft_embedding
 
 
@@ -27,12 +28,25 @@ class Decision(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RoundSpec:
-    """What stays fixed for a request: the model, the rule, the sampling temperature, the block length."""
+    """What stays fixed for a request: the model, the rule, the sampling temperature, the block
+    length; and whether its rounds run the vocabulary in one pass from the final hidden
+    (`one_pass`: `engine/block/vocab_step.py`, decided here)."""
 
     model: torch.nn.Module
     rule: DecodeRule
     temperature: float
     block_length: int
+    one_pass: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "one_pass", vocab_step.one_pass(self.model, self.temperature))
+
+    def head_out(self, ids: torch.Tensor, ctx: AttnContext, **kw) -> torch.Tensor:
+        """The model's forward for a round: the logits, or the final normed hidden with
+        `one_pass` (what `decide` takes)."""
+        return (
+            self.model(ids, ctx, normed=True, **kw) if self.one_pass else self.model(ids, ctx, **kw)
+        )
 
     @property
     def has_residual(self) -> bool:
@@ -44,7 +58,7 @@ class RoundSpec:
 
     def decide(
         self,
-        logits: torch.Tensor,  # [B, V] this round's logits of the block rows
+        logits: torch.Tensor,  # [B, V] this round's logits of the block rows ([B, hidden]: see below)
         canvas: torch.Tensor,
         unresolved: torch.Tensor,
         step: torch.Tensor,  # [] int64 rounds already run in this block
@@ -54,7 +68,15 @@ class RoundSpec:
         post_steps: torch.Tensor | None = None,  # [] int64 post-fill rounds so far (editing rules)
         with_z: bool = True,  # False: skip the next residual (a folded check half never uses it)
     ) -> Decision:
-        """Proposal + rule + next residual; sampling noise is counter-based (seed, block, round, row)."""
+        """Proposal + rule + next residual; sampling noise is counter-based (seed, block, round, row).
+        With `one_pass`, `logits` is the final normed hidden (`head_out`) and the vocabulary pass
+        makes the proposal and z from it."""
+        if self.one_pass:
+            prop, z = vocab_step.propose_one_pass(
+                self.model, logits, self.temperature, self.has_residual and with_z
+            )
+            out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
+            return Decision(out, prop, z)
         noise = None
         if self.temperature > 0:
             noise = counter_uniform(seed, block_start, step, logits.shape[0])
@@ -141,14 +163,13 @@ def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = N
     """One round, in place on `buf` (kv_len: see `_context`); returns its decision."""
     ctx = _context(spec, buf, kv, kv_len)
     receives = spec.receives(buf.unresolved) if buf.z is not None else None
-    logits = spec.model(buf.canvas, ctx, z=buf.z, receives=receives)
-    d = decide_block(spec, buf, logits)
+    d = decide_block(spec, buf, spec.head_out(buf.canvas, ctx, z=buf.z, receives=receives))
     store_round(buf, d)
     return d
 
 
 def decide_block(spec: RoundSpec, buf: BlockBuffers, logits: torch.Tensor) -> Decision:
-    """`spec.decide` on the active block's logits and buffers."""
+    """`spec.decide` on the active block's logits (or hidden: `RoundSpec.head_out`) and buffers."""
     return spec.decide(
         logits,
         buf.canvas,
