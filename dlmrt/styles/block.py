@@ -41,8 +41,9 @@ class BlockStyle:
             )
         decoder = DecoderDefaults.of_checkpoint(path, setup.default_rule, setup.auto_rule)
         kv = kv_cache_dtype_for(setup.config.kv_cache_dtype, path)  # the checkpoint may say fp8
+        c = setup.config
         engine = BlockEngine(
-            setup.model, setup.device, setup.dtype, setup.mode, setup.config.fold_commits, kv
+            setup.model, setup.device, setup.dtype, setup.mode, c.fold_commits, kv, c.prefix_reuse
         )
         log.info("default decoder %s, block %d", decoder, cfg.block_size)
         return cls(engine, setup, decoder, mask_id)
