@@ -87,8 +87,10 @@ class BlockEngine:
         mode: str = EAGER,
         fold_commits: bool = True,
         kv_cache_dtype: str = "auto",
-        prefix_reuse: bool = True,
+        prefix_reuse: bool = False,
     ) -> None:
+        """prefix_reuse: keep the committed rows for the next request (`prefix.py`); off for an
+        engine built directly (benchmarks time cold requests), on through `LLM` by default."""
         self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
         self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
