@@ -182,10 +182,8 @@ class Worker:
                 params=spec.params,
             )
             reason, tokens, forwards = out.finish_reason, out.token_ids, out.num_denoising_forwards
-            cached = out.num_cached_tokens
         except _StopString:
             reason, tokens, forwards = "stop", seen["tokens"], seen["rounds"]
-            cached = _cached_tokens(self.llm)
         except (Cancelled, GenerationCancelled):
             self._observe(job, len(seen["tokens"]), seen["rounds"])
             if job.cancelled.is_set():  # nobody is listening any more
@@ -207,7 +205,7 @@ class Worker:
             queue_time_s=t0 - job.admitted_at,
             seq=job.seq,
             start_seq=start_seq,
-            cached_tokens=cached,
+            cached_tokens=_cached_tokens(self.llm),  # also when a stop string ended it
         )
         self._observe(job, len(tokens), forwards)
         self._record(job, 200, start_seq)
@@ -243,8 +241,8 @@ class Worker:
 
 
 def _cached_tokens(llm: Any) -> int:
-    """The prompt tokens the latest request reused, read from the engine (for a request that a
-    stop string ended before it returned its output): the block style's `engine.prefix`; an
-    engine without prefix reuse (encoder-decoder style) reuses none."""
+    """The prompt tokens the latest request reused (its output's `num_cached_tokens`), read from
+    the engine, which has it also for a request that a stop string ended before it returned: the
+    block style's `engine.prefix`; an engine without prefix reuse (encoder-decoder) reuses none."""
     prefix = getattr(llm.engine, "prefix", None)
     return 0 if prefix is None else prefix.reused
