@@ -214,3 +214,18 @@ def test_common_blocks_and_a_disabled_prefix():
     assert on.take([1, 2, 3, 4], 2, object(), 4) == 0  # another arena (it grew): nothing held
     on.commit(2, [3, 4])  # a gap after the held rows: not kept
     assert on.ids == []
+
+
+def test_the_controls(pairs, tmp_path):
+    """On through `LLM` by default, off with prefix_reuse=False, `--no-prefix-reuse` (serve,
+    generate), and for `LLM.from_model` (a trained model's weights change between requests)."""
+    from dlmrt.cli import build_parser
+
+    llm, cold = pairs["qwen-base"]
+    assert llm.engine.prefix.enabled and not cold.engine.prefix.enabled
+    live = LLM.from_model(llm.model, llm.tokenizer, path=llm.path)
+    assert not live.engine.prefix.enabled
+    parser = build_parser()
+    for command in (["serve"], ["generate", "hi"]):
+        assert parser.parse_args(command).prefix_reuse is True
+        assert parser.parse_args([*command, "--no-prefix-reuse"]).prefix_reuse is False
