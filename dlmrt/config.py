@@ -59,6 +59,14 @@ class EngineConfig:
             "first half of the next block's first round: one forward less per block, same tokens"
         },
     )
+    prefix_reuse: bool = field(
+        default=True,
+        metadata={
+            "help": "keep the KV of each request's prompt and committed blocks; a later request "
+            "whose prompt starts with the same whole blocks reuses them and prefills only the "
+            "rest (block style: QwenDLM, LLaDA2; docs/prefix-reuse.md)"
+        },
+    )
     tensor_parallel_size: int | None = field(
         default=None,
         metadata={

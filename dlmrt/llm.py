@@ -50,6 +50,8 @@ class LLM(StyleAttributes):
     quantization="fp8" quantizes the linear weights to FP8 at load; an FP8 checkpoint is detected
     from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena;
     activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's MLPs (numerics, not speed).
+    prefix_reuse=True (the default) lets a request reuse the K/V of the prompt blocks it shares
+    with earlier requests (`docs/prefix-reuse.md`; `out.num_cached_tokens` counts them).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class LLM(StyleAttributes):
         kv_cache_dtype: str = "auto",
         tensor_parallel_size: int | None = None,
         activations: str = "none",
+        prefix_reuse: bool = True,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in torch_dtypes().items() if v == dtype), str(dtype))
@@ -80,6 +83,7 @@ class LLM(StyleAttributes):
             kv_cache_dtype=kv_cache_dtype,
             tensor_parallel_size=tensor_parallel_size,
             activations=activations,
+            prefix_reuse=prefix_reuse,
         )
         config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
         if model is None:
@@ -120,11 +124,14 @@ class LLM(StyleAttributes):
         role: str | None = None,
         mode: str = EAGER,
         fold_commits: bool = True,
+        prefix_reuse: bool = False,
     ) -> LLM:
         """An `LLM` around a live model (its current weights, device and dtype), e.g. the
         trainer's; path: its directory (whose generation_config.json applies). mode: "eager" by
         default; graph modes capture the weights' storage, so a graph mode stays correct only
-        while the weights are updated in place."""
+        while the weights are updated in place. prefix_reuse: off by default, as a trained
+        model's weights change between requests and kept K/V would go stale
+        (`docs/prefix-reuse.md`)."""
         param = next(model.parameters())
         dtype = next((k for k, v in torch_dtypes().items() if v == param.dtype), None)
         config = EngineConfig(
@@ -134,6 +141,7 @@ class LLM(StyleAttributes):
             role=role,
             mode=mode,
             fold_commits=fold_commits,
+            prefix_reuse=prefix_reuse,
         )
         llm = cls.__new__(cls)
         llm.group = None

@@ -26,7 +26,8 @@ class GenerationOutput:
     block decodes the whole block and counts only the tokens kept (`docs/block-layout.md`), so a
     short request on a slow model can show TPF < 1.
     request_time_s covers tokenisation, prefill, decoding and host overhead (not model loading);
-    request_tps = generated tokens / request_time_s.
+    request_tps = generated tokens / request_time_s. num_cached_tokens: prompt tokens not
+    prefilled because the arena held their K/V from earlier requests (`docs/prefix-reuse.md`).
     """
 
     text: str
@@ -39,6 +40,7 @@ class GenerationOutput:
     request_time_s: float
     rounds_per_block: list[int] = field(default_factory=list)
     mode: str = EAGER  # execution mode that ran the request
+    num_cached_tokens: int = 0  # prompt tokens an earlier request's K/V served (prefix reuse)
 
     @classmethod
     def of(cls, text: str, prompt_tokens: int, res: EngineResult, t0: float) -> GenerationOutput:
@@ -54,6 +56,7 @@ class GenerationOutput:
             time.perf_counter() - t0,
             res.rounds_per_block,
             mode=res.mode,
+            num_cached_tokens=res.cached_tokens,
         )
 
     @property
@@ -107,6 +110,7 @@ class EngineResult:
     prefill_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
     mode: str = EAGER
+    cached_tokens: int = 0  # prompt rows reused from the arena, not prefilled (block style)
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,7 +157,7 @@ def run(args) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         for mode in args.modes:
-            llm = LLM(path, device=args.device, mode=mode)
+            llm = LLM(path, device=args.device, mode=mode, prefix_reuse=False)  # cold prefills
             kw = dict(max_new_tokens=args.new_tokens, ignore_eos=True, **knobs)
             llm.generate(prompt.tolist(), **kw)  # warm-up (graph capture)
             out[f"dlmrt_{mode}"] = timed(lambda llm=llm, kw=kw: llm.generate(prompt.tolist(), **kw))

@@ -154,7 +154,7 @@ def demo_requests(args, mode: str, device: str) -> tuple[dict, list[list[int]]]:
     from dlmrt import LLM
     from dlmrt.tasks.arithmetic import problems
 
-    llm = LLM(device=device, mode=mode)
+    llm = LLM(device=device, mode=mode, prefix_reuse=False)  # cold prefills
     prompts = [p.question for p in problems("test", args.requests)]
     kw = dict(max_new_tokens=args.new_tokens)
     for prompt in prompts:  # warm-up: every prompt length's graphs, Triton JIT, cuBLAS

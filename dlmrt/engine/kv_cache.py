@@ -6,7 +6,8 @@ rows its visibility rule allows (`dlmrt/attention/`, `dlmrt/models/diffusion_gem
 
 KVCache      block style: K and V of [layers, kv_heads, max_len, head_dim]. Rows of the active
              block are scratch while it is denoised (each round writes them) and become
-             permanent with its commit (a commit pass, or the folded joint pass).
+             permanent with its commit (a commit pass, or the folded joint pass); committed
+             rows outlive the request, for the next one to reuse (`engine/block/prefix.py`).
 ContextArena encoder-decoder style: per layer K and V of [kv_heads, max_len, head_dim] (layers
              differ in head count and head_dim). Arena row j holds position j.
 

@@ -71,6 +71,13 @@ class TPGroup:
         _guard("broadcast", self, lambda: dist.broadcast(buf, 0, group=self.control), buf)
         return obj if self.is_root else pickle.loads(buf.numpy().tobytes())
 
+    def min_over_ranks(self, value: int) -> int:
+        """The least of every rank's `value`, on every rank (over the control group)."""
+        x = torch.tensor([value], dtype=torch.long)
+        op = dist.ReduceOp.MIN
+        _guard("all_reduce", self, lambda: dist.all_reduce(x, op, group=self.control), x)
+        return int(x.item())
+
     def broadcast_flag(self, value: bool) -> bool:
         """Rank 0's `value` on every rank (one byte over the control group)."""
         flag = torch.tensor([int(value)], dtype=torch.uint8)

@@ -11,11 +11,14 @@ from typing import Any
 from dlmrt.server.protocol import RequestSpec
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens whose K/V
+    an earlier request left in the arena (prefix reuse, docs/prefix-reuse.md)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -30,7 +33,7 @@ def response_body(spec: RequestSpec, result: Any) -> dict[str, Any]:
         obj = "chat.completion"
     choice["finish_reason"] = result.finish_reason
     body = _envelope(spec, obj, [choice])
-    body["usage"] = usage(len(spec.prompt_ids), result.completion_tokens)
+    body["usage"] = usage(len(spec.prompt_ids), result.completion_tokens, result.cached_tokens)
     body["dlmrt"] = result.stats()
     return body
 
@@ -62,7 +65,7 @@ def chat_role_chunk(spec: RequestSpec) -> dict[str, Any]:
 def usage_chunk(spec: RequestSpec, result: Any) -> dict[str, Any]:
     obj = "text_completion" if spec.kind == "completion" else "chat.completion.chunk"
     body = _envelope(spec, obj, [])
-    body["usage"] = usage(len(spec.prompt_ids), result.completion_tokens)
+    body["usage"] = usage(len(spec.prompt_ids), result.completion_tokens, result.cached_tokens)
     body["dlmrt"] = result.stats()
     return body
 

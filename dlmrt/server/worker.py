@@ -2,7 +2,8 @@
 
 The engine is single-threaded and serves one request at a time. A job is cancelled between rounds
 (the engine polls `should_stop`; between blocks in block_graph mode) when its client disconnects or
-the server shuts down; the next request starts clean because each request reloads the engine's buffers.
+the server shuts down; the next request starts clean because each request reloads the engine's buffers
+(what it keeps of a cancelled one is only the K/V rows that request committed: docs/prefix-reuse.md).
 Whatever a request raises, the worker answers it with an error event and takes the next job.
 """
 
@@ -47,6 +48,7 @@ class Result:
     queue_time_s: float
     seq: int  # admission order
     start_seq: int  # engine start order
+    cached_tokens: int = 0  # prompt tokens an earlier request's K/V served (prefix reuse)
 
     def stats(self) -> dict[str, Any]:
         """The `dlmrt` extension object of a response."""
@@ -203,6 +205,7 @@ class Worker:
             queue_time_s=t0 - job.admitted_at,
             seq=job.seq,
             start_seq=start_seq,
+            cached_tokens=_cached_tokens(self.llm),  # also when a stop string ended it
         )
         self._observe(job, len(tokens), forwards)
         self._record(job, 200, start_seq)
@@ -235,3 +238,11 @@ class Worker:
         self.metrics.count_status(status)
         row = {"id": job.spec.request_id, "seq": job.seq, "start_seq": start_seq}
         self.history.append({**row, "status": status, "finished": next(self._finished)})
+
+
+def _cached_tokens(llm: Any) -> int:
+    """The prompt tokens the latest request reused (its output's `num_cached_tokens`), read from
+    the engine, which has it also for a request that a stop string ended before it returned: the
+    block style's `engine.prefix`; an engine without prefix reuse (encoder-decoder) reuses none."""
+    prefix = getattr(llm.engine, "prefix", None)
+    return 0 if prefix is None else prefix.reused

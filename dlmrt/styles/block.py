@@ -54,6 +54,7 @@ class BlockStyle:
             setup.mode,
             config.fold_commits,
             config.kv_cache_dtype,
+            config.prefix_reuse,
         )
         log.info("default decoder %s, block %d", decoder, cfg.block_size)
         return cls(engine, setup, decoder, mask_id)

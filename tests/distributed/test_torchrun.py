@@ -92,6 +92,7 @@ def _one_process(runs: list[dict], device: str = "cpu", mode: str = "eager") -> 
                 "rounds_per_block": res.rounds_per_block,
                 "finish_reason": res.finish_reason,
                 "mode": res.mode,
+                "cached": res.num_cached_tokens,  # repeated prompts: their first block is reused
                 "lm_head_rows": vocab // 2,  # sharded: half the vocabulary on each rank
             }
         )

@@ -43,6 +43,7 @@ def main(job_path: str, out_path: str) -> int:
                     "rounds_per_block": out.rounds_per_block,
                     "finish_reason": out.finish_reason,
                     "mode": out.mode,
+                    "cached": out.num_cached_tokens,  # prefix reuse: agreed over the ranks
                     "lm_head_rows": llms[model].model.lm_head.weight.shape[0],
                 }
             )

@@ -43,7 +43,7 @@ def test_buckets_cover_each_length_with_bounded_padding(block):
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
     path = write_checkpoint(tmp_path_factory.mktemp("prefill"), residual=residual_config("masked"))
-    return LLM(path, device="cpu")
+    return LLM(path, device="cpu", prefix_reuse=False)  # every request prefills its prompt
 
 
 def _prompt(n: int) -> list[int]:
@@ -76,9 +76,9 @@ def test_padded_prefill_gives_the_same_tokens(llm, monkeypatch, prompt_len, max_
     want = llm.generate(_prompt(prompt_len), **kw).token_ids
     engine, runs = llm.engine, []
 
-    def padded(tokens, block_length, kv):
+    def padded(tokens, block_length, kv, start=0):
         runs.append(sum(b for _, b in chunks(len(tokens), block_length)) - len(tokens))
-        assert engine.prefill_graphs(kv).run(tokens, block_length)
+        assert engine.prefill_graphs(kv).run(tokens, block_length, start)
 
     monkeypatch.setattr(engine, "prefill", padded)
     monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", max_rows)

@@ -10,6 +10,8 @@ stand-alone commit passes, and `rounds_per_block` the rule's rounds per block as
 joint pass is a round of both blocks it serves, so their sum may exceed denoising_forwards).
 The mode machinery (`dlmrt/engine/graph/`) runs the program's loops; the workspace holds the
 arena, the graph pool and the programs. The engine knows nothing about text: token ids in and out.
+Prefix reuse (`prefix.py`): the arena's committed rows outlive the request; the next one reuses the
+whole blocks its prompt shares with them and prefills only the rest.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dlmrt.config import EAGER
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import folds_check
+from dlmrt.engine.block.prefix import Prefix
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.graph.prefill import PrefillGraphs
@@ -61,12 +64,16 @@ def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: lis
     return True
 
 
-def _settle(prog: BlockProgram, res: EngineResult, req: _Request, index: int) -> bool:
+def _settle(
+    prog: BlockProgram, res: EngineResult, req: _Request, index: int, prefix: Prefix
+) -> bool:
     """After the joint passes that carried block `index`-1's folded check: its tokens are final
-    now; count the passes, emit the block. True if that block ended the request."""
+    now, and so are the K/V the last pass wrote for them (its commit); count the passes, emit the
+    block. True if that block ended the request."""
     fold = prog.io.read_fold()  # one copy + sync (the `fold_out` pass)
     if fold.redo:
         raise RuntimeError(f"block {index - 1}: the folded check still edits after the last pass")
+    prefix.commit((index - 1) * req.lay.block_length, fold.canvas)
     res.denoising_forwards += fold.passes
     return _emit(res, req, index - 1, fold.step, fold.canvas)
 
@@ -80,12 +87,16 @@ class BlockEngine:
         mode: str = EAGER,
         fold_commits: bool = True,
         kv_cache_dtype: str = "auto",
+        prefix_reuse: bool = False,
     ) -> None:
+        """prefix_reuse: keep the committed rows for the next request (`prefix.py`); off for an
+        engine built directly (benchmarks time cold requests), on through `LLM` by default."""
         self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
         self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
         self.workspace = Workspace(mode, self._new_arena, device)
+        self.prefix = Prefix(prefix_reuse)  # prefix.py: the committed rows the next request reuses
 
     def _new_arena(self, rows: int) -> KVCache:
         c = self.cfg
@@ -121,7 +132,8 @@ class BlockEngine:
         """Decode one request. A `recorder` gets one `RoundRecord` per round of the unfolded
         schedule (what the trainer replays), in any mode: the rounds write a device-side trace,
         handed over after each finished block (`trace.py`); the request then runs unfolded, at the
-        cost of the commit passes. Same tokens either way."""
+        cost of the commit passes. Same tokens either way. The prompt's blocks it shares with the
+        rows the earlier requests committed are not prefilled again (`res.cached_tokens`)."""
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
         spec = RoundSpec(self.model, rule, temperature, block_length)
         req = _Request(
@@ -130,9 +142,13 @@ class BlockEngine:
         with torch.inference_mode():
             prog = self.program(spec, lay.max_len, traced=recorder is not None)
             res = EngineResult([], "length", mode=prog.runner.name)
-            if lay.first_block:
-                self.prefill(prompt_ids[: lay.first_block * block_length], block_length, prog.kv)
+            full = lay.first_block * block_length  # the rows a cold request prefills
+            reused = self.prefix.take(prompt_ids, block_length, prog.kv, full)
+            res.cached_tokens = reused
+            if reused < full:
+                self.prefill(prompt_ids[:full], block_length, prog.kv, start=reused)
                 res.prefill_forwards = 1
+                self.prefix.commit(reused, prompt_ids[reused:full])
             self._blocks(prog, prompt_ids, mask_id, seed, req, res)
         return res
 
@@ -145,6 +161,7 @@ class BlockEngine:
         fold = self.fold_commits and prog.trace is None
         check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
         unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
+        waiting: list[int] = []  # block b-1's final tokens, awaiting their folded commit
         for b in range(lay.first_block, lay.num_blocks):
             pending = fold and b > lay.first_block  # block b-1 awaits its commit (and check)
             last = b == lay.num_blocks - 1
@@ -156,13 +173,16 @@ class BlockEngine:
             tail_parts = (prog.rounds, prog.report, prog.io.copy_out)
             if pending and unsettled:  # the host reads the folded check before the rounds
                 runner.chain((*head, prog.io.fold_out), req.should_stop)
-                if _settle(prog, res, req, b):
+                if _settle(prog, res, req, b, self.prefix):
                     return  # block b-1 ended the request: block b's round 0 goes unused
                 runner.chain(tail_parts, req.should_stop)
             else:  # one launch in block_graph: copy in .. copy out
                 runner.chain(head + tail_parts, req.should_stop)
+                if pending:  # the chain ran (not cancelled): so did block b-1's folded commit
+                    self.prefix.commit((b - 1) * lay.block_length, waiting)
             out = prog.io.read()  # the block's one read-back
             if out.nonfinite:
+                self.prefix.clear()  # keep no K/V of a request that went non-finite
                 raise nonfinite.error(spec.model, f"block {b} (round {out.step})")
             if not out.halt:
                 raise RuntimeError(
@@ -178,28 +198,37 @@ class BlockEngine:
                 continue  # block b's tokens are final after its folded check
             if _emit(res, req, b, out.step, out.canvas):
                 return  # the last block's commit pass is skipped: nothing reads its KV
+            waiting = out.canvas
             if not fold:
                 runner.once(prog.commit)
                 res.commit_forwards += 1
+                self.prefix.commit(b * lay.block_length, out.canvas)
 
     def _kv_len(self, index: int, block_length: int) -> int | None:
         # On the CPU, attend to the written rows only. On CUDA every mode reads the visible length
         # from the device, so eager and the graph modes run identical kernels (identical tokens).
         return (index + 1) * block_length if self.device.type == "cpu" else None
 
-    def prefill(self, tokens: list[int], block_length: int, kv: KVCache) -> None:
+    def prefill(self, tokens: list[int], block_length: int, kv: KVCache, start: int = 0) -> None:
         """Clean forward of the full prompt blocks (block-causal); writes their K/V, no logits.
-        CUDA: chunks of <= 2048 rows padded to length buckets (`engine/graph/prefill.py`), captured
-        graphs in the graph modes, run eagerly in eager mode: every mode runs the same shapes, so
-        the same kernels and the same tokens (cuBLAS may round a GEMM differently per row count)."""
+        `start`: the rows before it (whole blocks) hold their K/V already (a reused prefix); only
+        rows [start, len(tokens)) run. CUDA: chunks of <= 2048 rows padded to length buckets
+        (`engine/graph/prefill.py`), captured graphs in the graph modes, run eagerly in eager
+        mode: every mode runs the same shapes, so the same kernels and the same tokens (cuBLAS
+        may round a GEMM differently per row count)."""
+        if start % block_length or not 0 <= start < len(tokens):
+            raise ValueError(
+                f"prefill from row {start} of {len(tokens)}: expected a multiple of the block "
+                f"length {block_length} below the row count"
+            )
         ws = self.workspace
         if self.device.type == "cuda" and kv is ws.arena:
             # dropped with the arena: the graphs hold pointers into it
             graphs = ws.extra("prefill", lambda: self.prefill_graphs(kv, ws.pool))
-            if graphs.run(tokens, block_length):
+            if graphs.run(tokens, block_length, start):
                 return
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        positions = torch.arange(len(tokens), device=self.device)
+        ids = torch.tensor(tokens[start:], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, len(tokens), device=self.device)
         kv_len = len(tokens) if self.device.type == "cpu" else None  # CUDA: the Triton kernel
         self.model(ids, AttnContext(positions, block_length, kv, kv_len), compute_logits=False)
 

@@ -6,6 +6,8 @@ of the block length B) runs instead as graph replays over static buffers: all n 
 one host write and one async copy, then chunks of at most `MAX_GRAPH_ROWS` rows, each the replay
 of the graph of its bucket L (the chunk padded) at a device-side start s: rows s .. s+L-1 gather
 their ids and positions on the device, so one graph serves a bucket at any start.
+A prefill may start at a block boundary f > 0 (the block style's reused prefix: rows below f
+hold their K/V already); its chunks then start at f, f + C, ... with the same graphs.
 
 Chunks change nothing: a row at position p sees arena rows [0, (p // B + 1) * B) (block-causal),
 all written by earlier chunks or by its own, with the same values; the attention of a row does not
@@ -90,19 +92,24 @@ class PrefillGraphs:
             self.host, self.copied = self.host.pin_memory(), torch.cuda.Event()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
-    def run(self, tokens: list[int], granule: int) -> bool:
-        """Write the prompt's K/V by graph replays; False (nothing done) if it runs eagerly."""
+    def run(self, tokens: list[int], granule: int, first: int = 0) -> bool:
+        """Write the prompt's K/V by graph replays; False (nothing done) if it runs eagerly.
+        first: a multiple of `granule`; rows before it hold their K/V already (a reused prefix),
+        the chunks cover rows first .. len(tokens) - 1."""
         rows = len(tokens)
-        plan = chunks(-(-rows // granule) * granule, granule)
-        if plan is None or plan[-1][0] + plan[-1][1] > self.max_len:
+        plan = chunks(-(-(rows - first) // granule) * granule, granule)
+        if plan is None:
             return False
+        plan = [(first + s, bucket) for s, bucket in plan]
         end = plan[-1][0] + plan[-1][1]
+        if end > self.max_len:
+            return False
         if self.copied is not None:
             self.copied.synchronize()
         host = self.host.numpy()
-        host[:rows] = tokens
+        host[first:rows] = tokens[first:]
         host[rows:end] = PAD_ID
-        self.ids[:end].copy_(self.host[:end], non_blocking=True)
+        self.ids[first:end].copy_(self.host[first:end], non_blocking=True)
         if self.copied is not None:
             self.copied.record()
         for start, bucket in plan:

@@ -1,0 +1,66 @@
+"""GPU: prefix reuse in every mode decodes a conversation as cold requests do (fp32), reuses the
+same rows in every mode, and a prefill that starts at a reused boundary runs its chunks from there.
+
+Run on the device machine: pytest -m gpu. bf16 is not compared token for token here: a reused
+block's K/V come from a joint pass of 2B rows, a cold request's from a prefill chunk, and cuBLAS
+may round those GEMMs differently (docs/prefix-reuse.md, "Exactness").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
+
+from dlmrt import LLM
+from dlmrt.engine.graph import prefill
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+MODES = ("eager", "round_graph", "block_graph")
+KW = dict(max_new_tokens=24, ignore_eos=True)
+
+
+def _ids(n: int, salt: int = 0) -> list[int]:
+    return [(37 * i + 11 + salt) % 200 + 3 for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prefix-gpu")
+    return {
+        "qwen-orl": write_checkpoint(root / "q", residual=residual_config()),
+        "llada2": write_llada2_checkpoint(root / "l", seed=1),
+    }
+
+
+def _conversation(llm: LLM, turns: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    ids, tokens, cached = [], [], []
+    for new in turns:
+        ids = ids + new
+        out = llm.generate(ids, **KW)
+        tokens.append(out.token_ids)
+        cached.append(out.num_cached_tokens)
+        ids = ids + out.token_ids
+    return tokens, cached
+
+
+@pytest.mark.parametrize("max_rows", [2048, 24])  # 24: chunks of three blocks from the boundary
+@pytest.mark.parametrize("name", ["qwen-orl", "llada2"])
+def test_every_mode_reuses_the_same_rows_and_decodes_as_cold(
+    checkpoints, name, max_rows, monkeypatch
+):
+    monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", max_rows)
+    turns = [_ids(21), _ids(9, 1), _ids(30, 2)]
+    cached = {}
+    for mode in MODES:
+        llm = LLM(checkpoints[name], device="cuda", dtype="float32", mode=mode)
+        cold = LLM(checkpoints[name], device="cuda", dtype="float32", mode=mode, prefix_reuse=False)
+        assert llm.mode == mode
+        tokens, cached[mode] = _conversation(llm, turns)
+        cold_tokens, cold_cached = _conversation(cold, turns)
+        assert tokens == cold_tokens, mode
+        assert cold_cached == [0, 0, 0] and cached[mode][0] == 0 and min(cached[mode][1:]) > 0
+    assert cached["round_graph"] == cached["block_graph"] == cached["eager"]
