@@ -107,6 +107,8 @@ class EngineResult:
     prefill_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
     mode: str = EAGER
+    forced_tokens: int = 0  # structured output: tokens the grammar committed without a forward
+    grammar_ms: float = 0.0  # structured output: host time in the grammar
 
 
 @dataclass(frozen=True, slots=True)

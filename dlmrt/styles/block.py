@@ -13,6 +13,7 @@ from dlmrt.errors import CheckpointError
 from dlmrt.loading.quant_config import kv_cache_dtype_for
 from dlmrt.params import DecodeParams
 from dlmrt.request_checks import check_block_length
+from dlmrt.structured import parse
 from dlmrt.styles.base import Hooks, Setup
 
 log = logging.getLogger("dlmrt")
@@ -25,6 +26,7 @@ class BlockStyle:
         self.engine, self.decoder, self.mask_id = engine, decoder, mask_id
         self.default_rule = decoder.rule
         self.cfg, self.stop_ids = setup.model.cfg, setup.stop_ids
+        self.tokenizer = setup.tokenizer  # structured output compiles grammars over it
 
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> BlockStyle:
@@ -85,4 +87,15 @@ class BlockStyle:
             recorder=hooks.recorder,
             on_progress=hooks.on_progress,
             should_stop=hooks.should_stop,
+            constraint=self.constraint(params),
         )
+
+    def constraint(self, params: DecodeParams):
+        """The request's grammar state (None: unconstrained); ValueErrors name what is wrong."""
+        fmt = parse(params.response_format)
+        if fmt is None:
+            return None
+        from dlmrt.structured.grammar import grammars_for  # needs the `structured` extra
+
+        grammars = grammars_for(self.tokenizer, self.cfg.vocab_size, self.stop_ids)
+        return grammars.constraint(fmt, params.max_new_tokens)
