@@ -46,9 +46,11 @@ def closing(
     `matcher` has llguidance's `is_accepting`, `try_consume_tokens`, `rollback`; `allowed()` a
     per-token-id flag array of what the grammar allows now. Iterative deepening (depth 4, 8, ...,
     `limit`), so a short completion is found before a long one (a repetition such as `(step )*`
-    is left, not unrolled); within a depth, a node whose allowed-set already found nothing with at
-    least as many tokens left is not searched again (an approximation of the grammar state, which
-    llguidance does not expose). If that finds nothing, one plain depth-first pass follows."""
+    is left, not unrolled); within a depth, a node whose allowed-set already found nothing at the
+    same depth is not searched again, and of the candidates that leave the allowed-set as it was
+    (another character of a string, another digit) only the first is followed, after the others
+    (leaving a repetition is preferred): allowed-sets stand
+    in for grammar states, which llguidance does not expose. If that finds nothing, one plain depth-first pass follows."""
     depth = 4
     while True:
         found = _search(matcher, order, allowed, min(depth, limit), max_nodes, memo=True)
@@ -62,34 +64,48 @@ def closing(
 
 def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
     path: list[int] = []
-    dead: dict[bytes, int] = {}  # allowed-set -> the most tokens left with which it found nothing
+    dead: set[tuple[bytes, int]] = set()  # (allowed-set, depth) that found nothing
     nodes = [max_nodes]
 
-    def dfs() -> bool:
+    def _follow(t: int, child) -> bool:
+        """Descend through the consumed token t; undo it if nothing was found below."""
+        path.append(t)
+        if dfs(child):
+            return True
+        path.pop()
+        matcher.rollback(1)
+        return False
+
+    def dfs(ok) -> bool:
         if matcher.is_accepting():
             return True
         if len(path) >= limit:
             return False
-        ok = allowed()
-        key, left = np.asarray(ok).tobytes() if memo else b"", limit - len(path)
-        if memo and left <= dead.get(key, -1):
+        sig = np.asarray(ok).tobytes()
+        if memo and (sig, len(path)) in dead:
             return False
+        stay = None  # the first candidate that leaves the allowed-set as it was: tried last
         for t in _candidates(order, ok):
             if nodes[0] <= 0:
                 break
             nodes[0] -= 1
             if matcher.try_consume_tokens([t]) != 1:
                 continue
-            path.append(t)
-            if dfs():
+            child = allowed()
+            if memo and np.asarray(child).tobytes() == sig:  # a string character, a digit
+                matcher.rollback(1)
+                stay = t if stay is None else stay
+                continue
+            if _follow(t, child):
                 return True
-            path.pop()
-            matcher.rollback(1)
+        if stay is not None and matcher.try_consume_tokens([stay]) == 1:
+            if _follow(stay, allowed()):
+                return True
         if memo:
-            dead[key] = max(left, dead.get(key, -1))
+            dead.add((sig, len(path)))
         return False
 
-    found = dfs()
+    found = dfs(allowed())
     if found and path:
         matcher.rollback(len(path))
     return list(path) if found else None
