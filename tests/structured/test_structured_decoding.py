@@ -175,7 +175,7 @@ def test_sampling_stays_valid(tiny):
     fmt = _json_format(SCHEMAS["nested_array_enum"][0])
     for seed in range(3):
         out = tiny.generate(
-            PROMPT, max_new_tokens=40, response_format=fmt, temperature=1.0, seed=seed
+            PROMPT, max_new_tokens=72, response_format=fmt, temperature=1.0, seed=seed
         )
         _assert_valid(out.text, "nested_array_enum")
 
