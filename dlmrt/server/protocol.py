@@ -277,16 +277,11 @@ def _check_format(params: DecodeParams, info: ModelInfo, drafts: bool) -> None:
     """A structured request is compiled now (cached), so a bad schema or budget is a 400."""
     if params.response_format is None:
         return
-    if drafts:
-        raise APIError(400, "response_format: not supported with dlmrt.drafts", "response_format")
-    compile_format = getattr(info.style, "constraint", None)
-    if compile_format is None:
-        raise APIError(
-            400,
-            "response_format: structured output runs on block-style models (QwenDLM, LLaDA2)",
-            "response_format",
-        )
+    compile_format = getattr(info.style, "constraint", None)  # block styles only
     try:
+        if drafts or compile_format is None:
+            why = "dlmrt.drafts" if drafts else "this model (block-style models only)"
+            raise ValueError(f"response_format: not supported with {why}")
         compile_format(params)
     except ValueError as e:
         raise APIError(400, str(e), "response_format") from None
