@@ -42,7 +42,12 @@ setup(
             "uvicorn>=0.29",
             "openai>=1.30",
             "httpx>=0.27",
+            # structured output's grammar engine (the `structured` extra): a ~3 MB pure-CPU
+            # wheel with no dependencies, so CI runs the structured-output tests too
+            "llguidance>=1.0",
         ],
+        # structured output (response_format): docs/structured-output.md says why llguidance
+        "structured": ["llguidance>=1.0"],
         "serve": ["fastapi>=0.110", "uvicorn>=0.29"],
         "bench": ["matplotlib>=3.7", "math-verify>=0.7"],
         # tests/quant/test_nvfp4_modelopt.py: our NVFP4 export vs ModelOpt's (layout agreement)

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="--watch on a terminal: seconds each round stays on screen (default: 0.05)",
     )
     gen.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    fmt = gen.add_argument_group("structured output (needs dlmrt[structured])")
+    fmt.add_argument(
+        "--json-schema", metavar="FILE", help="the answer is JSON valid on this schema"
+    )
+    fmt.add_argument("--regex", metavar="R", help="the whole answer matches this regex")
+    fmt.add_argument("--choices", metavar="A,B", help="the answer is one of these strings")
     add_dataclass_flags(gen, EngineConfig, "engine")
     add_dataclass_flags(gen, DecodeParams, "decoding")
     add_serve_parser(sub)
@@ -159,9 +165,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dlmrt.distributed.requests import root_only
     from dlmrt.llm import LLM
     from dlmrt.params import DecodeParams
+    from dlmrt.structured import from_cli
 
     engine_kwargs = values(args, EngineConfig)
-    params = DecodeParams(**values(args, DecodeParams))  # validate before loading the model
+    decode_kwargs = values(args, DecodeParams)
+    fmt = from_cli(args.json_schema, args.regex, args.choices)
+    if fmt is not None:
+        if decode_kwargs["response_format"] is not None:
+            raise ValueError("--response-format: give it or --json-schema/--regex/--choices")
+        decode_kwargs["response_format"] = fmt
+    params = DecodeParams(**decode_kwargs)  # validate before loading the model
     if args.watch_delay < 0:
         raise ValueError(f"--watch-delay: must be >= 0, got {args.watch_delay}")
     llm = LLM(**engine_kwargs)

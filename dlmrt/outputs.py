@@ -111,6 +111,8 @@ class EngineResult:
     rounds_per_block: list[int] = field(default_factory=list)
     mode: str = EAGER
     cached_tokens: int = 0  # prompt rows reused from the arena, not prefilled (block style)
+    forced_tokens: int = 0  # structured output: tokens the grammar committed without a forward
+    grammar_ms: float = 0.0  # structured output: host time in the grammar
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlmrt import structured
 from dlmrt.knobs import Knob, check_float, check_int
 from dlmrt.rules import ENCODER_DECODER, KNOBS, RULE_NAMES, RULE_OF_KNOB, knob_help, style_knobs
 
@@ -66,6 +67,13 @@ class RequestParams:
     ignore_eos: bool = field(
         default=False, metadata={"help": "keep generating past stop tokens (benchmarks)"}
     )
+    response_format: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": 'structured output, as JSON: {"type": "json_schema", "json_schema": '
+            '{"schema": ...}} | json_object | regex | choices (docs/structured-output.md)'
+        },
+    )
 
     def __post_init__(self) -> None:
         check_int("max_new_tokens", self.max_new_tokens, 1)
@@ -80,6 +88,8 @@ class RequestParams:
             check_int("block_length", self.block_length, 1)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a bool, got {self.ignore_eos!r}")
+        fmt = structured.parse(self.response_format)  # a JSON string (the CLI flag) is parsed
+        object.__setattr__(self, "response_format", None if fmt is None else _as_dict(fmt))
         for knob in KNOBS.values():
             value = getattr(self, knob.name)
             knob.check(value)
@@ -99,6 +109,16 @@ class RequestParams:
             if key not in valid:
                 raise TypeError(f"unknown decoding parameter {key!r} (valid: {', '.join(valid)})")
         return cls(**kwargs)
+
+
+def _as_dict(fmt: structured.ResponseFormat) -> dict[str, Any]:
+    """A checked format back in its request form (DecodeParams stays plain data: it is broadcast
+    under tensor parallelism and compared in tests)."""
+    if fmt.kind == "json_object":
+        return {"type": "json_object"}
+    if fmt.kind == "json_schema":
+        return {"type": "json_schema", "json_schema": {"schema": fmt.value}}
+    return {"type": fmt.kind, fmt.kind: list(fmt.value) if fmt.kind == "choices" else fmt.value}
 
 
 def _knob_field(knob: Knob) -> tuple[str, str, Any]:

@@ -108,6 +108,10 @@ class Tokenizer:
         than N times this cannot fit in N tokens (unless the normalizer deletes characters)."""
         return max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (what a grammar engine builds its token trie from)."""
+        return self._tok.to_str()
+
     def encode(self, text: str) -> list[int]:
         # Special tokens in the text (e.g. from the chat template) are recognised as such; no BOS
         # is added here: templates and callers add it explicitly.

@@ -43,7 +43,6 @@ NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),  # without tools, "auto" calls none
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -81,6 +80,7 @@ class _Request(_RuleKnobs):
     rule: str | None = None
     block_length: int | None = None
     ignore_eos: bool | None = None
+    response_format: dict[str, Any] | None = None  # docs/structured-output.md
     dlmrt: DlmrtOptions | None = None
 
 
@@ -104,7 +104,6 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -231,6 +230,7 @@ def _spec(
     if max_tokens < 1:
         raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
     params = _decode_params(req, max_tokens)
+    _check_format(params, info, req.dlmrt is not None and req.dlmrt.drafts)
     total = info.rows_needed(len(ids), max_tokens, params.block_length)
     if total > info.max_positions:
         raise APIError(
@@ -271,6 +271,20 @@ def _check_neutral(req: _Request) -> None:
             raise APIError(
                 400, f"{name}: {value!r} is not supported by dlmrt (leave it unset)", name
             )
+
+
+def _check_format(params: DecodeParams, info: ModelInfo, drafts: bool) -> None:
+    """A structured request is compiled now (cached), so a bad schema or budget is a 400."""
+    if params.response_format is None:
+        return
+    compile_format = getattr(info.style, "constraint", None)  # block styles only
+    try:
+        if drafts or compile_format is None:
+            why = "dlmrt.drafts" if drafts else "this model (block-style models only)"
+            raise ValueError(f"response_format: not supported with {why}")
+        compile_format(params)
+    except ValueError as e:
+        raise APIError(400, str(e), "response_format") from None
 
 
 def _decode_params(req: _Request, max_tokens: int) -> DecodeParams:

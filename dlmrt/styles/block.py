@@ -12,6 +12,7 @@ from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
 from dlmrt.params import DecodeParams
 from dlmrt.rules import BLOCK
+from dlmrt.structured import parse
 from dlmrt.styles.base import Hooks, Setup
 from dlmrt.styles.checks import check_block_length, check_rule_style
 from dlmrt.styles.decoder_defaults import DecoderDefaults
@@ -26,6 +27,7 @@ class BlockStyle:
         self.engine, self.decoder, self.mask_id = engine, decoder, mask_id
         self.default_rule = decoder.rule
         self.cfg, self.stop_ids = setup.model.cfg, setup.stop_ids
+        self.tokenizer = setup.tokenizer  # structured output compiles grammars over it
 
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> BlockStyle:
@@ -102,4 +104,15 @@ class BlockStyle:
             recorder=hooks.recorder,
             on_progress=hooks.on_progress,
             should_stop=hooks.should_stop,
+            constraint=self.constraint(params),
         )
+
+    def constraint(self, params: DecodeParams):
+        """The request's grammar state (None: unconstrained); ValueErrors name what is wrong."""
+        fmt = parse(params.response_format)
+        if fmt is None:
+            return None
+        from dlmrt.structured.grammar import grammars_for  # needs the `structured` extra
+
+        grammars = grammars_for(self.tokenizer, self.cfg.vocab_size, self.stop_ids)
+        return grammars.constraint(fmt, params.max_new_tokens)

@@ -43,6 +43,11 @@ class EncoderDecoderStyle:
         return cls(engine, setup, settings)
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
+        if params.response_format is not None:  # docs/structured-output.md: why not yet
+            raise ValueError(
+                "response_format: structured output runs on block-style models (QwenDLM, LLaDA2), "
+                "not on DiffusionGemma's canvases yet"
+            )
         check_rule_style(params, ENCODER_DECODER, self.cfg.architecture)
         check_encoder_decoder_request(ids, params, self.engine.canvas_length, self.cfg)
         self.rng(params.rng)

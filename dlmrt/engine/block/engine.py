@@ -30,6 +30,7 @@ from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.prefix import Prefix
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
+from dlmrt.engine.block.structured import Constraint, run_blocks
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
@@ -128,12 +129,17 @@ class BlockEngine:
         recorder: Recorder | None = None,
         on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
+        constraint: Constraint | None = None,
     ) -> EngineResult:
         """Decode one request. A `recorder` gets one `RoundRecord` per round of the unfolded
         schedule (what the trainer replays), in any mode: the rounds write a device-side trace,
         handed over after each finished block (`trace.py`); the request then runs unfolded, at the
         cost of the commit passes. Same tokens either way. The prompt's blocks it shares with the
-        rows the earlier requests committed are not prefilled again (`res.cached_tokens`)."""
+        rows the earlier requests committed are not prefilled again (`res.cached_tokens`). A
+        `constraint` (structured output) decides every round through its grammar on the host
+        (`structured.py`)."""
+        if constraint is not None and recorder is not None:
+            raise ValueError("response_format: not supported with a recorder or drafts")
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
         spec = RoundSpec(self.model, rule, temperature, block_length)
         req = _Request(
@@ -149,7 +155,10 @@ class BlockEngine:
                 self.prefill(prompt_ids[:full], block_length, prog.kv, start=reused)
                 res.prefill_forwards = 1
                 self.prefix.commit(reused, prompt_ids[reused:full])
-            self._blocks(prog, prompt_ids, mask_id, seed, req, res)
+            if constraint is not None:
+                run_blocks(self, prog, prompt_ids, mask_id, seed, req, res, constraint, _emit)
+            else:
+                self._blocks(prog, prompt_ids, mask_id, seed, req, res)
         return res
 
     def _blocks(self, prog, prompt_ids, mask_id, seed, req, res) -> None:

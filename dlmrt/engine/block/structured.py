@@ -1,0 +1,220 @@
+"""Structured decoding on the block engine: each round is decided left to right through a grammar.
+
+The grammar lives on the host (`dlmrt/structured/grammar.py`: the request's `Constraint`), so a
+structured request runs round by round: the forward is a `Pass` (a captured graph in round_graph
+and block_graph engines, where it replays like round_graph; eager otherwise), never one block-long
+graph. Per block, with `frontier` = the first generated row the grammar has not consumed:
+
+  0. forced: while the frontier row is masked and the grammar forces tokens (llguidance's
+     fast-forward, e.g. `{"answer":`, or the closing sequence when the budget is tight), they are
+     committed with no forward; once the document is complete the remaining rows are stop tokens.
+  1. the forward: logits [B, V] of the block's canvas.
+  2. the frontier row's logits are masked to the grammar's allowed tokens (one upload), then the
+     request's rule decides every row as usual (`RoundSpec.decide`): the frontier row's
+     confidence and entropy are those of the masked distribution.
+  3. one read-back; the walk: the rows the rule accepted that are contiguous from the frontier are
+     offered to the grammar left to right and consumed while valid (and closable in the budget);
+     the first invalid one goes back to mask. A row accepted right of a masked row is a draft: it
+     stays in the canvas (the model sees it) and is checked when the frontier reaches it.
+  4. editing rules: an edit of a consumed row is re-checked (the grammar rolls back to it and
+     re-reads the rewritten rows); an edit that breaks the grammar is refused (the old token is
+     put back). Edits of drafts need no check.
+A block is done when every row is consumed (editing rules: and the rule says done). Rounds are
+bounded: a draft is rejected only when the frontier reaches it, and the frontier never moves back.
+Commits run unfolded (one commit pass per block), as with a recorder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dlmrt.attention import AttnContext
+from dlmrt.config import EAGER, ROUND_GRAPH
+from dlmrt.engine.block.round import decide_block, store_round
+from dlmrt.engine.graph.capture import check_stop
+from dlmrt.engine.graph.loop import Pass
+
+log = logging.getLogger("dlmrt")
+
+
+class Constraint(Protocol):
+    """What the engine asks of a request's grammar (`dlmrt.structured.grammar.Constraint`)."""
+
+    host_s: float
+    forced_tokens: int
+
+    @property
+    def done(self) -> bool: ...
+    def allowed(self) -> torch.Tensor: ...
+    def forced(self) -> list[int]: ...
+    def take(self, tokens: list[int]) -> int: ...
+    def replace(self, k: int, new: list[int]) -> bool: ...
+
+
+@dataclass
+class _Block:
+    """The host's copy of the active block."""
+
+    canvas: list[int]
+    unresolved: list[bool]
+    frontier: int  # first row the grammar has not consumed (the prompt tail is skipped)
+    end: int  # block rows
+    mask_id: int
+    stop_id: int
+    forced: int = 0
+
+    def finished(self) -> bool:
+        return self.frontier >= self.end
+
+
+def mode_of(runner_name: str) -> tuple[str, str]:
+    """The mode a structured request runs in, and why (logged)."""
+    if runner_name == EAGER:
+        return EAGER, "the engine runs eager"
+    return ROUND_GRAPH, "the grammar decides on the host each round: the forward replays per round"
+
+
+def forward_pass(prog) -> tuple[Pass, torch.Tensor]:
+    """The program's forward-only pass (logits into a static [B, V] buffer), built once."""
+    if getattr(prog, "structured_forward", None) is None:
+        spec, buf, kv = prog.spec, prog.buf, prog.kv
+        vocab = spec.model.cfg.vocab_size
+        logits = torch.zeros(spec.block_length, vocab, device=buf.canvas.device)
+
+        def body() -> None:
+            ctx = AttnContext(buf.positions, spec.block_length, kv, prog.kv_len, one_block=True)
+            receives = spec.receives(buf.unresolved) if buf.z is not None else None
+            logits.copy_(spec.model(buf.canvas, ctx, z=buf.z, receives=receives))
+
+        prog.structured_forward = (Pass("structured_forward", body, (buf,)), logits)
+    return prog.structured_forward
+
+
+def settle(st: _Block, c: Constraint) -> None:
+    """Steps 0 and 3's walk: consume drafts from the frontier, commit forced tokens, repeat."""
+    while not st.finished():
+        f = st.frontier
+        if c.done:  # the document is complete: only stop tokens may follow
+            for r in range(f, st.end):
+                st.canvas[r], st.unresolved[r] = st.stop_id, False
+            st.frontier = st.end
+            return
+        if not st.unresolved[f]:  # a draft (or a run of them) at the frontier
+            run = f
+            while run < st.end and not st.unresolved[run]:
+                run += 1
+            n = c.take(st.canvas[f:run])
+            st.frontier += n
+            if n < run - f:  # the first invalid row goes back to mask; drafts after it stay
+                r = st.frontier
+                st.canvas[r], st.unresolved[r] = st.mask_id, True
+            if n == 0:
+                return
+            continue
+        toks = c.forced()[: st.end - f]
+        n = c.take(toks)
+        for i in range(n):
+            st.canvas[f + i], st.unresolved[f + i] = toks[i], False
+        st.frontier += n
+        st.forced += n
+        if n == 0:
+            return
+
+
+def run_block(
+    prog, st: _Block, c: Constraint, should_stop: Callable[[], None]
+) -> tuple[int, list[int]]:
+    """Decide one block through the grammar; (rounds run, final canvas). The block's buffers
+    were started by the caller (`BlockIO`); the host copy `st` matches them."""
+    spec, buf, runner = prog.spec, prog.buf, prog.runner
+    fwd, logits = forward_pass(prog)
+    edits = getattr(spec.rule, "edits", False)
+    cap = spec.block_length**2 + spec.rule.max_rounds(spec.block_length) + 8
+    start = st.frontier
+    settle(st, c)
+    rounds, rule_done = 0, False
+    while not st.finished() or (edits and not rule_done and rounds < cap):
+        if rounds >= cap:
+            raise RuntimeError(f"structured block did not finish in {cap} rounds")
+        should_stop()
+        _upload(buf, st)
+        runner.once(fwd)
+        rounds += 1
+        lg = logits
+        if not st.finished() and st.unresolved[st.frontier]:
+            allowed = c.allowed().to(lg.device, non_blocking=True)
+            lg = logits.clone()
+            lg[st.frontier].masked_fill_(~allowed, float("-inf"))
+        d = decide_block(spec, buf, lg)
+        store_round(buf, d)
+        edited = d.out.edited if d.out.edited is not None else torch.zeros_like(d.out.accepted)
+        packed = torch.cat(
+            (buf.canvas, buf.unresolved.long(), edited.long(), buf.done.long().view(1))
+        )
+        values = packed.tolist()  # the round's one read-back
+        b = spec.block_length
+        old = list(st.canvas)
+        st.canvas, st.unresolved = values[:b], [bool(v) for v in values[b : 2 * b]]
+        rule_done = bool(values[3 * b])
+        if edits:
+            check_edits_consumed(st, old, [bool(v) for v in values[2 * b : 3 * b]], c, start)
+        settle(st, c)
+    _upload(buf, st)
+    return rounds, st.canvas
+
+
+def check_edits_consumed(
+    st: _Block, old: list[int], edited: list[bool], c: Constraint, start: int
+) -> None:
+    """Editing rules: an edit of a row the grammar consumed (rows start .. frontier-1) is
+    re-checked by rolling the grammar back to the first edited row; refused if it breaks it."""
+    rows = [r for r in range(start, st.frontier) if edited[r] and st.canvas[r] != old[r]]
+    if not rows:
+        return
+    first = rows[0]
+    if not c.replace(st.frontier - first, st.canvas[first : st.frontier]):
+        for r in rows:
+            st.canvas[r] = old[r]
+
+
+def _upload(buf, st: _Block) -> None:
+    """The host's block state into the device buffers (the next round reads them)."""
+    dev = buf.canvas.device
+    buf.canvas.copy_(torch.tensor(st.canvas, dtype=torch.long).to(dev))
+    buf.unresolved.copy_(torch.tensor(st.unresolved, dtype=torch.bool).to(dev))
+
+
+def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint, emit) -> None:
+    """The block loop of a structured request (`BlockEngine.generate` with a constraint): stage
+    and start each block as usual, decide it through the grammar, emit it, commit it unfolded."""
+    lay, runner = req.lay, prog.runner
+    stop_id = min(req.stop_ids)
+    res.mode, why = mode_of(runner.name)
+    log.info("structured request: mode %s (%s)", res.mode, why)
+
+    def poll() -> None:
+        check_stop(req.should_stop)
+
+    for b in range(lay.first_block, lay.num_blocks):
+        bl = lay.block_length
+        tail = prompt_ids[b * bl :] if b == lay.first_block else []
+        prog.io.stage(tail, mask_id, b * bl, seed, False)
+        prog.kv_len = engine._kv_len(b, bl)
+        runner.chain((prog.io.copy_in, prog.start))
+        prog.io.in_flight = False  # nothing reads the report row back
+        canvas = list(tail) + [mask_id] * (bl - len(tail))
+        unresolved = [False] * len(tail) + [True] * (bl - len(tail))
+        st = _Block(canvas, unresolved, len(tail), bl, mask_id, stop_id)
+        rounds, final = run_block(prog, st, c, poll)
+        res.denoising_forwards += rounds
+        res.forced_tokens += st.forced
+        if emit(res, req, b, rounds, final):
+            break
+        runner.once(prog.commit)
+        res.commit_forwards += 1
+    res.grammar_ms = c.host_s * 1e3

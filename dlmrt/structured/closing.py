@@ -1,0 +1,122 @@
+"""The closing search: a short token sequence that completes the document from a matcher's state.
+
+`closing(matcher, ...)` returns tokens that take the matcher to an accepting state (the document
+may end there), at most `limit` of them, or None if none was found. It is a depth-first search
+over single-byte tokens in `order` (closers first: `} ] "`, then digits, letters, punctuation),
+each step trying only the tokens the grammar allows there (then a few other allowed tokens: a
+forced key may admit only its canonical multi-byte token), backtracking from dead ends, bounded
+by `max_nodes` consumed tokens. The matcher is left as it was.
+
+The result is an upper bound on the shortest completion (a multi-byte token could close in fewer
+tokens), so reserving it for `max_tokens` is safe but can be conservative by a few tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+# What the search tries first: what closes structures, then words (a literal tail such as
+# `The answer is` before another `\d+ ... ` step), then digits and other punctuation.
+PREFERENCE = "}]\") .\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789,:-+_{[(/*=<>!?#$%&^|~@;`'"
+MAX_NODES = 4096
+FALLBACK = 8
+
+
+def byte_tokens(tokenize: Callable[[bytes], list[int]]) -> list[int]:
+    """The token ids of the `PREFERENCE` characters that are single tokens, in that order."""
+    ids = []
+    for ch in PREFERENCE:
+        toks = tokenize(ch.encode())
+        if len(toks) == 1 and toks[0] not in ids:
+            ids.append(toks[0])
+    return ids
+
+
+def closing(
+    matcher,
+    order: list[int],
+    allowed: Callable[[], Sequence[bool] | None],
+    limit: int,
+    max_nodes: int = MAX_NODES,
+) -> list[int] | None:
+    """Tokens (at most `limit`) from the matcher's state to an accepting one; None if not found.
+
+    `matcher` has llguidance's `is_accepting`, `try_consume_tokens`, `rollback`; `allowed()` a
+    per-token-id flag array of what the grammar allows now. Iterative deepening (depth 4, 8, ...,
+    `limit`), so a short completion is found before a long one (a repetition such as `(step )*`
+    is left, not unrolled); within a depth, a node whose allowed-set already found nothing at the
+    same depth is not searched again, and of the candidates that leave the allowed-set as it was
+    (another character of a string, another digit) only the first is followed, after the others
+    (leaving a repetition is preferred): allowed-sets stand
+    in for grammar states, which llguidance does not expose. If that finds nothing, one plain depth-first pass follows."""
+    depth = 4
+    while True:
+        found = _search(matcher, order, allowed, min(depth, limit), max_nodes, memo=True)
+        if found is not None or depth >= limit:
+            break
+        depth *= 2
+    if found is None:
+        found = _search(matcher, order, allowed, limit, max_nodes, memo=False)
+    return found
+
+
+def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
+    path: list[int] = []
+    dead: set[tuple[bytes, int]] = set()  # (allowed-set, depth) that found nothing
+    nodes = [max_nodes]
+
+    def _follow(t: int, child) -> bool:
+        """Descend through the consumed token t; undo it if nothing was found below."""
+        path.append(t)
+        if dfs(child):
+            return True
+        path.pop()
+        matcher.rollback(1)
+        return False
+
+    def dfs(ok) -> bool:
+        if matcher.is_accepting():
+            return True
+        if len(path) >= limit:
+            return False
+        sig = np.asarray(ok).tobytes()
+        if memo and (sig, len(path)) in dead:
+            return False
+        stay = None  # the first candidate that leaves the allowed-set as it was: tried last
+        for t in _candidates(order, ok):
+            if nodes[0] <= 0:
+                break
+            nodes[0] -= 1
+            if matcher.try_consume_tokens([t]) != 1:
+                continue
+            child = allowed()
+            if memo and np.asarray(child).tobytes() == sig:  # a string character, a digit
+                matcher.rollback(1)
+                stay = t if stay is None else stay
+                continue
+            if _follow(t, child):
+                return True
+        if stay is not None and matcher.try_consume_tokens([stay]) == 1:
+            if _follow(stay, allowed()):
+                return True
+        if memo:
+            dead.add((sig, len(path)))
+        return False
+
+    found = dfs(allowed())
+    if found and path:
+        matcher.rollback(len(path))
+    return list(path) if found else None
+
+
+def _candidates(order: list[int], ok: Sequence[bool] | None) -> list[int]:
+    """The allowed tokens of `order`, then (a grammar may allow only a multi-byte token, e.g.
+    the canonical first token of a forced key) the first `FALLBACK` other allowed ids."""
+    if ok is None:
+        return order
+    first = [t for t in order if ok[t]]
+    seen = set(first)
+    rest = [int(t) for t in np.flatnonzero(ok)[: FALLBACK + len(first)] if int(t) not in seen]
+    return first + rest[:FALLBACK]

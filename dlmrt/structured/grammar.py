@@ -1,0 +1,218 @@
+"""Grammars (one per tokenizer) and Constraint (one per request), on llguidance.
+
+`grammars_for(tokenizer, vocab_size, stop_ids)` wraps the tokenizer for llguidance once (cached on
+the tokenizer object) and compiles a request's `ResponseFormat` into a checked grammar (cached by
+the format's text). `Grammars.constraint(fmt, max_new_tokens)` is the request's grammar state that
+the block engine drives round by round (`dlmrt/engine/block/structured.py`):
+
+    allowed()        [V] bool: the tokens the grammar allows at the frontier (the next row)
+    take(tokens)     consume a run of proposed tokens left to right; how many were valid
+    forced()         tokens the grammar (or the budget) forces next: committed without a forward
+    replace(k, new)  re-check the last k consumed tokens rewritten as `new` (an editing rule)
+    done             the document is complete and nothing more may follow (stop rows only)
+
+The budget is part of the grammar: the constraint keeps `closing`, a sequence that completes the
+document from the current state (`closing.py`), no longer than the tokens left. A token after
+which no completion fits is refused, and from then on the closing sequence is forced. A
+`max_new_tokens` that cannot hold any document is a ValueError before decoding starts.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from dlmrt.structured.closing import byte_tokens, closing
+from dlmrt.structured.formats import ResponseFormat, choices_regex
+
+EXTRA = "pip install 'dlmrt[structured]'"
+# Compact JSON (no optional whitespace): fewer tokens, and the model cannot pad forever.
+JSON_OPTIONS = {"whitespace_flexible": False}
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The closing search runs after a token only near the budget: while more than SLACK tokens beyond
+# the last closing length plus STALE_GROWTH per token taken since remain. A token of compact JSON
+# or a regex step adds far fewer than 4 closing tokens; a grammar where one token opens more could
+# reach the budget before the search resumes (docs/structured-output.md: limits).
+SLACK, STALE_GROWTH = 8, 4
+
+
+def engine() -> Any:
+    """The llguidance module, or a ValueError naming the extra that installs it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise ValueError(
+            "response_format: structured output needs the grammar engine llguidance, which is "
+            f"not installed ({EXTRA})"
+        ) from None
+    return llguidance
+
+
+def grammars_for(tokenizer: Any, vocab_size: int, stop_ids: set[int]) -> Grammars:
+    """The tokenizer's `Grammars` (built once: wrapping a large vocabulary takes ~1 s)."""
+    key = (vocab_size, tuple(sorted(stop_ids)))
+    per_tok = _CACHE.setdefault(tokenizer, {})
+    if key not in per_tok:
+        per_tok[key] = Grammars(tokenizer.to_json(), vocab_size, stop_ids)
+    return per_tok[key]
+
+
+class Grammars:
+    def __init__(self, tokenizer_json: str, vocab_size: int, stop_ids: set[int]) -> None:
+        ll = self.ll = engine()
+        stops = sorted(stop_ids)
+        self.tok = ll.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=stops)
+        self.vocab_size, self.stop_id = vocab_size, stops[0]
+        self.order = byte_tokens(lambda b: self.tok.tokenize_bytes(b))
+        self._compiled: dict[str, str] = {}
+
+    def grammar(self, fmt: ResponseFormat) -> str:
+        """The checked llguidance grammar of `fmt`; a ValueError naming the part it cannot compile."""
+        key = fmt.key()
+        if key not in self._compiled:
+            ll, part = self.ll.LLMatcher, f"response_format.{fmt.kind}"
+            if fmt.kind == "json_object":
+                text = ll.grammar_from_json_schema({"type": "object"}, JSON_OPTIONS)
+            elif fmt.kind == "json_schema":
+                part += ".schema"
+                try:
+                    text = ll.grammar_from_json_schema(fmt.value, JSON_OPTIONS)
+                except ValueError as e:
+                    raise ValueError(f"{part}: {e}") from None
+            else:
+                pattern = fmt.value if fmt.kind == "regex" else choices_regex(fmt.value)
+                text = ll.grammar_from_regex(pattern)
+            failed, messages = ll.validate_grammar_with_warnings(text, self.tok)
+            if failed:
+                raise ValueError(f"{part}: cannot be compiled: {messages[0].strip()}")
+            self._compiled[key] = text
+        return self._compiled[key]
+
+    def constraint(self, fmt: ResponseFormat, max_new_tokens: int) -> Constraint:
+        """A request's grammar state; a ValueError if no document fits `max_new_tokens`."""
+        return Constraint(self, self.grammar(fmt), max_new_tokens)
+
+
+class Constraint:
+    """One request's grammar state (the module docstring lists what the engine calls)."""
+
+    def __init__(self, grammars: Grammars, grammar: str, budget: int) -> None:
+        self.g, self.budget = grammars, budget
+        self.m = grammars.ll.LLMatcher(grammars.tok, grammar)
+        self._words = np.zeros((grammars.vocab_size + 31) // 32, dtype=np.int32)
+        self.host_s = 0.0  # time spent in the grammar (masks, checks, closing searches)
+        self.forced_tokens = 0  # tokens committed because the grammar or the budget forced them
+        self.closing_mode = False  # a token was refused for the budget: close now
+        self.history: list[int] = []  # the consumed tokens (an edit rolls back into them)
+        self.stale = 0  # tokens taken since `closing` was last searched (it is then an estimate)
+        t0 = time.perf_counter()
+        found = closing(self.m, grammars.order, self._allowed_np, budget)
+        self.host_s += time.perf_counter() - t0
+        if found is None:
+            raise ValueError(
+                f"max_new_tokens: {budget} tokens cannot hold any document of this "
+                "response_format (raise max_tokens)"
+            )
+        self.closing = found
+
+    @property
+    def done(self) -> bool:
+        """Nothing but stop tokens may follow (the grammar stopped, or the budget is spent)."""
+        return self.m.is_stopped() or (self.budget == 0 and self.m.is_accepting())
+
+    def _allowed_np(self) -> np.ndarray:
+        self.m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
+        return bits[: self.g.vocab_size].astype(bool)
+
+    def tight(self) -> bool:
+        """Every token left is needed to close the document (or the budget refused one)."""
+        return self.closing_mode or (self.stale == 0 and len(self.closing) >= self.budget)
+
+    def allowed(self) -> torch.Tensor:
+        """[V] bool: what the frontier row may take (only the closing token when tight)."""
+        t0 = time.perf_counter()
+        if self.tight() and self.closing:
+            ok = np.zeros(self.g.vocab_size, dtype=bool)
+            ok[self.closing[0]] = True
+        else:
+            ok = self._allowed_np()
+        self.host_s += time.perf_counter() - t0
+        return torch.from_numpy(ok)
+
+    def forced(self) -> list[int]:
+        """Tokens that must come next: the closing sequence when tight, else llguidance's
+        fast-forward tokens (e.g. `{"answer":`); [] when the model has a choice."""
+        if self.done:
+            return []
+        if self.tight():
+            return list(self.closing)
+        t0 = time.perf_counter()
+        ff = self.m.compute_ff_tokens()
+        self.host_s += time.perf_counter() - t0
+        return ff
+
+    def take(self, tokens: list[int]) -> int:
+        """Consume `tokens` left to right while each keeps the output a valid prefix whose
+        document can still close in the budget; the number consumed."""
+        t0 = time.perf_counter()
+        n = 0
+        for t in tokens:
+            if not self._take_one(t):
+                break
+            n += 1
+        self.host_s += time.perf_counter() - t0
+        return n
+
+    def _take_one(self, t: int) -> bool:
+        if self.m.is_stopped() or self.m.try_consume_tokens([t]) != 1:
+            return False
+        if self.m.is_stopped() and t in self.g.tok.eos_tokens:
+            self.closing = []
+            self.history.append(t)
+            return True
+        if self.budget == 0:  # accepting with nothing left: only a stop token may follow
+            self.m.rollback(1)
+            return False
+        self.budget -= 1
+        self.history.append(t)
+        if self.closing and t == self.closing[0]:
+            self.closing = self.closing[1:]
+            return True
+        self.stale += 1
+        if self.budget > len(self.closing) + STALE_GROWTH * self.stale + SLACK:
+            return True  # far from the budget: the search waits (see STALE_GROWTH)
+        found = closing(self.m, self.g.order, self._allowed_np, self.budget)
+        if found is None:  # the document could not close in time after t: refuse it, close now
+            self._rollback(1)
+            self.closing_mode = True
+            if self.stale:  # the closing sequence is an estimate: search it from here
+                found = closing(self.m, self.g.order, self._allowed_np, self.budget)
+                self.closing, self.stale = found or [], 0  # [] only past STALE_GROWTH's bound
+            return False
+        self.closing, self.stale = found, 0
+        return True
+
+    def replace(self, k: int, new: list[int]) -> bool:
+        """The last `k` consumed tokens rewritten as `new` (len k): accepted, and consumed, only
+        if the rewritten prefix is valid and can still close; else the old tokens stay."""
+        old, saved = self.history[-k:], (self.budget, list(self.closing), self.closing_mode)
+        self._rollback(k)
+        n = self.take(new)
+        if n == k:
+            return True
+        self._rollback(n)
+        self.m.consume_tokens(old)
+        self.history += old
+        self.budget, self.closing, self.closing_mode = saved
+        return False
+
+    def _rollback(self, n: int) -> None:
+        if n:
+            self.m.rollback(n)
+            self.budget += sum(t not in self.g.tok.eos_tokens for t in self.history[-n:])
+            del self.history[-n:]
