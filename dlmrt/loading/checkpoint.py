@@ -23,7 +23,7 @@ from tqdm import tqdm
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import Fp8Weight
-from dlmrt.formats.nvfp4 import Nvfp4Weight
+from dlmrt.formats.nvfp4 import E2M1_MAX, Nvfp4Weight
 from dlmrt.json_file import read_json
 from dlmrt.loading.deferred import allocate, deferrable, finish
 from dlmrt.loading.placement import (
@@ -89,10 +89,8 @@ def load_checkpoint(
     quantization: None runs an FP8 checkpoint's FP8 weights in FP8, "fp8" also quantizes the other
     candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md).
     activations: "nvfp4" emulates W4A4 on the NVFP4 experts and dense MLPs (loading/placement.py).
-    prefer: "speed" runs each quantized site as its measured choice says, "memory" keeps an NVFP4
-    checkpoint's experts and dense MLPs 4-bit on the W4A16 kernels (docs/quantization.md).
-    Wherever the NVFP4 weights go to the kernels (CUDA, or the emulation), their model-dtype
-    parameters are never allocated (`deferred.py`)."""
+    prefer: "speed" runs each quantized site as measured, "memory" keeps NVFP4 experts and dense
+    MLPs 4-bit (W4A16); NVFP4 weights bound for the kernels are never allocated (`deferred.py`)."""
     check_prefer(prefer)
     root = _directory(Path(path))
     cfg_path = root / "config.json"
@@ -121,8 +119,8 @@ def load_checkpoint(
     if tied:
         model.tie_lm_head()
     finite = FiniteCheck() if check_finite else None
-    params = model.state_dict()
-    _stream_weights(params, found, source, slices, root, finite, qreader, reader, deferred)
+    args = (found, source, slices, root, finite, qreader, reader, deferred)
+    _stream_weights(model.state_dict(), *args)
     if finite is not None:
         finite.raise_if_bad(dtype)
     quantized, why = collect_quantized(qreader, model.state_dict(), quantization)
@@ -130,14 +128,17 @@ def load_checkpoint(
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
     place_quantized(model, quantized, why, device, activations, prefer)
-    if deferred:
-        finish(model, device)
+    finish(model, device)  # the deferred parameters emptied by the install onto `device`
+    _log_loaded(root, arch, config, tied, device, dtype, qcfg)
+    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
+
+
+def _log_loaded(root, arch, config, tied, device, dtype, qcfg) -> None:
     residual = ", ORL residual" if getattr(config, "residual", None) else ""
     tying = "tied" if tied else "untied"
     log.info("loaded %s (%s, %s%s) on %s in %s", root, arch, tying, residual, device, dtype)
     if qcfg is not None and qcfg.fp8_kv_cache:  # a hint only: QuantConfig.fp8_kv_cache says why
         log.info("%s declares an FP8 KV cache: pass kv_cache_dtype='fp8' to use one", root)
-    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
 
 
 def _stream_weights(
@@ -167,9 +168,7 @@ def _stream_weights(
                     stored = source[name]
                     tensor = reader.read(st, stored, name) if reader else st.get_tensor(stored)
                     if (slices[name][0] if name in slices else name) in deferred:
-                        kept = qreader.keep(name, f, tensor)
-                        if finite is not None:
-                            finite.add(f, stored, kept.scales().to(target.dtype))
+                        _keep(qreader, name, f, tensor, stored, target.dtype, finite)
                         bar.update()
                         continue
                     tensor = qreader.take(name, f, tensor)
@@ -183,6 +182,23 @@ def _stream_weights(
                     if finite is not None:
                         finite.add(f, source[name], target)
                     bar.update()
+
+
+def _keep(
+    qreader: Any,
+    name: str,
+    f: Path,
+    tensor: torch.Tensor,
+    stored: str,
+    dtype: torch.dtype,
+    finite: FiniteCheck | None,
+) -> None:
+    """A deferred NVFP4 weight: kept packed by the reader, its finite check on each row's
+    largest representable value (6 x its block scales: NaN, Inf, an overflow of `dtype`)."""
+    kept = qreader.keep(name, f, tensor)
+    if finite is not None:
+        largest = kept.scales().amax(dim=-1) * E2M1_MAX
+        finite.add(f, stored, largest.to(dtype))
 
 
 def resolve_model_path(model: str) -> Path:
