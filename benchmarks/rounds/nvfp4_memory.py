@@ -86,12 +86,14 @@ def one(path: Path, prefer: str, device: torch.device, args) -> dict:
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated() if cuda else 0  # what an earlier case left: ~0
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.perf_counter()
     ckpt = load_checkpoint(path, dtype, device, prefer=prefer)
     _sync(device)
     out: dict = {"prefer": prefer, "load_s": round(time.perf_counter() - t0, 1)}
     if cuda:
+        out["allocated_before_gb"] = _gb(before)
         out["load_peak_gb"] = _gb(torch.cuda.max_memory_allocated())
         out["allocated_after_load_gb"] = _gb(torch.cuda.memory_allocated())
     out["runs"] = _kinds(ckpt.model)

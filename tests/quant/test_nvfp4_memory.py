@@ -142,3 +142,25 @@ def test_a_bad_preference_is_named(ckpts):
         EngineConfig(prefer="small")
     with pytest.raises(ValueError, match="prefer: expected one of speed, memory, got 'small'"):
         load_checkpoint(ckpts["qwen"], torch.float32, CPU, prefer="small")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", ["llada2", "dg"])
+def test_on_cuda_memory_gives_the_pinned_w4a16_tokens_and_holds_no_bf16_stacks(
+    ckpts, monkeypatch, family
+):
+    """CUDA, bf16: prefer="memory" against the speed path pinned to W4A16 (DLMRT_NVFP4_EXPERTS,
+    DLMRT_NVFP4_DENSE): the same kernels, so the same tokens; the expert parameters hold no
+    storage (the full-size peak: benchmarks/rounds/nvfp4_memory.py)."""
+    memory = LLM(ckpts[family], device="cuda", mode="eager", prefer="memory")
+    experts = [
+        m for m in memory.model.modules() if isinstance(getattr(m, "impl", None), Nvfp4Experts)
+    ]
+    assert experts and all(m.impl.stacks[2].packed.is_cuda for m in experts)
+    assert all(p.numel() == 0 and p.is_cuda for m in experts for p in m.parameters())
+    monkeypatch.setenv("DLMRT_NVFP4_EXPERTS", "w4a16")
+    monkeypatch.setenv("DLMRT_NVFP4_DENSE", "kernel")
+    pinned = LLM(ckpts[family], device="cuda", mode="eager")
+    kw = KW | ({"rng": "counter"} if family == "dg" else {})
+    assert memory.generate(PROMPT, **kw).token_ids == pinned.generate(PROMPT, **kw).token_ids
