@@ -22,6 +22,9 @@ ROLES = ("base", "orl")
 # "fp8" = the checkpoint's own, and every other linear quantized to FP8 per channel at load.
 QUANTIZATIONS = ("none", "fp8")
 ACTIVATIONS = ("none", "nvfp4")  # nvfp4: W4A4 emulation of NVFP4 MLPs (docs/quantization.md)
+# What a quantized checkpoint's implementation choices favour (docs/quantization.md): "speed" =
+# each site as measured (NVFP4 experts may run as FP8); "memory" = NVFP4 stays 4-bit (W4A16).
+PREFERENCES = ("speed", "memory")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +104,16 @@ class EngineConfig:
             "choices": ACTIVATIONS,
         },
     )
+    prefer: str = field(
+        default="speed",
+        metadata={
+            "help": "speed | memory: what an NVFP4 checkpoint's implementation choices favour; "
+            "speed: each site as measured (on Hopper the routed experts run converted to FP8); "
+            "memory: the experts and dense MLPs stay 4-bit on the W4A16 kernels (an FP8 or "
+            "bf16 checkpoint loads the same either way)",
+            "choices": PREFERENCES,
+        },
+    )
     kv_cache_dtype: str = field(
         default="auto",
         metadata={
@@ -123,6 +136,10 @@ class EngineConfig:
         if self.activations not in ACTIVATIONS:
             raise ValueError(
                 f"activations: expected one of {', '.join(ACTIVATIONS)}, got {self.activations!r}"
+            )
+        if self.prefer not in PREFERENCES:
+            raise ValueError(
+                f"prefer: expected one of {', '.join(PREFERENCES)}, got {self.prefer!r}"
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(

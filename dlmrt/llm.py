@@ -49,7 +49,8 @@ class LLM(StyleAttributes):
 
     quantization="fp8" quantizes the linear weights to FP8 at load; an FP8 checkpoint is detected
     from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena;
-    activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's MLPs (numerics, not speed).
+    activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's MLPs (numerics, not speed);
+    prefer="memory" keeps an NVFP4 checkpoint 4-bit on the GPU (W4A16) instead of its fastest form.
     prefix_reuse=True (the default) lets a request reuse the K/V of the prompt blocks it shares
     with earlier requests (`docs/prefix-reuse.md`; `out.num_cached_tokens` counts them).
     """
@@ -68,6 +69,7 @@ class LLM(StyleAttributes):
         tensor_parallel_size: int | None = None,
         activations: str = "none",
         prefix_reuse: bool = True,
+        prefer: str = "speed",
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in torch_dtypes().items() if v == dtype), str(dtype))
@@ -84,6 +86,7 @@ class LLM(StyleAttributes):
             tensor_parallel_size=tensor_parallel_size,
             activations=activations,
             prefix_reuse=prefix_reuse,
+            prefer=prefer,
         )
         config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
         if model is None:
@@ -106,6 +109,7 @@ class LLM(StyleAttributes):
             quantization=config.quantization,
             shard=tp_setup.loader(self.group),
             activations=config.activations,
+            prefer=config.prefer,
         )
         tokenizer = Tokenizer(path, ckpt.config_json, ckpt.generation_config)
         self._setup(ckpt, tokenizer, config)

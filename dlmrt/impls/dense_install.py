@@ -9,7 +9,7 @@ a gated MLP's `gate_up` and `down_proj`.
   one kernel where that measures faster (`glu_install.py`).
 - NVFP4 (`nvfp4_gated_mlp`): a dense gated MLP whose gate, up and down are all NVFP4, as
   `Nvfp4Linear`s on the dense W4A16 kernel where it is faster (`ops/nvfp4_choice.py`; all of them
-  under W4A4 emulation).
+  under W4A4 emulation and with prefer="memory").
 - Any other format with a `linear` builder (`generic_gated_mlp`): gate|up as one of its linears,
   then the fused activation; down as another.
 """
@@ -113,12 +113,12 @@ def nvfp4_gated_mlp(
     ins: Installer, prefix: str, mlp: nn.Module, producer: nn.Module | None
 ) -> list[str]:
     """gate|up as one `Nvfp4Linear` (each half keeps its global scale, per row), down as another,
-    if all three are NVFP4 (and the W4A16 kernel is faster, unless emulating W4A4); the input
-    stays in the model dtype (no NVFP4 activation producer)."""
+    if all three are NVFP4 (and the W4A16 kernel is faster, unless emulating W4A4 or
+    prefer="memory"); the input stays in the model dtype (no NVFP4 activation producer)."""
     names = [f"{prefix}.{p}.weight" for p in PROJS]
     if not all(n in ins.weights for n in names):
         return []
-    if not ins.emulate:
+    if not ins.emulate and not ins.memory:
         gate_up, down = ins.weights[names[0]].shape, ins.weights[names[2]].shape
         shapes = [(2 * gate_up[0], gate_up[1]), (down[0], down[1])]
         ok, why = use_nvfp4_dense(ins.rows, shapes, ins.device)

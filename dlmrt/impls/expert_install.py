@@ -1,7 +1,7 @@
 """Builders of the routed experts' implementation (rows of `formats.py`): FP8 experts on the W8A8
 kernel or weight-only W8A16, whichever times faster at the block rows (`ops/moe_fp8_choice.py`);
 NVFP4 experts on the W4A16 kernel, or converted to per-channel FP8 codes on the W8A8 kernel where
-that is faster (never under W4A4 emulation). FP8 codes replace the module's bf16 stacks under the
+that is faster (never under W4A4 emulation or prefer="memory"). FP8 codes replace the module's bf16 stacks under the
 same names; NVFP4 stacks live in the `Nvfp4Experts` object and the bf16 stacks are freed."""
 
 from __future__ import annotations
@@ -54,13 +54,15 @@ def fp8_experts(ins: Installer, prefix: str, experts: nn.Module, top_k: int) -> 
 
 
 def nvfp4_experts(ins: Installer, prefix: str, experts: nn.Module, top_k: int) -> list[str]:
-    """NVFP4 stacks on the W4A16 kernel (kernels/moe_mlp_nvfp4.py), or, where it times faster,
-    converted to per-channel FP8 codes on the W8A8 kernel; the bf16 stacks are freed."""
+    """NVFP4 stacks on the W4A16 kernel (kernels/moe_mlp_nvfp4.py), or, where it times faster
+    (prefer="speed"), converted to per-channel FP8 codes on the W8A8 kernel; the bf16 stacks
+    are freed (or were never allocated: `dlmrt/loading/deferred.py`)."""
     names = [f"{prefix}.{p}" for p in experts.projs]
     ws = [ins.weights[n].to(ins.device) for n in names]
     stacks = (*split_gate_up(ws[0]), ws[1]) if len(ws) == 2 else tuple(ws)
-    if ins.emulate:
-        keep_nvfp4(ins.rows, top_k, stacks[2], experts.activation, "W4A4 emulation")
+    if ins.emulate or ins.memory:
+        why = "W4A4 emulation" if ins.emulate else "prefer='memory'"
+        keep_nvfp4(ins.rows, top_k, stacks[2], experts.activation, why)
     elif _as_fp8(ins, prefix, experts, stacks, top_k):
         return names
     experts.impl = Nvfp4Experts(stacks)

@@ -11,6 +11,8 @@ sites (`block_layers`: QwenDLM, LLaDA2; `gemma_layers`: DiffusionGemma), named b
 - routed experts: `experts`;
 - the norm before q|k|v, before the MLP and before the head (block layers): `norm_out` when the
   GEMMs it feeds are of that format (FP8: the norm quantizes its own output).
+`prefer="memory"` (the user's `prefer`) makes the NVFP4 builders keep the weights 4-bit: the
+W4A16 kernels for experts and dense MLPs, whatever the speed measurement says.
 What the FP8 and NVFP4 rows choose, and why: `dense_install.py`, `expert_install.py`.
 """
 
@@ -24,13 +26,22 @@ from dlmrt.impls.formats import TABLE, FormatRow
 
 
 class Installer:
-    def __init__(self, model: nn.Module, weights: dict, rows: int, emulate: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        weights: dict,
+        rows: int,
+        emulate: bool = False,
+        prefer: str = "speed",
+    ) -> None:
         self.weights = dict(weights)
         self.model, self.rows = model, rows
         self.dtype = model.embed_table.dtype
         self.device = model.embed_table.device
         self.done: list[str] = []
         self.emulate = emulate  # W4A4 emulation: every all-NVFP4 dense MLP is installed
+        # prefer="memory": NVFP4 stays 4-bit (W4A16 experts and dense MLPs), never measured
+        self.memory = prefer == "memory"
 
     def row(self, names: list[str]) -> FormatRow | None:
         """The format row of `names` if all are quantized in one format with a row, else None."""
@@ -163,11 +174,13 @@ def install_quantized(
     rows: int,
     walk: Callable[[Installer], None],
     emulate: bool = False,
+    prefer: str = "speed",
 ) -> list[str]:
     """Install what runs quantized at the family's sites (`walk`), measured at `rows` block rows;
-    `emulate`: W4A4 emulation (every all-NVFP4 dense MLP installed). Returns the names left to
-    dequantize."""
-    ins = Installer(model, weights, rows, emulate)
+    `emulate`: W4A4 emulation (every all-NVFP4 dense MLP installed); `prefer`: "speed" (each
+    choice measured) or "memory" (NVFP4 experts and dense MLPs on the W4A16 kernels, whatever
+    the measurement). Returns the names left to dequantize."""
+    ins = Installer(model, weights, rows, emulate, prefer)
     walk(ins)
     done = set(ins.done)
     return [n for n in weights if n not in done]

@@ -23,9 +23,15 @@ from tqdm import tqdm
 from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import Fp8Weight
-from dlmrt.formats.nvfp4 import Nvfp4Weight
+from dlmrt.formats.nvfp4 import E2M1_MAX, Nvfp4Weight
 from dlmrt.json_file import read_json
-from dlmrt.loading.placement import collect_quantized, place_quantized
+from dlmrt.loading.deferred import allocate, deferrable, finish
+from dlmrt.loading.placement import (
+    check_prefer,
+    collect_quantized,
+    installs_quantized,
+    place_quantized,
+)
 from dlmrt.loading.quant_config import QuantConfig, read_quant_config
 from dlmrt.loading.reader import quantized_reader
 from dlmrt.loading.tensors import (
@@ -74,6 +80,7 @@ def load_checkpoint(
     quantization: str | None = None,
     shard: Callable[[torch.nn.Module], Any] | None = None,  # TP: dlmrt/distributed/loading.py
     activations: str = "none",
+    prefer: str = "speed",
 ) -> Checkpoint:
     """Load `path` (an HF-format directory) into the registered family's model.
 
@@ -81,7 +88,10 @@ def load_checkpoint(
     NaN/Inf (else a CheckpointError names the first bad tensor); False skips the check.
     quantization: None runs an FP8 checkpoint's FP8 weights in FP8, "fp8" also quantizes the other
     candidates at load, "none" dequantizes everything (`dlmrt/quant/`, docs/quantization.md).
-    activations: "nvfp4" emulates W4A4 on the NVFP4 experts and dense MLPs (loading/placement.py)."""
+    activations: "nvfp4" emulates W4A4 on the NVFP4 experts and dense MLPs (loading/placement.py).
+    prefer: "speed" runs each quantized site as measured, "memory" keeps NVFP4 experts and dense
+    MLPs 4-bit (W4A16); NVFP4 weights bound for the kernels are never allocated (`deferred.py`)."""
+    check_prefer(prefer)
     root = _directory(Path(path))
     cfg_path = root / "config.json"
     raw = read_json(cfg_path)
@@ -103,24 +113,32 @@ def load_checkpoint(
     found, qreader = quantized_reader(found, source, qcfg, slices)
     tied = check_tensors(expected, found, config.tie_word_embeddings, root)
 
-    model = model.to_empty(device=device)
+    installs = reader is None and installs_quantized(model, device, quantization, activations)
+    deferred = deferrable(qreader) if installs else set()
+    model = allocate(model, device, deferred)
     if tied:
         model.tie_lm_head()
     finite = FiniteCheck() if check_finite else None
-    _stream_weights(model.state_dict(), found, source, slices, root, finite, qreader, reader)
+    args = (found, source, slices, root, finite, qreader, reader, deferred)
+    _stream_weights(model.state_dict(), *args)
     if finite is not None:
         finite.raise_if_bad(dtype)
     quantized, why = collect_quantized(qreader, model.state_dict(), quantization)
     model.eval().requires_grad_(False)
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
-    place_quantized(model, quantized, why, device, activations)
+    place_quantized(model, quantized, why, device, activations, prefer)
+    finish(model, device)  # the deferred parameters emptied by the install onto `device`
+    _log_loaded(root, arch, config, tied, device, dtype, qcfg)
+    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
+
+
+def _log_loaded(root, arch, config, tied, device, dtype, qcfg) -> None:
     residual = ", ORL residual" if getattr(config, "residual", None) else ""
     tying = "tied" if tied else "untied"
     log.info("loaded %s (%s, %s%s) on %s in %s", root, arch, tying, residual, device, dtype)
     if qcfg is not None and qcfg.fp8_kv_cache:  # a hint only: QuantConfig.fp8_kv_cache says why
         log.info("%s declares an FP8 KV cache: pass kv_cache_dtype='fp8' to use one", root)
-    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
 
 
 def _stream_weights(
@@ -132,9 +150,11 @@ def _stream_weights(
     finite: FiniteCheck | None,
     qreader: Any,  # `quantized_reader`'s: Fp8Reader or Nvfp4Reader
     reader: Any = None,  # sliced loading: reader.read(file, stored name, name) -> this rank's part
+    deferred: set[str] = frozenset(),  # NVFP4 parameters left unallocated (deferred.py)
 ) -> None:
     """Copy every checkpoint tensor into its (allocated) parameter, one file open at a time
-    (a quantized weight dequantized: the reader's `take` keeps the quantized tensor and its scales)."""
+    (a quantized weight dequantized: the reader's `take` keeps the quantized tensor and its
+    scales; a deferred one is only kept, its finite check on its scales)."""
     by_file: dict[Path, list[str]] = {}
     for name, (f, _) in found.items():
         by_file.setdefault(f, []).append(name)
@@ -147,6 +167,10 @@ def _stream_weights(
                         target = target[slices[name][1]]
                     stored = source[name]
                     tensor = reader.read(st, stored, name) if reader else st.get_tensor(stored)
+                    if (slices[name][0] if name in slices else name) in deferred:
+                        _keep(qreader, name, f, tensor, stored, target.dtype, finite)
+                        bar.update()
+                        continue
                     tensor = qreader.take(name, f, tensor)
                     if target.is_floating_point() and not tensor.is_floating_point():
                         raise CheckpointError(
@@ -158,6 +182,23 @@ def _stream_weights(
                     if finite is not None:
                         finite.add(f, source[name], target)
                     bar.update()
+
+
+def _keep(
+    qreader: Any,
+    name: str,
+    f: Path,
+    tensor: torch.Tensor,
+    stored: str,
+    dtype: torch.dtype,
+    finite: FiniteCheck | None,
+) -> None:
+    """A deferred NVFP4 weight: kept packed by the reader, its finite check on each row's
+    largest representable value (6 x its block scales: NaN, Inf, an overflow of `dtype`)."""
+    kept = qreader.keep(name, f, tensor)
+    if finite is not None:
+        largest = kept.scales().amax(dim=-1) * E2M1_MAX
+        finite.add(f, stored, largest.to(dtype))
 
 
 def resolve_model_path(model: str) -> Path:

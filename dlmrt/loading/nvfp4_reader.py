@@ -116,6 +116,12 @@ class Nvfp4Reader:
                     f"'{stored_names(name, self.qcfg.method)[1]}')"
                 )
             return tensor
+        return self.keep(name, f, tensor).dequantize(torch.float32)
+
+    def keep(self, name: str, f: Path, tensor: torch.Tensor) -> Nvfp4Weight:
+        """Check and keep the NVFP4 weight `name` (its packed codes `tensor`), never dequantized:
+        what a weight whose parameter is not allocated takes (`loading/deferred.py`)."""
+        stored = self.source[name]
         pattern = matches(self.ignore, stored)
         if pattern is not None:
             raise CheckpointError(
@@ -128,7 +134,7 @@ class Nvfp4Reader:
             self.parts.setdefault(param, {})[index] = weight
         else:
             self.kept[name] = weight
-        return weight.dequantize(torch.float32)
+        return weight
 
     def weights(self, params: dict[str, torch.Tensor]) -> dict[str, Nvfp4Weight]:
         """Every NVFP4 weight by parameter name; a stacked parameter's experts stacked."""

@@ -16,9 +16,10 @@ from collections import Counter
 
 import torch
 
-from dlmrt.config import QUANTIZATIONS
+from dlmrt.config import PREFERENCES, QUANTIZATIONS
 from dlmrt.formats.fp8 import Fp8Weight, quantize_per_channel
 from dlmrt.formats.nvfp4 import Nvfp4Weight
+from dlmrt.loading.deferred import materialize
 from dlmrt.loading.policy import classify, matches
 from dlmrt.loading.reader import Fp8Reader
 from dlmrt.ops import choices
@@ -85,17 +86,26 @@ def quantize_candidates(model: torch.nn.Module) -> dict[str, Fp8Weight]:
     }
 
 
-def install(model: torch.nn.Module, fp8: dict, emulate: bool = False) -> tuple[dict, list[str]]:
-    """(quantized weights `model.use_quantized` runs, names it declined): each declined one dequantized into its
-    parameter, in the parameter's dtype. `emulate`: W4A4 emulation (every NVFP4 MLP installed)."""
+def install(
+    model: torch.nn.Module, fp8: dict, emulate: bool = False, prefer: str = "speed"
+) -> tuple[dict, list[str]]:
+    """(quantized weights `model.use_quantized` runs, names it declined): each declined one
+    dequantized into its parameter, in the parameter's dtype (a deferred parameter allocated on
+    the model's device first: `deferred.py`). `emulate`: W4A4 emulation (every NVFP4 MLP
+    installed); `prefer`: "speed" or "memory" (`dlmrt/impls/install.py`)."""
     running = dict(fp8)  # use_quantized moves what it installs to the device
-    declined = model.use_quantized(running, emulate)
+    declined = model.use_quantized(running, emulate=emulate, prefer=prefer)
     params = model.state_dict()
+    device = model.embed_table.device if hasattr(model, "embed_table") else None
+    unallocated = {}
     for name in declined:
+        w, param = running.pop(name), params[name]
+        if param.is_meta:
+            unallocated[name] = w.to(device).dequantize(param.dtype)
+            continue
         with torch.no_grad():
-            params[name].copy_(
-                running.pop(name).to(params[name].device).dequantize(params[name].dtype)
-            )
+            param.copy_(w.to(param.device).dequantize(param.dtype))
+    materialize(model, unallocated)
     return running, declined
 
 
@@ -114,13 +124,15 @@ def place_quantized(
     why: dict[str, str],
     device: torch.device,
     activations: str = "none",
+    prefer: str = "speed",
 ) -> dict[str, Fp8Weight]:
     """Run what the model can quantized (CUDA + `model.use_quantized`); the rest stays dequantized.
 
     Returns the quantized weights the model runs (empty on CPU). Logs what runs quantized and what
     does not, why.
     activations="nvfp4": the NVFP4 experts and dense MLPs are installed on any device (on the CPU
-    their twins run them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`)."""
+    their twins run them) and their GEMM inputs quantize-dequantized (`emulate_w4a4`).
+    prefer="memory": NVFP4 experts and dense MLPs stay on the W4A16 kernels, unmeasured."""
     if activations == "nvfp4" and not any(isinstance(w, Nvfp4Weight) for w in fp8.values()):
         raise ValueError(
             "activations='nvfp4': the checkpoint has no NVFP4 weights to emulate "
@@ -131,7 +143,7 @@ def place_quantized(
     dtype = next(model.parameters()).dtype
     running: dict[str, Fp8Weight] = {}
     what = f"quantized weights of {type(model).__name__} on {device.type}"
-    if not has_quantized_kernels(device) and activations != "nvfp4":
+    if not _kernels_run(device, activations):
         reason = f"{device.type}: dequantized to {str(dtype).removeprefix('torch.')} at load"
         why |= {n: reason for n in fp8}
         choices.record(what, "dequantized", f"no quantized kernels on {device.type}")
@@ -144,7 +156,7 @@ def place_quantized(
             "the model's kernels",
             "W4A4 emulation" if activations == "nvfp4" else "each projection as its choices say",
         )
-        running, declined = install(model, fp8, emulate=activations == "nvfp4")
+        running, declined = install(model, fp8, activations == "nvfp4", prefer)
         for name in declined:
             why[name] = (
                 "kept by the model (dlmrt/impls/install.py: slower in FP8 at its shape, "
@@ -157,6 +169,24 @@ def place_quantized(
             emulate_w4a4(model)
     _log(running, why)
     return running
+
+
+def check_prefer(prefer: str) -> None:
+    if prefer not in PREFERENCES:
+        raise ValueError(f"prefer: expected one of {', '.join(PREFERENCES)}, got {prefer!r}")
+
+
+def installs_quantized(
+    model: torch.nn.Module, device: torch.device, quantization: str | None, activations: str
+) -> bool:
+    """Whether `place_quantized` will hand a quantized checkpoint's weights to the model's
+    kernels (decided before the weights are read: `deferred.py`)."""
+    usable = quantization != "none" and hasattr(model, "use_quantized")
+    return usable and _kernels_run(device, activations)
+
+
+def _kernels_run(device: torch.device, activations: str) -> bool:
+    return has_quantized_kernels(device) or activations == "nvfp4"
 
 
 def has_quantized_kernels(device: torch.device) -> bool:

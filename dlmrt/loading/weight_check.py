@@ -33,7 +33,12 @@ class FiniteCheck:
     def raise_if_bad(self, dtype: torch.dtype) -> None:
         if not self.flags:
             return
-        bad = torch.stack(self.flags).nonzero().flatten().tolist()  # the one host sync
+        # flags of tensors checked on the host (a deferred NVFP4 weight's scales) join the device's
+        device = next(
+            (f.device for f in self.flags if f.device.type != "cpu"), self.flags[0].device
+        )
+        flags = torch.stack([f.to(device) for f in self.flags])
+        bad = flags.nonzero().flatten().tolist()  # the one host sync
         if not bad:
             return
         f, stored, tensor = self.tensors[bad[0]]

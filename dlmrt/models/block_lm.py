@@ -59,13 +59,14 @@ class BlockLM(nn.Module):
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.embed_table
 
-    def use_quantized(self, weights: dict, emulate: bool = False) -> list[str]:
+    def use_quantized(self, weights: dict, **how: bool | str) -> list[str]:
         """Run these FP8 / NVFP4 weights ({parameter name: weight}); returns the names not
-        installed (the loader dequantizes them); `emulate`: W4A4 emulation. The sites are the
-        block layers' (`dlmrt/impls/install.py`), measured at the block's rows."""
+        installed (the loader dequantizes them); `how`: the install's options (emulate,
+        prefer). The sites are the block layers' (`dlmrt/impls/install.py`), measured at the
+        block's rows."""
         from dlmrt.impls.install import block_layers, install_quantized  # loads on demand
 
-        return install_quantized(self, weights, self.cfg.block_size, block_layers, emulate)
+        return install_quantized(self, weights, self.cfg.block_size, block_layers, **how)
 
     @property
     def embed_table(self) -> torch.Tensor:

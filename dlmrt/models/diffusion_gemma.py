@@ -185,13 +185,13 @@ class DiffusionGemma(nn.Module):
     def tie_lm_head(self) -> None:
         self.lm_head.weight = self.model.embed_tokens.weight
 
-    def use_quantized(self, weights: dict, emulate: bool = False) -> list[str]:
+    def use_quantized(self, weights: dict, **how: bool | str) -> list[str]:
         """Run these FP8 / NVFP4 weights; returns the names not installed (the loader dequantizes
-        them); `emulate`: W4A4 emulation. The sites: `dlmrt/impls/install.py`'s `gemma_layers`,
-        measured at the canvas's rows."""
+        them); `how`: the install's options (emulate, prefer). The sites:
+        `dlmrt/impls/install.py`'s `gemma_layers`, measured at the canvas's rows."""
         from dlmrt.impls.install import gemma_layers, install_quantized  # loads on demand
 
-        return install_quantized(self, weights, self.cfg.canvas_length, gemma_layers, emulate)
+        return install_quantized(self, weights, self.cfg.canvas_length, gemma_layers, **how)
 
     def fuse_projections(self) -> None:
         for module in self.modules():

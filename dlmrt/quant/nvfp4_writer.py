@@ -70,7 +70,7 @@ def write_nvfp4_checkpoint(
     if (src / INDEX).is_file():
         index = read_json(src / INDEX)
         (out / INDEX).write_text(json.dumps({**index, "weight_map": weight_map}, indent=2))
-    _write_config(out, fmt, sorted(set(ignore) | kept))
+    write_quant_config(out, fmt, sorted(set(ignore) | kept))
     return out
 
 
@@ -119,7 +119,9 @@ def _input_scales(
     return out
 
 
-def _write_config(out: Path, fmt: str, ignore: list[str]) -> None:
+def write_quant_config(out: Path, fmt: str, ignore: list[str]) -> None:
+    """Declare an NVFP4 checkpoint at `out`: hf_quant_config.json (ModelOpt) or config.json's
+    quantization_config (compressed-tensors), with `ignore` as its list of unquantized modules."""
     if fmt == MODELOPT:
         hf = {
             "producer": {"name": "modelopt", "version": "dlmrt"},

@@ -115,7 +115,7 @@ class _Fp8Model(torch.nn.Module):
         self.a, self.b = torch.nn.Linear(8, 4, bias=False), torch.nn.Linear(8, 4, bias=False)
         self.taken: dict[str, Fp8Weight] = {}
 
-    def use_quantized(self, fp8: dict[str, Fp8Weight], emulate: bool = False) -> list[str]:
+    def use_quantized(self, fp8: dict[str, Fp8Weight], **how: bool | str) -> list[str]:
         self.taken = {n: w for n, w in fp8.items() if n == "a.weight"}
         with torch.no_grad():
             self.b.weight.zero_()  # a model that frees what it declines is re-filled
