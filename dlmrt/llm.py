@@ -89,27 +89,16 @@ class LLM(StyleAttributes):
             prefer=prefer,
         )
         config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
-        if model is None:
-            from dlmrt.demo import demo_model_path
-
-            path = demo_model_path()
-            log.warning(
-                "no model given: using the embedded demo model at %s (a 4.85M-parameter model "
-                "that only solves short arithmetic word problems)",
-                path,
-            )
-        else:
-            path = resolve_model_path(str(model))
-        check = not config.skip_weight_check
+        path = _model_path(model)
+        how = dict(quantization=config.quantization, activations=config.activations)
         ckpt = load_checkpoint(
             path,
             config.torch_dtype(),
             config.torch_device(),
-            check_finite=check,
-            quantization=config.quantization,
+            check_finite=not config.skip_weight_check,
             shard=tp_setup.loader(self.group),
-            activations=config.activations,
             prefer=config.prefer,
+            **how,
         )
         tokenizer = Tokenizer(path, ckpt.config_json, ckpt.generation_config)
         self._setup(ckpt, tokenizer, config)
@@ -263,3 +252,18 @@ class LLM(StyleAttributes):
         """Iterate the request's `Draft`s (a block at a time); afterwards `.output` holds its
         `GenerationOutput`. Leaving early (`close()`, a `with` block) cancels the request."""
         return DraftStream(self.generate, prompt, dict(chat=chat, **kwargs))
+
+
+def _model_path(model: str | Path | None) -> Path:
+    """The checkpoint directory of `model` (a path or a hub-cache name); None: the embedded demo."""
+    if model is not None:
+        return resolve_model_path(str(model))
+    from dlmrt.demo import demo_model_path
+
+    path = demo_model_path()
+    log.warning(
+        "no model given: using the embedded demo model at %s (a 4.85M-parameter model "
+        "that only solves short arithmetic word problems)",
+        path,
+    )
+    return path

@@ -201,6 +201,21 @@ def _time(args, model, rule, context: int, mode: str) -> tuple[float, int]:
     return time_mode(model, mode, context, args.iters, rule, args.canvas)
 
 
+def _row(context: int, mode: str, ms: float, rounds: int, f: dict, fp8_floor: float | None):
+    """One result row (and its printed line): ms per round against the floors."""
+    row = {"context": context, "mode": mode, "ms_per_round": round(ms, 3)}
+    row |= {"rounds_per_block": rounds, "floor_ms": round(f["floor"], 3)}
+    row |= {"floor_bound": f["bound"], "ratio_to_floor": round(ms / f["floor"], 2)}
+    if fp8_floor is not None:
+        row |= {"fp8_floor_ms": round(fp8_floor, 3), "ratio_to_fp8_floor": round(ms / fp8_floor, 2)}
+    print(
+        f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {f['floor']:>7.3f} "
+        f"{ms / f['floor']:>8.2f}" + (f" fp8 floor {fp8_floor:.3f}" if fp8_floor else ""),
+        flush=True,
+    )
+    return row
+
+
 def main() -> None:
     global KV_DTYPE
     args = _args()
@@ -229,20 +244,7 @@ def main() -> None:
             fp8_floor *= 1e3
         for mode in args.modes:
             ms, rounds = _time(args, model, rule, context, mode)
-            row = {"context": context, "mode": mode, "ms_per_round": round(ms, 3)}
-            row |= {"rounds_per_block": rounds, "floor_ms": round(f["floor"], 3)}
-            row |= {"floor_bound": f["bound"], "ratio_to_floor": round(ms / f["floor"], 2)}
-            if fp8_floor is not None:
-                row |= {
-                    "fp8_floor_ms": round(fp8_floor, 3),
-                    "ratio_to_fp8_floor": round(ms / fp8_floor, 2),
-                }
-            rows.append(row)
-            print(
-                f"{context:>8} {mode:>12} {ms:>9.3f} {rounds:>7} {f['floor']:>7.3f} "
-                f"{ms / f['floor']:>8.2f}" + (f" fp8 floor {fp8_floor:.3f}" if fp8_floor else ""),
-                flush=True,
-            )
+            rows.append(_row(context, mode, ms, rounds, f, fp8_floor))
         torch.cuda.empty_cache()
     eager = {r["context"]: r["ms_per_round"] for r in rows if r["mode"] == "eager"}
     for r in rows:
