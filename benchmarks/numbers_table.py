@@ -6,7 +6,7 @@ weights, KV arena), as the markdown table docs/numbers.md shows.
 Reads every `round_latency_*.json` (block_graph rows only), leaves out the experiment files whose
 names say so (`EXPERIMENTS`: split-KV at 256 rows, FlashAttention-4 on / auto, LLaDA's all-mask
 canvas, the MoE plan A/B, the FP8 MLP with its fused GLU pinned off, a restructuring's before / after runs; FP8 / NVFP4 runs are rows of their own) and keeps the newest run of each
-configuration by the date it was written. The floor of an FP8 or NVFP4 row is the file's
+configuration (and GPU: the floors are the GPU's own, `common.PEAK_BYTES`) by the date it was written. The floor of an FP8 or NVFP4 row is the file's
 `fp8_floor_ms` (round_latency.py writes the format's own floor there: FP8 weights at 1 byte,
 NVFP4 experts at 0.5625). `--write` replaces the
 table between the `numbers-table` markers of that file; `tests/test_numbers_table.py` checks that
@@ -32,6 +32,8 @@ EXPERIMENTS = (
     "_plan_",
     "glu_off",
     "restructure_",
+    "streams_off",
+    "_route",
 )
 NAMES = {
     "qwen_dlm": "QwenDLM-4B + ORL adapter, 256-row round",
@@ -43,7 +45,7 @@ WEIGHTS = {"bf16": 0, "fp8": 1, "nvfp4": 2}
 
 
 def runs(results: str) -> dict[tuple, dict]:
-    """(model, context, weights, kv) -> the newest block_graph run of it."""
+    """(model, context, weights, kv, GPU) -> the newest block_graph run of it."""
     latest: dict[tuple, dict] = {}
     for path in sorted(glob.glob(os.path.join(results, "round_latency_*.json"))):
         name = os.path.basename(path)
@@ -59,11 +61,16 @@ def runs(results: str) -> dict[tuple, dict]:
         for r in data["results"]:
             if r["mode"] != "block_graph":
                 continue
-            key = (data["model"], r["context"], weights, kv)
+            key = (data["model"], r["context"], weights, kv, gpu(data.get("device", "")))
             run = {"date": data["date"], "revision": data["git_revision"], "file": name, **r}
             if key not in latest or run["date"] > latest[key]["date"]:
                 latest[key] = run
     return latest
+
+
+def gpu(device: str) -> str:
+    """The GPU's short name in a device string ("NVIDIA H100 80GB HBM3" -> "H100")."""
+    return next((g for g in ("H100", "H200") if g in device), device or "?")
 
 
 def requested(command: str) -> str | None:
@@ -79,19 +86,21 @@ def requested(command: str) -> str | None:
 def table(results: str) -> str:
     """The markdown table, one row per configuration, in a fixed order."""
     rows = [
-        "| model, shape | context | weights | KV arena | ms | floor (ms) | x floor | revision, date | file |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model, shape | context | weights | KV arena | GPU | ms | floor (ms) | x floor | revision, date | file |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     found = runs(results)
-    order = sorted(found, key=lambda k: (ORDER.get(k[0], 9), k[1], WEIGHTS.get(k[2], 9), k[3]))
+    order = sorted(
+        found, key=lambda k: (ORDER.get(k[0], 9), k[1], WEIGHTS.get(k[2], 9), k[3], k[4])
+    )
     for key in order:
-        model, context, weights, kv = key
+        model, context, weights, kv, device = key
         r = found[key]
         floor = (
             r.get("fp8_floor_ms") if weights != "bf16" and r.get("fp8_floor_ms") else r["floor_ms"]
         )
         rows.append(
-            f"| {NAMES.get(model, model)} | {context // 1024}k | {weights} | {'FP8' if kv == 'fp8' else 'bf16'} "
+            f"| {NAMES.get(model, model)} | {context // 1024}k | {weights} | {'FP8' if kv == 'fp8' else 'bf16'} | {device} "
             f"| {r['ms_per_round']:.3f} | {floor:.2f} | {r['ms_per_round'] / floor:.2f} "
             f"| {r['revision'].split()[0]}, {r['date'][:10]} | `{r['file']}` |"
         )  # fmt: skip

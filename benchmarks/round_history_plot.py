@@ -48,6 +48,8 @@ def shipped_runs(results_dir: str) -> dict[tuple[str, int], list[dict]]:
         weights = dtype.get("weights") if isinstance(dtype, dict) else dtype
         kv = dtype.get("kv_cache", "auto") if isinstance(dtype, dict) else "auto"
         model = data.get("model") or "qwen_dlm"  # the first runs (2026-11-29) named no model
+        if "H100" in data.get("device", ""):  # the history is the H200's; one GPU per curve
+            continue
         if weights != "bf16" or kv != "auto":
             continue
         if model == "llada2" and shape.get("canvas") != "random":
