@@ -16,19 +16,20 @@ expert rows, with one all-reduce after each row-parallel part:
     vocabulary    vocab-parallel embedding and LM head; the rules' statistics, the draws, z and
                   DiffusionGemma's soft embedding combined in `vocab.py`
 
-`model.cfg` becomes the rank's local config (head counts), so the engines size their KV arenas
-per rank. A dimension that does not divide raises `ShardError` naming it.
+Modules are recognised by their shape, never by their family: an attention module has `heads`,
+`kv_heads`, `head_dim` and either q_proj / k_proj / v_proj / o_proj with a `qkv` slot (`unfuse`)
+or one `query_key_value` and `dense`; gated MLPs are `layers.SwiGLU`, routed experts
+`models/experts.py`'s `Experts`. `model.cfg` becomes the rank's local config through the config's
+own `with_local_heads` (head counts), so the engines size their KV arenas per rank. A dimension
+that does not divide raises `ShardError` naming it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 
-from dlmrt.models import diffusion_gemma as dg
-from dlmrt.models import layers, llada2, moe
+from dlmrt.models import layers, moe
 from dlmrt.models.experts import Experts
 from dlmrt.parallel.group import TPGroup
 from dlmrt.parallel.linear import (
@@ -70,12 +71,14 @@ def _attention(m: nn.Module, group: TPGroup, q, k, v, o) -> None:
     m.heads, m.kv_heads = hl, kvl
 
 
-def _qwen_attention(m: layers.Attention, group: TPGroup) -> None:
+def _projections_attention(m: nn.Module, group: TPGroup) -> None:
+    """Attention with q_proj / k_proj / v_proj (None: K = V) / o_proj and a `qkv` slot that
+    stacks them (QwenDLM, DiffusionGemma): unfused, sliced, re-fused after loading."""
     m.unfuse()
     _attention(m, group, m.q_proj, m.k_proj, m.v_proj, m.o_proj)
 
 
-def _llada_attention(m: llada2.Attention, group: TPGroup) -> None:
+def _fused_qkv_attention(m: nn.Module, group: TPGroup) -> None:
     """The fused query_key_value rows are [q heads | k heads | v heads]: slice each part."""
     d, heads, kv = m.head_dim, m.heads, m.kv_heads
     q0, hl, k0, kvl = local_heads(heads, kv, group)
@@ -129,16 +132,10 @@ def _vocab_parallel(model: nn.Module, embed_name: str, group: TPGroup) -> None:
     model.lm_head.out_features = emb.num_embeddings
 
 
-def _local_config(model: nn.Module) -> None:
-    cfg = model.cfg
-    if isinstance(model, dg.DiffusionGemma):
-        kv = tuple(layer.self_attn.kv_heads for layer in model.model.layers)
-        model.cfg = dataclasses.replace(cfg, kv_heads=kv)
-        return
-    attn = [m for m in model.modules() if isinstance(m, layers.Attention | llada2.Attention)][0]
-    model.cfg = dataclasses.replace(
-        cfg, num_attention_heads=attn.heads, num_key_value_heads=attn.kv_heads
-    )
+def _local_config(model: nn.Module, attention: list[nn.Module]) -> None:
+    """The rank's config (`with_local_heads`: each family's config says what it sizes by)."""
+    kv = tuple(m.kv_heads for m in attention)
+    model.cfg = model.cfg.with_local_heads(attention[0].heads, kv)
 
 
 def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Module:
@@ -148,14 +145,14 @@ def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Modul
     moes = [m for m in model.modules() if isinstance(m, moe.SparseMoE)]
     shared = {id(m.shared_experts) for m in moes}
     summed = {id(m.experts) for m in moes}  # reduced with the shared experts' sum, once
+    attention = []  # by its shape, not its family: the layers' attention modules, in order
     for name, m in list(model.named_modules()):
-        if isinstance(m, layers.Attention):
-            _qwen_attention(m, group)
-        elif isinstance(m, llada2.Attention):
-            _llada_attention(m, group)
-        elif isinstance(m, dg.Attention):
-            m.unfuse()  # re-fused from the sliced projections below
-            _attention(m, group, m.q_proj, m.k_proj, m.v_proj, m.o_proj)
+        if hasattr(m, "query_key_value") and hasattr(m, "kv_heads"):
+            _fused_qkv_attention(m, group)
+            attention.append(m)
+        elif hasattr(m, "q_proj") and hasattr(m, "kv_heads"):
+            _projections_attention(m, group)  # re-fused from the sliced projections below
+            attention.append(m)
         elif isinstance(m, layers.SwiGLU):
             _mlp(m, group, name, reduce=id(m) not in shared)
         elif isinstance(m, Experts):
@@ -165,7 +162,7 @@ def shard_model(model: nn.Module, group: TPGroup, fuse: bool = True) -> nn.Modul
         elif isinstance(m, moe.SparseMoE):
             all_reduce_output(m, group)  # routed + shared partial sums: one all-reduce
     _vocab_parallel(model, getattr(model, "EMBED", "embed_tokens"), group)
-    _local_config(model)
+    _local_config(model, attention)
     if fuse and hasattr(model, "fuse_projections"):  # the loader fuses after sliced loading
         model.fuse_projections()
     return model

@@ -7,7 +7,7 @@ field and the file. Family-specific extras (the ORL adapter) are parsed by their
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,11 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+    def with_local_heads(self, heads: int, kv_heads: tuple[int, ...]) -> ModelConfig:
+        """This config as one tensor-parallel rank sees it: `heads` query heads and, per layer,
+        `kv_heads` (the same in every layer here), so the engines size the KV arena per rank."""
+        return replace(self, num_attention_heads=heads, num_key_value_heads=kv_heads[0])
 
 
 def _field(cfg: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:

@@ -5,7 +5,7 @@ Every value comes from the file; a missing or malformed field is a CheckpointErr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,11 @@ class DiffusionGemmaConfig:
     @property
     def num_hidden_layers(self) -> int:
         return len(self.layer_types)
+
+    def with_local_heads(self, heads: int, kv_heads: tuple[int, ...]) -> DiffusionGemmaConfig:
+        """This config as one tensor-parallel rank sees it: its KV heads per layer (the KV
+        arena's widths); the query heads live in the attention modules."""
+        return replace(self, kv_heads=kv_heads)
 
 
 def _get(tc: dict[str, Any], name: str, path: Path, kind: type = int) -> Any:
