@@ -9,6 +9,30 @@ import torch
 from benchmark_modules import benchmark
 
 
+def _tiny_llada(layers: int = 2):
+    """A tiny random LLaDA2 (16 experts in 4 groups, top-3) built as the benchmarks build theirs."""
+    from dlmrt.model_shapes import llada21_mini
+    from dlmrt.models.llada2 import LLaDA2
+
+    cfg = replace(
+        llada21_mini(layers),
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=48,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rotary_dim=8,
+        num_experts=16,
+        n_group=4,
+        topk_group=2,
+        top_k=3,
+        moe_intermediate_size=8,
+        block_size=4,
+    )
+    return benchmark("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
+
+
 def test_moe_floor_counts_the_touched_experts():
     moe = benchmark("kernels.moe_layer")
     shape = moe.Shape("t", hidden=64, experts=16, inter=32, top_k=2, rows=3, activation="silu")
@@ -64,27 +88,9 @@ def test_moe_round_floor_counts_dense_weights_and_touched_experts():
     """A tiny LLaDA2: the hook counts one round's distinct experts per MoE layer, and the floor's
     bytes are every non-embedding weight but the routed experts, plus the touched experts, plus KV."""
     from dlmrt.attention import AttnContext
-    from dlmrt.model_shapes import llada21_mini
-    from dlmrt.models.llada2 import LLaDA2
 
     mm = benchmark("moe_models")
-    cfg = replace(
-        llada21_mini(3),
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        rotary_dim=8,
-        num_experts=16,
-        n_group=4,
-        topk_group=2,
-        top_k=3,
-        moe_intermediate_size=8,
-        block_size=4,
-    )
-    model = benchmark("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
+    model = _tiny_llada(layers=3)  # one dense layer, two MoE layers
     assert all(b.abs().sum() == 0 for n, b in model.named_buffers() if "expert_bias" in n)
     touched = mm.TouchedExperts(model)
     ids = torch.arange(5)
@@ -164,29 +170,6 @@ def test_round_history_keeps_the_shipped_runs_in_time_order(tmp_path):
     assert runs[("qwen_dlm", 1024)][0]["revision"] == "abc1234"
     assert [r["ms"] for r in runs[("llada2", 1024)]] == [3.9]
     assert runs[("diffusion_gemma", 1024)] == []
-
-
-def _tiny_llada(experts: int = 16):
-    from dlmrt.model_shapes import llada21_mini
-    from dlmrt.models.llada2 import LLaDA2
-
-    cfg = replace(
-        llada21_mini(2),
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        rotary_dim=8,
-        num_experts=experts,
-        n_group=4,
-        topk_group=2,
-        top_k=3,
-        moe_intermediate_size=8,
-        block_size=4,
-    )
-    return benchmark("common").random_model(cfg, torch.device("cpu"), torch.float32, cls=LLaDA2)
 
 
 @pytest.mark.parametrize("family", ["llada2", "diffusion_gemma"])
