@@ -5,7 +5,7 @@ unconstrained; the whole-format regex (each step `<int> <op> <int> = <int>.`, th
 <int>.`); and the JSON schema {"answer": <integer>}. TPF counts the tokens the grammar forced as
 decoded (tokens / denoising forwards). CPU by default:
 
-    python benchmarks/structured_demo.py [--problems N] [--device cpu] [--out results.json]
+    python -m benchmarks.structured_demo [--problems N] [--device cpu] [--out results.json]
 """
 
 from __future__ import annotations

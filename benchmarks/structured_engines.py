@@ -4,7 +4,7 @@ For each schema of `SCHEMAS` and each engine: does it compile (coverage), how lo
 and the mean time to compute one token mask along a seeded random walk through the grammar (a
 random allowed token each step, the stop token once the document may end). Run on the CPU:
 
-    python benchmarks/structured_engines.py [--tokenizer DIR] [--out results.json]
+    python -m benchmarks.structured_engines [--tokenizer DIR] [--out results.json]
 
 DIR holds a tokenizer.json (default: the embedded demo model's). Both engines must be installed
 (`pip install llguidance xgrammar`); docs/structured-output.md reports the result.
