@@ -28,6 +28,7 @@ from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.impls.gate_up import QuantGateUp
 from dlmrt.impls.glu_install import install_glu
 from dlmrt.impls.nvfp4_linear import Nvfp4Linear
+from dlmrt.impls.slot import set_slot
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import use_fp8_gemm
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
@@ -46,9 +47,7 @@ def free(*linears: nn.Linear) -> None:
 
 def set_gate_up(mlp: nn.Module, gate_up: nn.Module) -> None:
     """Install `gate_up` as the MLP's first half and free its bf16 gate and up weights."""
-    mlp._modules.pop("gate_up", None)
-    mlp.__dict__.pop("gate_up", None)
-    mlp.gate_up = gate_up
+    set_slot(mlp, "gate_up", gate_up)
     free(mlp.gate_proj, mlp.up_proj)
 
 

@@ -22,7 +22,9 @@ from collections.abc import Callable
 
 from torch import nn
 
+from dlmrt.impls.dense_install import PROJS, free, generic_gated_mlp
 from dlmrt.impls.formats import TABLE, FormatRow
+from dlmrt.impls.slot import set_slot
 
 
 class Installer:
@@ -65,8 +67,6 @@ class Installer:
         return lin
 
     def gated_mlp(self, prefix: str, mlp: nn.Module, producer: nn.Module | None) -> None:
-        from dlmrt.impls.dense_install import PROJS, generic_gated_mlp
-
         names = [f"{prefix}.{p}.weight" for p in PROJS]
         kinds = [type(self.weights[n]) for n in names if n in self.weights]
         row = TABLE.get(kinds[0]) if kinds else None
@@ -111,11 +111,7 @@ def _qkv(ins: Installer, attn: nn.Module, names: list[str], fused_input: bool) -
     if hasattr(attn, "query_key_value"):  # LLaDA2: one stored projection
         ins.swap(attn, "query_key_value", qkv)
         return True
-    attn._modules.pop("qkv", None)
-    attn.__dict__.pop("qkv", None)
-    attn.qkv = qkv
-    from dlmrt.impls.dense_install import free
-
+    set_slot(attn, "qkv", qkv)
     free(*(getattr(attn, f"{p}_proj") for p in "qkv" if getattr(attn, f"{p}_proj", None)))
     return True
 

@@ -22,16 +22,11 @@ from torch import nn
 from dlmrt import ops
 from dlmrt.attention import AttnContext
 from dlmrt.impls.dense import ProjectionConcat, StackedProjection
+from dlmrt.impls.slot import set_slot
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext, KeyNorm
 from dlmrt.models.experts import Experts
-from dlmrt.models.layers import (
-    GeGLU,
-    GemmaRMSNorm,
-    fuse_weights,
-    proportional_rope_cos_sin,
-    set_slot,
-)
+from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
 from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops import branches, gemma
 from dlmrt.parallel import group as tp

@@ -13,6 +13,7 @@ from dlmrt import ops
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.impls.dense import ProjectionConcat, SeparateGateUp, StackedGateUp, StackedProjection
 from dlmrt.impls.norms import plain_norm
+from dlmrt.impls.slot import set_slot
 
 
 class RMSNorm(nn.Module):
@@ -41,13 +42,6 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemma_rms_norm(x, self.weight, self.eps)
-
-
-def set_slot(module: nn.Module, name: str, impl) -> None:
-    """module.name = impl, whether impl is a module (registered, as a quantized one is) or a plain
-    implementation object replacing one (`dlmrt/impls/dense.py`)."""
-    module._modules.pop(name, None)
-    setattr(module, name, impl)
 
 
 def fuse_weights(*linears: nn.Linear) -> torch.Tensor:
