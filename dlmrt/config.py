@@ -66,8 +66,8 @@ class EngineConfig:
         default=True,
         metadata={
             "help": "keep the KV of each request's prompt and committed blocks (DiffusionGemma: "
-            "canvases); a later request whose prompt starts with the same whole blocks (any "
-            "tokens) reuses them and prefills only the rest (docs/prefix-reuse.md)"
+            "canvases); a later request reuses the whole blocks (DiffusionGemma: the tokens) "
+            "its prompt starts with and prefills only the rest (docs/prefix-reuse.md)"
         },
     )
     tensor_parallel_size: int | None = field(

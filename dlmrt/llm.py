@@ -52,7 +52,8 @@ class LLM(StyleAttributes):
     activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's MLPs (numerics, not speed);
     prefer="memory" keeps an NVFP4 checkpoint 4-bit on the GPU (W4A16) instead of its fastest form.
     prefix_reuse=True (the default) lets a request reuse the K/V of the prompt it shares with
-    earlier requests (whole blocks; DiffusionGemma: any tokens) (`docs/prefix-reuse.md`; `out.num_cached_tokens` counts them).
+    earlier requests (whole blocks; DiffusionGemma: to the token) (`docs/prefix-reuse.md`;
+    `out.num_cached_tokens` counts them).
     """
 
     def __init__(

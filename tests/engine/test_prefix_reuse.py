@@ -200,7 +200,7 @@ def test_a_request_stopped_from_its_progress_callback_keeps_no_uncommitted_block
     assert llm.engine.prefix.ids == (prompt + seen[0])[: blocks * B]
 
 
-def test_common_blocks_and_a_disabled_prefix():
+def test_common_prefix_and_a_disabled_prefix():
     assert common_prefix([1, 2, 3, 4, 5], [1, 2, 3, 4, 9], 2) == 4
     assert common_prefix([1, 2, 3], [1, 2, 3, 4], 2) == 2
     assert common_prefix([], [1, 2], 1) == 0

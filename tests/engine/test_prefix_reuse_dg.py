@@ -47,7 +47,8 @@ def pair(ckpt):  # noqa: F811
 
 
 def _committed(prompt_len: int) -> int:
-    """Context rows a request that ran to its length leaves: its prompt, every canvas but the last."""
+    """Context rows a request that ran to its length leaves: its prompt, its canvases but the
+    last (never committed)."""
     return prompt_len + (math.ceil(NEW / CANVAS) - 1) * CANVAS
 
 

@@ -177,11 +177,12 @@ class EncoderDecoderEngine:
 
     def _encode_prompt(self, prompt: list[int], arena: ContextArena, start: int = 0) -> None:
         """The prompt's causal encoder pass over rows [start, len(prompt)) (the rows before
-        `start` hold their K/V already: a reused prefix, any row). Graph modes: captured chunks per length bucket, the
-        prompt padded to a multiple of `ENCODE_GRANULE` (`engine/graph/prefill.py`: a padded row
-        sits after every real one, so causal attention hides it, and it writes only arena rows a
-        canvas pass writes before reading). Eager mode on CUDA: the same padded chunks, run eagerly
-        (every mode the same shapes, so the same tokens); the CPU: one unpadded pass."""
+        `start` hold their K/V already: a reused prefix, any row). Graph modes: captured chunks
+        per length bucket from `start`, padded to a multiple of `ENCODE_GRANULE` rows
+        (`engine/graph/prefill.py`: a padded row sits after every real one, so causal attention
+        hides it, and it writes only arena rows a canvas pass writes before reading). Eager mode
+        on CUDA: the same padded chunks, run eagerly (every mode the same shapes, so the same
+        tokens); the CPU: one unpadded pass."""
         ws = self.workspace
         if self.device.type == "cuda" and arena is ws.arena:
             # dropped with the arena: the graphs hold pointers into it
