@@ -65,9 +65,9 @@ class EngineConfig:
     prefix_reuse: bool = field(
         default=True,
         metadata={
-            "help": "keep the KV of each request's prompt and committed blocks; a later request "
-            "whose prompt starts with the same whole blocks reuses them and prefills only the "
-            "rest (block style: QwenDLM, LLaDA2; docs/prefix-reuse.md)"
+            "help": "keep the KV of each request's prompt and committed blocks (DiffusionGemma: "
+            "canvases); a later request reuses the whole blocks (DiffusionGemma: the tokens) "
+            "its prompt starts with and prefills only the rest (docs/prefix-reuse.md)"
         },
     )
     tensor_parallel_size: int | None = field(

@@ -51,8 +51,9 @@ class LLM(StyleAttributes):
     from its config (docs/quantization.md); kv_cache_dtype="fp8" gives an FP8 KV arena;
     activations="nvfp4" emulates W4A4 on an NVFP4 checkpoint's MLPs (numerics, not speed);
     prefer="memory" keeps an NVFP4 checkpoint 4-bit on the GPU (W4A16) instead of its fastest form.
-    prefix_reuse=True (the default) lets a request reuse the K/V of the prompt blocks it shares
-    with earlier requests (`docs/prefix-reuse.md`; `out.num_cached_tokens` counts them).
+    prefix_reuse=True (the default) lets a request reuse the K/V of the prompt it shares with
+    earlier requests (whole blocks; DiffusionGemma: to the token) (`docs/prefix-reuse.md`;
+    `out.num_cached_tokens` counts them).
     """
 
     def __init__(

@@ -110,7 +110,7 @@ class EngineResult:
     prefill_forwards: int = 0
     rounds_per_block: list[int] = field(default_factory=list)
     mode: str = EAGER
-    cached_tokens: int = 0  # prompt rows reused from the arena, not prefilled (block style)
+    cached_tokens: int = 0  # prompt rows reused from the arena, not prefilled (prefix reuse)
     forced_tokens: int = 0  # structured output: tokens the grammar committed without a forward
     grammar_ms: float = 0.0  # structured output: host time in the grammar
 

@@ -7,6 +7,7 @@
     block/            block style (QwenDLM, LLaDA2): rounds over blocks of B rows, commit folding
     encoder_decoder/  encoder-decoder style (DiffusionGemma): denoising steps over canvases
     kv_cache.py       the static arenas of both styles
+    prefix.py         both styles: the arena rows a request leaves for the next one to reuse
 
 What the engine owns: device buffers, the arena, captured graphs, the per-request host loop and
 its counters (`EngineResult`). What it must never do: read text or tokenizers, load checkpoints,

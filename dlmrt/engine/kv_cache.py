@@ -7,9 +7,11 @@ rows its visibility rule allows (`dlmrt/attention/`, `dlmrt/models/diffusion_gem
 KVCache      block style: K and V of [layers, kv_heads, max_len, head_dim]. Rows of the active
              block are scratch while it is denoised (each round writes them) and become
              permanent with its commit (a commit pass, or the folded joint pass); committed
-             rows outlive the request, for the next one to reuse (`engine/block/prefix.py`).
+             rows outlive the request, for the next one to reuse (`engine/prefix.py`).
 ContextArena encoder-decoder style: per layer K and V of [kv_heads, max_len, head_dim] (layers
-             differ in head count and head_dim). Arena row j holds position j.
+             differ in head count and head_dim). Arena row j holds position j. The prompt's
+             rows and each committed canvas's (its encoder pass) outlive the request likewise;
+             the active canvas's rows are scratch (its decoder passes write them).
 
 `kv_cache_dtype="fp8"` stores both in e4m3 with a fixed per-tensor scale of 1 (as vLLM does
 without calibrated scales): K is RMS-normalised per head before it is written (QK-norm), so its

@@ -242,7 +242,7 @@ class Worker:
 
 def _cached_tokens(llm: Any) -> int:
     """The prompt tokens the latest request reused (its output's `num_cached_tokens`), read from
-    the engine, which has it also for a request that a stop string ended before it returned: the
-    block style's `engine.prefix`; an engine without prefix reuse (encoder-decoder) reuses none."""
+    the engine, which has it also for a request that a stop string ended before it returned:
+    `engine.prefix` (both styles; an engine without one reuses none)."""
     prefix = getattr(llm.engine, "prefix", None)
     return 0 if prefix is None else prefix.reused

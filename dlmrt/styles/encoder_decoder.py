@@ -35,7 +35,9 @@ class EncoderDecoderStyle:
     def from_checkpoint(cls, setup: Setup) -> EncoderDecoderStyle:
         """The checkpoint's (or its role's) canvas settings and the engine."""
         config = setup.config
-        engine = EncoderDecoderEngine(setup.model, setup.device, setup.mode, config.kv_cache_dtype)
+        engine = EncoderDecoderEngine(
+            setup.model, setup.device, setup.mode, config.kv_cache_dtype, config.prefix_reuse
+        )
         settings = CanvasSettings.from_generation_config(
             setup.checkpoint.generation_config, setup.path / "generation_config.json", config.role
         )

@@ -177,8 +177,8 @@ class _Spy(EncoderDecoderEngine):
     """The engine with eager runners, standing in for a graph mode on the CPU; counts the
     requests that ran its static path (each fetches a program)."""
 
-    def __init__(self, model, device, mode, kv_cache_dtype="auto"):
-        super().__init__(model, device, "eager", kv_cache_dtype)
+    def __init__(self, model, device, mode, kv_cache_dtype="auto", prefix_reuse=False):
+        super().__init__(model, device, "eager", kv_cache_dtype, prefix_reuse)
         self.mode, self.calls = mode, 0
 
     def program(self, *args, **kwargs):

@@ -1,6 +1,7 @@
 """GPU: DiffusionGemma's canvas graph modes. block_graph == round_graph == the static eager runner,
 token for token (same kernels); == the oracle (`reference.canvas`, rng="counter") in fp32; graphs are
-captured once and reused; LLM(path, device="cuda") picks block_graph.
+captured once and reused; LLM(path, device="cuda") picks block_graph; prefix reuse decodes a
+conversation as cold requests do, reusing the same rows in every mode.
 
 Run on the device machine: pytest -m gpu tests/engine/test_encoder_decoder_gpu.py
 """
@@ -15,7 +16,7 @@ from conftest import assert_modes_agree
 from dg_helpers import F_, MID, SETTINGS, S, _config, _prompt, _randomise, ckpt, save_checkpoint  # noqa: F401
 
 from dlmrt import LLM, reference
-from dlmrt.engine.graph import workspace
+from dlmrt.engine.graph import prefill, workspace
 
 pytestmark = [
     pytest.mark.gpu,
@@ -144,3 +145,33 @@ def test_cancel_before_a_canvas(checkpoints):
         llm.generate(_prompt(4, 1), max_new_tokens=16, should_stop=lambda: True)
     out = llm.generate(_prompt(4, 1), max_new_tokens=16, **SETTINGS[0])
     assert out.mode == "block_graph" and len(out.rounds_per_block) >= 1
+
+
+@pytest.mark.parametrize("max_rows", [2048, 16])  # 16: one-granule chunks from the reused row
+@pytest.mark.parametrize("name", ["tiny", "mid"])
+def test_prefix_reuse_decodes_a_conversation_as_cold_in_every_mode(
+    checkpoints, name, max_rows, monkeypatch
+):
+    """fp32: each turn's prompt is the last one + its answer + new tokens; the reuse ends inside
+    a 16-row granule (the prompt's encoder chunks then start there), counts the previous prompt
+    and its committed canvases (all but the last), the same in every mode, with cold's tokens.
+    mid: the Triton canvas attention (head dims 32, 64) reads from the unaligned start."""
+    monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", max_rows)
+    turns = [_prompt(21, 1), _prompt(9, 2), _prompt(30, 3)]
+    cached = {}
+    for mode in ("eager", *GRAPHS):
+        llm = LLM(checkpoints[name], device="cuda", dtype="float32", mode=mode)
+        cold = LLM(checkpoints[name], device="cuda", dtype="float32", mode=mode, prefix_reuse=False)
+        length = llm.engine.canvas_length
+        kw = dict(max_new_tokens=length * 5 // 2, ignore_eos=True, rng="counter", **SETTINGS[0])
+        ids, cold_ids, cached[mode], want = [], [], [], [0]
+        for new in turns:
+            ids, cold_ids = ids + new, cold_ids + new
+            out, ref = llm.generate(ids, **kw), cold.generate(cold_ids, **kw)
+            assert out.token_ids == ref.token_ids and ref.num_cached_tokens == 0, mode
+            cached[mode].append(out.num_cached_tokens)
+            want.append(len(ids) + 2 * length)  # the prompt, two of its three canvases
+            ids, cold_ids = ids + out.token_ids, cold_ids + ref.token_ids
+        assert cached[mode] == want[:3], mode
+    assert any(c % 16 for c in cached["eager"][1:])
+    assert cached["eager"] == cached["round_graph"] == cached["block_graph"]

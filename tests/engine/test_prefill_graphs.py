@@ -88,7 +88,8 @@ def test_padded_prefill_gives_the_same_tokens(llm, monkeypatch, prompt_len, max_
 
 def test_padded_encoder_pass_gives_the_same_context_and_tokens(ckpt, monkeypatch):  # noqa: F811
     """DiffusionGemma: the prompt's encoder pass padded to ENCODE_GRANULE writes the same context
-    K/V (prompt 13 > the sliding window), and a padded, chunked one decodes the same tokens."""
+    K/V (prompt 13 > the sliding window), also when it starts at a reused prefix's end (any row:
+    the encoder is causal), and a padded, chunked one decodes the same tokens."""
     from dlmrt.decoding import entropy_bound_canvas as ebc
     from dlmrt.engine import EncoderDecoderEngine
     from dlmrt.engine.encoder_decoder.engine import ENCODE_GRANULE
@@ -99,20 +100,23 @@ def test_padded_encoder_pass_gives_the_same_context_and_tokens(ckpt, monkeypatch
     model = load_checkpoint(ckpt[0], torch.float32, torch.device("cpu")).model
     engine = EncoderDecoderEngine(model, torch.device("cpu"), "eager")
     prompt, dtype, cpu = dg_prompt(13, 1), torch.float32, torch.device("cpu")
-    plain, padded = (ContextArena(model.cfg, 64, dtype, cpu) for _ in range(2))
+    plain, padded, resumed = (ContextArena(model.cfg, 64, dtype, cpu) for _ in range(3))
     with torch.inference_mode():
         encode(model, plain, torch.tensor(prompt), torch.zeros((), dtype=torch.long))
         assert engine.encoder_graphs(padded).run(prompt, ENCODE_GRANULE)
-    for a, b in zip(plain.k + plain.v, padded.k + padded.v, strict=True):
+        encode(model, resumed, torch.tensor(prompt[:5]), torch.zeros((), dtype=torch.long))
+        assert engine.encoder_graphs(resumed).run(prompt, ENCODE_GRANULE, 5)  # rows 5 .. 20
+    for a, b, c in zip(plain.k + plain.v, padded.k + padded.v, resumed.k + resumed.v, strict=True):
         torch.testing.assert_close(b[:, : len(prompt)], a[:, : len(prompt)], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c[:, : len(prompt)], a[:, : len(prompt)], rtol=1e-5, atol=1e-5)
     s = ebc.CanvasSettings(**SETTINGS[0])
     kw = dict(max_new_tokens=20, stop_ids=[], seed=3)
     monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", 16)
     prompt = dg_prompt(21, 2)  # two chunks of 16 rows, 11 of them padding
     want = engine.generate(prompt, s, **kw).token_ids
 
-    def padded_encode(tokens, arena):
-        assert engine.encoder_graphs(arena).run(tokens, ENCODE_GRANULE)
+    def padded_encode(tokens, arena, start=0):
+        assert engine.encoder_graphs(arena).run(tokens, ENCODE_GRANULE, start)
 
     monkeypatch.setattr(engine, "_encode_prompt", padded_encode)
     assert engine.generate(prompt, s, **kw).token_ids == want

@@ -1,5 +1,6 @@
-"""Prefix reuse (engine/block/prefix.py): a request reuses the whole blocks its prompt shares with
-the rows earlier requests committed, and decodes exactly what a cold request decodes (CPU, fp32).
+"""Prefix reuse (engine/prefix.py), block style: a request reuses the whole blocks its prompt
+shares with the rows earlier requests committed, and decodes exactly what a cold request decodes
+(CPU, fp32). DiffusionGemma's: test_prefix_reuse_dg.py.
 
 Every expected reuse count is derived from the block layout alone: after a request that ran to its
 length, rows [0, (num_blocks - 1) * B) hold committed K/V (its prompt's full blocks and every
@@ -15,7 +16,7 @@ from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 from dlmrt import LLM
 from dlmrt.blocks import layout
 from dlmrt.decoding import make_rule
-from dlmrt.engine.block.prefix import Prefix, common_blocks
+from dlmrt.engine.prefix import Prefix, common_prefix
 from dlmrt.errors import GenerationCancelled
 
 B = 8  # the tiny checkpoints' block size
@@ -199,10 +200,10 @@ def test_a_request_stopped_from_its_progress_callback_keeps_no_uncommitted_block
     assert llm.engine.prefix.ids == (prompt + seen[0])[: blocks * B]
 
 
-def test_common_blocks_and_a_disabled_prefix():
-    assert common_blocks([1, 2, 3, 4, 5], [1, 2, 3, 4, 9], 2) == 4
-    assert common_blocks([1, 2, 3], [1, 2, 3, 4], 2) == 2
-    assert common_blocks([], [1, 2], 1) == 0
+def test_common_prefix_and_a_disabled_prefix():
+    assert common_prefix([1, 2, 3, 4, 5], [1, 2, 3, 4, 9], 2) == 4
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4], 2) == 2
+    assert common_prefix([], [1, 2], 1) == 0
     off, arena = Prefix(enabled=False), object()
     off.take([1, 2, 3, 4], 2, arena, 4)
     off.commit(0, [1, 2, 3, 4])

@@ -10,8 +10,8 @@ stand-alone commit passes, and `rounds_per_block` the rule's rounds per block as
 joint pass is a round of both blocks it serves, so their sum may exceed denoising_forwards).
 The mode machinery (`dlmrt/engine/graph/`) runs the program's loops; the workspace holds the
 arena, the graph pool and the programs. The engine knows nothing about text: token ids in and out.
-Prefix reuse (`prefix.py`): the arena's committed rows outlive the request; the next one reuses the
-whole blocks its prompt shares with them and prefills only the rest.
+Prefix reuse (`engine/prefix.py`): the arena's committed rows outlive the request; the next one
+reuses the whole blocks its prompt shares with them and prefills only the rest.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from dlmrt.config import EAGER
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import folds_check
-from dlmrt.engine.block.prefix import Prefix
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.block.structured import Constraint, run_blocks
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
+from dlmrt.engine.prefix import Prefix
 from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck
 
 log = logging.getLogger("dlmrt")
@@ -90,14 +90,14 @@ class BlockEngine:
         kv_cache_dtype: str = "auto",
         prefix_reuse: bool = False,
     ) -> None:
-        """prefix_reuse: keep the committed rows for the next request (`prefix.py`); off for an
-        engine built directly (benchmarks time cold requests), on through `LLM` by default."""
+        """prefix_reuse: keep the committed rows for the next request (`engine/prefix.py`); off
+        for an engine built directly (benchmarks time cold requests), on through `LLM` by default."""
         self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
         self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
         self.workspace = Workspace(mode, self._new_arena, device)
-        self.prefix = Prefix(prefix_reuse)  # prefix.py: the committed rows the next request reuses
+        self.prefix = Prefix(prefix_reuse)  # the committed rows the next request reuses
 
     def _new_arena(self, rows: int) -> KVCache:
         c = self.cfg

@@ -11,6 +11,9 @@ warm-ups write there) and grown (rarely) to the largest request, the graph pool,
 per `CanvasSettings` (the settings are graph constants). Counter noise only: requests asking for
 torch's draws (`rng="torch"`, transformers' noise, not replayable in a graph) run the oracle,
 which this engine calls for them (logged once; such results say mode "eager").
+Prefix reuse (`engine/prefix.py`): the prompt's rows and the committed canvases' rows outlive the
+request; the next one reuses the longest common prefix of its prompt with them, to the token (the
+encoder pass is causal), and encodes only the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dlmrt.engine.graph.loop import Loop, Pass, Runner
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import ContextArena, arena_dtype
+from dlmrt.engine.prefix import Prefix
 from dlmrt.outputs import CanvasRecorder, EngineResult, ProgressCallback, StopCheck
 
 ENCODE_GRANULE = 16  # the prompt's encoder pass is padded to a multiple of this many rows
@@ -65,13 +69,18 @@ class EncoderDecoderEngine:
         device: torch.device,
         mode: str = EAGER,
         kv_cache_dtype: str = "auto",
+        prefix_reuse: bool = False,
     ) -> None:
+        """prefix_reuse: keep the prompt's and the committed canvases' context rows for the next
+        request (`engine/prefix.py`); off for an engine built directly (benchmarks time cold
+        requests), on through `LLM` by default."""
         self.model, self.device, self.mode = model, device, mode
         self.canvas_length: int = model.cfg.canvas_length
         self.embed_dtype = model.embed_table.dtype
         self.kv_dtype = arena_dtype(kv_cache_dtype, self.embed_dtype)  # kv_cache.py: FP8 arena
         self.workspace = Workspace(mode, self._new_arena, device)
         self._torch_rng_logged = False
+        self.prefix = Prefix(prefix_reuse)  # the context rows the next request reuses
 
     def _new_arena(self, rows: int) -> ContextArena:
         return ContextArena(self.model.cfg, rows, self.kv_dtype, self.device)
@@ -102,19 +111,22 @@ class EncoderDecoderEngine:
     ) -> EngineResult:
         """Decode one request (rng: "counter", or "torch" through the oracle). `recorder` gets
         every step's `CanvasStepRecord`, in every mode: the step history is written on the device
-        inside the step and handed over after each canvas (before its `on_progress`)."""
+        inside the step and handed over after each canvas (before its `on_progress`). The prompt's
+        leading tokens that earlier requests left encoded in the arena are not encoded again
+        (`res.cached_tokens`; the oracle's path, rng="torch", reuses none and keeps them)."""
         kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
         if rng == "torch":
             hooks = dict(on_progress=on_progress, should_stop=should_stop, recorder=recorder)
+            self.prefix.reused = 0  # the oracle's own cache: the arena's held rows stay as they are
             return self._generate_reference(prompt, settings, seed, hooks, kw)
         if rng != "counter":
             raise ValueError(f"rng: expected 'torch' or 'counter', got {rng!r}")
         length = self.canvas_length
         canvases = math.ceil(max_new_tokens / length)
         prog = self.program(settings, len(prompt) + (canvases + 1) * length, recorder is not None)
-        if prompt:  # the prompt's encoder pass: graphs per length bucket in the graph modes
-            self._encode_prompt(prompt, prog.arena)
+        reused = self._context(prompt, prog.arena)
         begin(prog.spec, prog.buf, len(prompt), seed)
+        starts = iter(range(len(prompt), len(prompt) + canvases * length, length))
 
         def denoise(index: int) -> tuple[torch.Tensor, int]:
             prog.runner.run(prog.steps, should_stop)
@@ -122,6 +134,7 @@ class EncoderDecoderEngine:
             # probabilities (self-conditioning input) hold NaN / inf (`engine/nonfinite.py`)
             steps, bad = torch.stack((prog.buf.step, nonfinite.flag(prog.buf.sc))).tolist()
             if bad:
+                self.prefix.clear()  # keep no K/V of a request that went non-finite
                 raise nonfinite.error(self.model, f"canvas {index} (step {steps})")
             if recorder is not None:
                 for record in read_trace(prog.buf, index, steps):
@@ -130,6 +143,7 @@ class EncoderDecoderEngine:
 
         def commit(canvas: list[int]) -> None:
             prog.runner.once(prog.advance)  # encodes buf.argmax (== canvas) on the device
+            self.prefix.commit(next(starts), canvas)  # clean now (its decoder passes: scratch)
 
         res = canvas_loop(
             denoise,
@@ -139,7 +153,7 @@ class EncoderDecoderEngine:
             mode=prog.runner.name,
             **kw,
         )
-        res.prefill_forwards = int(bool(prompt))
+        res.prefill_forwards, res.cached_tokens = int(reused < len(prompt)), reused
         return res
 
     def _generate_reference(
@@ -151,20 +165,32 @@ class EncoderDecoderEngine:
             self.model, prompt, settings, seed=seed, rng="torch", **hooks, **kw
         )
 
-    def _encode_prompt(self, prompt: list[int], arena: ContextArena) -> None:
-        """The prompt's causal encoder pass. Graph modes: captured chunks per length bucket, the
-        prompt padded to a multiple of `ENCODE_GRANULE` (`engine/graph/prefill.py`: a padded row
-        sits after every real one, so causal attention hides it, and it writes only arena rows a
-        canvas pass writes before reading). Eager mode on CUDA: the same padded chunks, run eagerly
-        (every mode the same shapes, so the same tokens); the CPU: one unpadded pass."""
+    def _context(self, prompt: list[int], arena: ContextArena) -> int:
+        """Write the prompt's context rows; -> how many of them earlier requests left in the
+        arena (reused, not encoded again). Granule 1: the encoder pass is causal, so a context
+        row's K/V depend only on the tokens up to it (sliding windows only narrow which)."""
+        reused = self.prefix.take(prompt, 1, arena, len(prompt))
+        if reused < len(prompt):  # graphs per length bucket in the graph modes
+            self._encode_prompt(prompt, arena, reused)
+            self.prefix.commit(reused, prompt[reused:])
+        return reused
+
+    def _encode_prompt(self, prompt: list[int], arena: ContextArena, start: int = 0) -> None:
+        """The prompt's causal encoder pass over rows [start, len(prompt)) (the rows before
+        `start` hold their K/V already: a reused prefix, any row). Graph modes: captured chunks
+        per length bucket from `start`, padded to a multiple of `ENCODE_GRANULE` rows
+        (`engine/graph/prefill.py`: a padded row sits after every real one, so causal attention
+        hides it, and it writes only arena rows a canvas pass writes before reading). Eager mode
+        on CUDA: the same padded chunks, run eagerly (every mode the same shapes, so the same
+        tokens); the CPU: one unpadded pass."""
         ws = self.workspace
         if self.device.type == "cuda" and arena is ws.arena:
             # dropped with the arena: the graphs hold pointers into it
             graphs = ws.extra("prefill", lambda: self.encoder_graphs(arena, ws.pool))
-            if graphs.run(prompt, ENCODE_GRANULE):
+            if graphs.run(prompt, ENCODE_GRANULE, start):
                 return
-        ids = torch.tensor(prompt, dtype=torch.long, device=self.device)
-        encode(self.model, arena, ids, torch.zeros((), dtype=torch.long, device=self.device))
+        ids = torch.tensor(prompt[start:], dtype=torch.long, device=self.device)
+        encode(self.model, arena, ids, torch.full((), start, dtype=torch.long, device=self.device))
 
     def encoder_graphs(self, arena: ContextArena, pool=None) -> PrefillGraphs:
         """Prompt encoder chunks over `arena` (pool None: run eagerly, padded as the graphs are:

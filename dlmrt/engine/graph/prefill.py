@@ -6,8 +6,9 @@ of the block length B) runs instead as graph replays over static buffers: all n 
 one host write and one async copy, then chunks of at most `MAX_GRAPH_ROWS` rows, each the replay
 of the graph of its bucket L (the chunk padded) at a device-side start s: rows s .. s+L-1 gather
 their ids and positions on the device, so one graph serves a bucket at any start.
-A prefill may start at a block boundary f > 0 (the block style's reused prefix: rows below f
-hold their K/V already); its chunks then start at f, f + C, ... with the same graphs.
+A prefill may start at a row f > 0 (a reused prefix: rows below f hold their K/V already; the
+block style's f is a block boundary, the causal encoder's any row); its chunks then start at f,
+f + C, ... with the same graphs.
 
 Chunks change nothing: a row at position p sees arena rows [0, (p // B + 1) * B) (block-causal),
 all written by earlier chunks or by its own, with the same values; the attention of a row does not
@@ -94,8 +95,9 @@ class PrefillGraphs:
 
     def run(self, tokens: list[int], granule: int, first: int = 0) -> bool:
         """Write the prompt's K/V by graph replays; False (nothing done) if it runs eagerly.
-        first: a multiple of `granule`; rows before it hold their K/V already (a reused prefix),
-        the chunks cover rows first .. len(tokens) - 1."""
+        first: rows before it hold their K/V already (a reused prefix); the chunks cover rows
+        first .. len(tokens) - 1, padded to whole granules. The block style's first is a block
+        boundary (block-causal K/V); the causal encoder's may be any row."""
         rows = len(tokens)
         plan = chunks(-(-(rows - first) // granule) * granule, granule)
         if plan is None:
