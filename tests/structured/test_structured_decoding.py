@@ -244,3 +244,14 @@ def test_gpu_runs_round_by_round(tmp_path: Path):
     assert re.fullmatch(DEMO_FORMAT, out.text) and out.mode == "round_graph"
     plain = llm.generate(PROMPT, max_new_tokens=64)
     assert plain.mode == llm.mode  # the unconstrained request keeps the engine's mode
+
+
+def test_a_structured_request_decodes_with_the_one_pass_vocabulary_on(tiny, monkeypatch):
+    """DLMRT_VOCAB_PASS=on: the grammar masks logits, so a structured request keeps the logits
+    (its rounds never run the one pass); the unconstrained request beside it still does."""
+    monkeypatch.setenv("DLMRT_VOCAB_PASS", "on")
+    fmt = _json_format(SCHEMAS["answer_int"][0])
+    out = tiny.generate(PROMPT, max_new_tokens=32, response_format=fmt)
+    _assert_valid(out.text, "answer_int")
+    monkeypatch.setenv("DLMRT_VOCAB_PASS", "off")
+    assert tiny.generate(PROMPT, max_new_tokens=32, response_format=fmt).text == out.text

@@ -141,7 +141,8 @@ class BlockEngine:
         if constraint is not None and recorder is not None:
             raise ValueError("response_format: not supported with a recorder or drafts")
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
-        spec = RoundSpec(self.model, rule, temperature, block_length)
+        # a structured request masks the logits before the rule: never the one-pass vocabulary
+        spec = RoundSpec(self.model, rule, temperature, block_length, constraint is None)
         req = _Request(
             lay, stop_ids, max_new_tokens, ignore_eos, on_progress, should_stop, recorder
         )

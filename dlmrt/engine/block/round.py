@@ -30,16 +30,19 @@ class Decision(NamedTuple):
 class RoundSpec:
     """What stays fixed for a request: the model, the rule, the sampling temperature, the block
     length; and whether its rounds run the vocabulary in one pass from the final hidden
-    (`one_pass`: `engine/block/vocab_step.py`, decided here)."""
+    (`one_pass`: `engine/block/vocab_step.py`, decided here). `allow_one_pass` False keeps the
+    logits whatever the setting: a structured request masks them before `decide`."""
 
     model: torch.nn.Module
     rule: DecodeRule
     temperature: float
     block_length: int
+    allow_one_pass: bool = True
     one_pass: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "one_pass", vocab_step.one_pass(self.model, self.temperature))
+        on = self.allow_one_pass and vocab_step.one_pass(self.model, self.temperature)
+        object.__setattr__(self, "one_pass", on)
 
     def head_out(self, ids: torch.Tensor, ctx: AttnContext, **kw) -> torch.Tensor:
         """The model's forward for a round: the logits, or the final normed hidden with

@@ -11,8 +11,10 @@ Where it applies (`one_pass`, decided once per model and decoding mode, recorded
 registry): DLMRT_VOCAB_PASS on, greedy decoding (a sampled token is drawn by inverse CDF over the
 normalised probabilities, which needs the normaliser before the first draw: a second pass, so
 sampling keeps the logits and today's sampler), a QwenDLM / LLaDA2 model (`BlockLM`), a plain
-floating-point `nn.Linear` head (an FP8 or NVFP4 head keeps its own GEMM and today's steps), and
-no tensor parallelism (a sharded vocabulary combines its statistics across ranks).
+floating-point `nn.Linear` head (an FP8 or NVFP4 head keeps its own GEMM and today's steps),
+no tensor parallelism (a sharded vocabulary combines its statistics across ranks), and an
+unconstrained request (a structured one masks the logits before the rule:
+`RoundSpec.allow_one_pass`).
 """
 
 from __future__ import annotations
