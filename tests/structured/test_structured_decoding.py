@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import write_checkpoint, write_llada2_checkpoint
 
 pytest.importorskip("llguidance")
@@ -255,3 +256,23 @@ def test_a_structured_request_decodes_with_the_one_pass_vocabulary_on(tiny, monk
     _assert_valid(out.text, "answer_int")
     monkeypatch.setenv("DLMRT_VOCAB_PASS", "off")
     assert tiny.generate(PROMPT, max_new_tokens=32, response_format=fmt).text == out.text
+
+
+def test_a_nan_weight_fails_a_structured_request_loudly(tmp_path):
+    """Non-finite logits raise `NonFiniteError` naming the weight, as unconstrained, and the
+    engine keeps no rows of the request (prefix reuse); the next request runs."""
+    from dlmrt.errors import NonFiniteError
+
+    llm = dlmrt.LLM(write_checkpoint(tmp_path / "q"), dtype="float32", device="cpu")
+    fmt = _json_format(SCHEMAS["answer_int"][0])
+    want = llm.generate(PROMPT, max_new_tokens=32, response_format=fmt).text
+    w = llm.model.model.layers[1].mlp.down_proj.weight
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w[3, 5] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"block \d+ .*'model.layers.1.mlp.down_proj.weight'"):
+        llm.generate(PROMPT, max_new_tokens=32, response_format=fmt)
+    assert llm.engine.prefix.ids == []
+    with torch.no_grad():
+        w.copy_(saved)
+    assert llm.generate(PROMPT, max_new_tokens=32, response_format=fmt).text == want

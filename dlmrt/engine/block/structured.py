@@ -12,7 +12,8 @@ graph. Per block, with `frontier` = the first generated row the grammar has not 
   2. the frontier row's logits are masked to the grammar's allowed tokens (one upload), then the
      request's rule decides every row as usual (`RoundSpec.decide`): the frontier row's
      confidence and entropy are those of the masked distribution.
-  3. one read-back; the walk: the rows the rule accepted that are contiguous from the frontier are
+  3. one read-back (with the non-finite flag of the unmasked logits: NaN / inf raises
+     `NonFiniteError`, `engine/nonfinite.py`); the walk: the rows the rule accepted that are contiguous from the frontier are
      offered to the grammar left to right and consumed while valid (and closable in the budget);
      the first invalid one goes back to mask. A row accepted right of a masked row is a draft: it
      stays in the canvas (the model sees it) and is checked when the frontier reaches it.
@@ -35,9 +36,11 @@ import torch
 
 from dlmrt.attention import AttnContext
 from dlmrt.config import EAGER, ROUND_GRAPH
+from dlmrt.engine import nonfinite
 from dlmrt.engine.block.round import decide_block, store_round
 from dlmrt.engine.graph.capture import check_stop
 from dlmrt.engine.graph.loop import Pass
+from dlmrt.errors import NonFiniteError
 
 log = logging.getLogger("dlmrt")
 
@@ -127,10 +130,11 @@ def settle(st: _Block, c: Constraint) -> None:
 
 
 def run_block(
-    prog, st: _Block, c: Constraint, should_stop: Callable[[], None]
+    prog, st: _Block, c: Constraint, should_stop: Callable[[], None], index: int
 ) -> tuple[int, list[int]]:
-    """Decide one block through the grammar; (rounds run, final canvas). The block's buffers
-    were started by the caller (`BlockIO`); the host copy `st` matches them."""
+    """Decide block `index` through the grammar; (rounds run, final canvas). The block's buffers
+    were started by the caller (`BlockIO`); the host copy `st` matches them. A round whose
+    logits hold NaN / inf raises `NonFiniteError`."""
     spec, buf, runner = prog.spec, prog.buf, prog.runner
     fwd, logits = forward_pass(prog)
     edits = getattr(spec.rule, "edits", False)
@@ -145,6 +149,7 @@ def run_block(
         _upload(buf, st)
         runner.once(fwd)
         rounds += 1
+        bad = nonfinite.flag(logits).view(1)  # before the mask writes -inf into the frontier row
         lg = logits
         if not st.finished() and st.unresolved[st.frontier]:
             allowed = c.allowed().to(lg.device, non_blocking=True)
@@ -154,9 +159,11 @@ def run_block(
         store_round(buf, d)
         edited = d.out.edited if d.out.edited is not None else torch.zeros_like(d.out.accepted)
         packed = torch.cat(
-            (buf.canvas, buf.unresolved.long(), edited.long(), buf.done.long().view(1))
+            (buf.canvas, buf.unresolved.long(), edited.long(), buf.done.long().view(1), bad)
         )
         values = packed.tolist()  # the round's one read-back
+        if values[-1]:
+            raise nonfinite.error(spec.model, f"block {index} (round {rounds})")
         b = spec.block_length
         old = list(st.canvas)
         st.canvas, st.unresolved = values[:b], [bool(v) for v in values[b : 2 * b]]
@@ -210,7 +217,11 @@ def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint,
         canvas = list(tail) + [mask_id] * (bl - len(tail))
         unresolved = [False] * len(tail) + [True] * (bl - len(tail))
         st = _Block(canvas, unresolved, len(tail), bl, mask_id, stop_id)
-        rounds, final = run_block(prog, st, c, poll)
+        try:
+            rounds, final = run_block(prog, st, c, poll, b)
+        except NonFiniteError:
+            engine.prefix.clear()  # keep no K/V of a request that went non-finite
+            raise
         res.denoising_forwards += rounds
         res.forced_tokens += st.forced
         if emit(res, req, b, rounds, final):
