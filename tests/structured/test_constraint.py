@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("llguidance")
 
 from dlmrt.demo import demo_model_path  # noqa: E402
-from dlmrt.engine.block.structured import _Block, settle  # noqa: E402
+from dlmrt.engine.block.structured import _Block, check_edits_consumed, settle  # noqa: E402
 from dlmrt.structured import parse  # noqa: E402
 from dlmrt.structured.grammar import grammars_for  # noqa: E402
 from dlmrt.tokenizer import Tokenizer  # noqa: E402
@@ -87,3 +87,34 @@ def test_settle_keeps_drafts_and_masks_an_invalid_frontier(tok, grammars):
     st2 = _Block([x, one, MASK], [False, False, True], 0, 3, MASK, STOP)
     settle(st2, c2)
     assert st2.frontier == 0 and st2.unresolved[0] and st2.canvas[0] == MASK
+
+
+def test_an_edit_after_the_document_is_complete_rolls_back_only_what_the_grammar_took(
+    tok, grammars
+):
+    """ "yes" in an 8-row block: the document is complete, the other 6 rows are stop tokens the
+    grammar never consumed. Editing row 0 re-checks the 2 consumed rows only: "no" is accepted,
+    "n" + "es" and a prefix that leaves the document open ("m" + "ay") are refused (the stop rows
+    follow a complete document only), and an edit of a stop row is put back."""
+    c = grammars.constraint(parse({"type": "choices", "choices": ["yes", "no", "maybe"]}), 8)
+    yes, no, may = tok.encode("yes"), tok.encode("no"), tok.encode("maybe")[:2]
+    assert len(yes) == len(no) == len(may) == 2  # the demo tokenizer's split
+    st = _Block(yes + [MASK] * 6, [False] * 2 + [True] * 6, 0, 8, MASK, STOP)
+    settle(st, c)
+    assert c.done and st.frontier == 8 and st.canvas == yes + [STOP] * 6
+
+    def edit(rows: dict[int, int]) -> None:
+        old = list(st.canvas)
+        for r, t in rows.items():
+            st.canvas[r] = t
+        check_edits_consumed(st, old, [r in rows for r in range(8)], c, 0)
+
+    edit({0: no[0], 1: no[1]})
+    assert st.canvas == no + [STOP] * 6 and c.history == no and c.done
+    edit({0: no[0], 1: yes[1]})  # "n" + "es": not a choice
+    assert st.canvas == no + [STOP] * 6 and c.history == no and c.done
+    edit({0: may[0], 1: may[1]})  # a valid prefix, but the document would be open
+    assert st.canvas == no + [STOP] * 6 and c.history == no and c.done
+    edit({1: yes[1], 4: yes[0]})  # a consumed row and a stop row: both refused
+    assert st.canvas == no + [STOP] * 6 and c.history == no and c.done
+    assert tok.decode(c.history) == "no" and c.m.is_accepting() and not c.m.is_error()

@@ -70,9 +70,15 @@ class _Block:
     mask_id: int
     stop_id: int
     forced: int = 0
+    stop_from: int | None = None  # the document was complete here: the stop fill from this row
 
     def finished(self) -> bool:
         return self.frontier >= self.end
+
+    def consumed(self) -> int:
+        """The end of the rows the grammar consumed (the stop fill after a complete document is
+        never consumed)."""
+        return self.frontier if self.stop_from is None else self.stop_from
 
 
 def mode_of(runner_name: str) -> tuple[str, str]:
@@ -105,7 +111,7 @@ def settle(st: _Block, c: Constraint) -> None:
         if c.done:  # the document is complete: only stop tokens may follow
             for r in range(f, st.end):
                 st.canvas[r], st.unresolved[r] = st.stop_id, False
-            st.frontier = st.end
+            st.frontier, st.stop_from = st.end, f
             return
         if not st.unresolved[f]:  # a draft (or a run of them) at the frontier
             run = f
@@ -178,13 +184,22 @@ def run_block(
 def check_edits_consumed(
     st: _Block, old: list[int], edited: list[bool], c: Constraint, start: int
 ) -> None:
-    """Editing rules: an edit of a row the grammar consumed (rows start .. frontier-1) is
-    re-checked by rolling the grammar back to the first edited row; refused if it breaks it."""
-    rows = [r for r in range(start, st.frontier) if edited[r] and st.canvas[r] != old[r]]
+    """Editing rules: an edit of a row the grammar consumed (rows start .. consumed-1) is
+    re-checked by rolling the grammar back to the first edited row; refused if it breaks it. After
+    a complete document only stop tokens follow: an edit of a stop row is refused, and so is one
+    that leaves the document open."""
+    end = st.consumed()
+    for r in range(end, st.frontier):  # the stop fill
+        st.canvas[r] = old[r]
+    rows = [r for r in range(start, end) if edited[r] and st.canvas[r] != old[r]]
     if not rows:
         return
     first = rows[0]
-    if not c.replace(st.frontier - first, st.canvas[first : st.frontier]):
+    ok = c.replace(end - first, st.canvas[first:end])
+    if ok and st.stop_from is not None and not c.done:  # valid, but the stop rows need an end
+        c.replace(end - first, old[first:end])  # the old tokens back (they were consumed)
+        ok = False
+    if not ok:
         for r in rows:
             st.canvas[r] = old[r]
 
