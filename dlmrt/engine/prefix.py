@@ -19,7 +19,8 @@ did not commit.
 
 Nothing is copied: this is bookkeeping over the arena the engine already holds. The rows stay
 valid while no request writes below `len(ids)` (a request writes only at or after the prefix it
-reused), the arena is the same object (growth allocates a new, zeroed one), and the granule is
+reused), the arena is the same object (growth allocates a new, zeroed one: the engine clears the
+prefix first, so no reference here keeps the old arena alive through it), and the granule is
 the same (the block style's K/V depend on where a row's block ends). Everything else that shapes
 K/V (weights, quantization, KV dtype, tensor-parallel layout) is fixed for the engine's life: a
 different one is a different `LLM`, with its own engine and arena (docs/prefix-reuse.md).
@@ -40,7 +41,8 @@ def common_prefix(held: list[int], prompt: list[int], granule: int) -> int:
 
 class Prefix:
     def __init__(self, enabled: bool = True) -> None:
-        """enabled False: `take` always answers 0 and nothing is kept (cold prefill every time)."""
+        """enabled False: `take` always answers 0 and nothing is kept, not even the arena (cold
+        prefill every time)."""
         self.enabled = enabled
         self.ids: list[int] = []  # token ids of the arena rows [0, len) whose K/V are final
         self.granule = 0  # the granule those rows were kept at (the block style's block length)
@@ -52,11 +54,14 @@ class Prefix:
         rows it would prefill); forgets the held rows past them (the request overwrites them).
         Under tensor parallelism every rank takes the least of the ranks' answers, so they run
         the same prefill (each rank holds at least that prefix)."""
+        if not self.enabled:  # every rank: the option is the engine's, the same on each
+            self.reused = 0
+            return 0
         n = 0
-        if self.enabled and arena is self.arena and granule == self.granule:
+        if arena is self.arena and granule == self.granule:
             n = min(common_prefix(self.ids, prompt, granule), limit)
         n = _agreed(n)
-        self.ids = list(prompt[:n]) if self.enabled else []
+        self.ids = list(prompt[:n])
         self.granule, self.arena, self.reused = granule, arena, n
         return n
 
@@ -67,7 +72,8 @@ class Prefix:
             self.ids += tokens
 
     def clear(self) -> None:
-        """Forget every held row (e.g. the model's weights changed in place)."""
+        """Forget every held row and the arena (e.g. the model's weights changed in place, or the
+        engine grows its arena: the old one must be freed before the new one is allocated)."""
         self.ids, self.arena = [], None
 
 

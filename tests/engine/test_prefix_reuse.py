@@ -9,6 +9,9 @@ generated block but the last, whose commit pass never runs).
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
@@ -230,3 +233,46 @@ def test_the_controls(pairs, tmp_path):
     for command in (["serve"], ["generate", "hi"]):
         assert parser.parse_args(command).prefix_reuse is True
         assert parser.parse_args([*command, "--no-prefix-reuse"]).prefix_reuse is False
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_an_arena_growth_frees_the_old_arena_before_allocating_the_new(
+    tmp_path, monkeypatch, reuse
+):
+    """Workspace.reserve drops the old arena before allocating: nothing else (the prefix's
+    bookkeeping included) may keep it alive, or growth peaks at old + new."""
+    from dlmrt.engine.block import engine as block_engine
+    from dlmrt.engine.graph import workspace
+
+    monkeypatch.setattr(workspace, "ARENA_QUANTUM", 16)
+    llm = LLM(write_checkpoint(tmp_path / "q"), device="cpu", prefix_reuse=reuse)
+    llm.generate(_ids(13), **KW)
+    old = weakref.ref(llm.engine.workspace.arena)
+    alive = []
+
+    def new_cache(*args):
+        gc.collect()
+        alive.append(old() is not None)
+        return block_engine_cache(*args)
+
+    block_engine_cache = block_engine.KVCache
+    monkeypatch.setattr(block_engine, "KVCache", new_cache)
+    out = llm.generate(_ids(13) + _ids(30, 1), **KW)
+    assert alive == [False] and out.num_cached_tokens == 0
+    assert llm.engine.workspace.arena.max_len > 16
+
+
+def test_a_disabled_prefix_runs_no_collective_and_holds_no_arena(monkeypatch):
+    """Reuse off: `take` answers 0 without the tensor-parallel agreement (an all-reduce per
+    request for nothing) and keeps no reference to the arena."""
+    from dlmrt.engine import prefix
+
+    def agreed(n: int) -> int:
+        raise AssertionError("a disabled prefix must not run the ranks' agreement")
+
+    monkeypatch.setattr(prefix, "_agreed", agreed)
+    off = Prefix(enabled=False)
+    assert off.take([1, 2, 3, 4], 2, object(), 4) == 0
+    assert off.arena is None and off.ids == [] and off.reused == 0
+    with pytest.raises(AssertionError, match="agreement"):
+        Prefix().take([1, 2, 3, 4], 2, object(), 4)  # enabled: the ranks agree

@@ -10,7 +10,9 @@ rng="torch" runs the oracle, which does not touch the arena.
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import pytest
 import torch
@@ -160,3 +162,25 @@ def test_the_controls(ckpt, pair):  # noqa: F811
     assert llm.engine.prefix.enabled and not cold.engine.prefix.enabled
     live = LLM.from_model(llm.model, llm.tokenizer, path=ckpt[0])
     assert not live.engine.prefix.enabled
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_an_arena_growth_frees_the_old_arena_first(ckpt, monkeypatch, reuse):  # noqa: F811
+    """Workspace.reserve drops the old context arena before allocating: nothing else (the
+    prefix's bookkeeping included) may keep it alive, or growth peaks at old + new."""
+    from dlmrt.engine.encoder_decoder import engine as ed_engine
+    from dlmrt.engine.graph import workspace
+
+    monkeypatch.setattr(workspace, "ARENA_QUANTUM", 16)
+    llm = LLM(ckpt[0], device="cpu", dtype="float32", prefix_reuse=reuse)
+    llm.generate(_ids(7, 10), **KW)
+    old, alive, arena = weakref.ref(llm.engine.workspace.arena), [], ed_engine.ContextArena
+
+    def new_arena(*args):
+        gc.collect()
+        alive.append(old() is not None)
+        return arena(*args)
+
+    monkeypatch.setattr(ed_engine, "ContextArena", new_arena)
+    out = llm.generate(_ids(7, 10) + _ids(30, 11), **KW)
+    assert alive == [False] and out.num_cached_tokens == 0

@@ -100,6 +100,7 @@ class BlockEngine:
         self.prefix = Prefix(prefix_reuse)  # the committed rows the next request reuses
 
     def _new_arena(self, rows: int) -> KVCache:
+        self.prefix.clear()  # its rows live in the old arena: holding it keeps it allocated
         c = self.cfg
         heads, dim = c.num_key_value_heads, c.head_dim
         return KVCache(c.num_hidden_layers, heads, dim, rows, self.kv_dtype, self.device)

@@ -83,6 +83,7 @@ class EncoderDecoderEngine:
         self.prefix = Prefix(prefix_reuse)  # the context rows the next request reuses
 
     def _new_arena(self, rows: int) -> ContextArena:
+        self.prefix.clear()  # its rows live in the old arena: holding it keeps it allocated
         return ContextArena(self.model.cfg, rows, self.kv_dtype, self.device)
 
     def program(self, settings: ebc.CanvasSettings, rows: int, trace: bool = False):
