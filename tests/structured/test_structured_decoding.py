@@ -276,3 +276,24 @@ def test_a_nan_weight_fails_a_structured_request_loudly(tmp_path):
     with torch.no_grad():
         w.copy_(saved)
     assert llm.generate(PROMPT, max_new_tokens=32, response_format=fmt).text == want
+
+
+def test_the_turn_after_a_structured_request_reuses_its_committed_blocks(tiny, tmp_path):
+    """A structured request's committed blocks are kept for prefix reuse as an unconstrained
+    one's are (every generated block whose commit pass ran); the next turn decodes as cold."""
+    cold = dlmrt.LLM(tiny.path, dtype="float32", device="cpu", prefix_reuse=False)
+    block, fmt = tiny.model_config.block_size, {"type": "regex", "regex": "[a-z]{24}"}
+    ids = tiny.tokenizer.encode(PROMPT)
+    first = tiny.generate(ids, max_new_tokens=40, response_format=fmt)
+    assert first.token_ids == cold.generate(ids, max_new_tokens=40, response_format=fmt).token_ids
+    held = tiny.engine.prefix.ids
+    assert len(held) > len(ids) // block * block  # generated blocks, not only the prompt's
+    assert held == (ids + first.token_ids)[: len(held)] and len(held) % block == 0
+    follow = ids + first.token_ids + tiny.tokenizer.encode(" And then?")
+    for f in (fmt, None):
+        out = tiny.generate(follow, max_new_tokens=24, response_format=f)
+        assert out.num_cached_tokens == min(len(held), len(follow) // block * block), f
+        assert (
+            out.token_ids == cold.generate(follow, max_new_tokens=24, response_format=f).token_ids
+        )
+        held = tiny.engine.prefix.ids

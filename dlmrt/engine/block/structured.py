@@ -12,17 +12,20 @@ graph. Per block, with `frontier` = the first generated row the grammar has not 
   2. the frontier row's logits are masked to the grammar's allowed tokens (one upload), then the
      request's rule decides every row as usual (`RoundSpec.decide`): the frontier row's
      confidence and entropy are those of the masked distribution.
-  3. one read-back (with the non-finite flag of the unmasked logits: NaN / inf raises
-     `NonFiniteError`, `engine/nonfinite.py`); the walk: the rows the rule accepted that are contiguous from the frontier are
-     offered to the grammar left to right and consumed while valid (and closable in the budget);
-     the first invalid one goes back to mask. A row accepted right of a masked row is a draft: it
-     stays in the canvas (the model sees it) and is checked when the frontier reaches it.
+  3. one read-back, with the non-finite flag of the unmasked logits (NaN / inf raises
+     `NonFiniteError`: `engine/nonfinite.py`); the walk: the rows the rule accepted that are
+     contiguous from the frontier are offered to the grammar left to right and consumed while
+     valid (and closable in the budget); the first invalid one goes back to mask. A row accepted
+     right of a masked row is a draft: it stays in the canvas (the model sees it) and is checked
+     when the frontier reaches it.
   4. editing rules: an edit of a consumed row is re-checked (the grammar rolls back to it and
      re-reads the rewritten rows); an edit that breaks the grammar is refused (the old token is
-     put back). Edits of drafts need no check.
+     put back). Edits of drafts need no check. After a complete document the stop rows are not
+     the grammar's: an edit of one, or one that leaves the document open, is refused.
 A block is done when every row is consumed (editing rules: and the rule says done). Rounds are
 bounded: a draft is rejected only when the frontier reaches it, and the frontier never moves back.
-Commits run unfolded (one commit pass per block), as with a recorder.
+Commits run unfolded (one commit pass per block), as with a recorder; each committed block is
+kept for prefix reuse (`engine/prefix.py`).
 """
 
 from __future__ import annotations
@@ -213,7 +216,8 @@ def _upload(buf, st: _Block) -> None:
 
 def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint, emit) -> None:
     """The block loop of a structured request (`BlockEngine.generate` with a constraint): stage
-    and start each block as usual, decide it through the grammar, emit it, commit it unfolded."""
+    and start each block as usual, decide it through the grammar, emit it, commit it unfolded
+    (and keep it for prefix reuse, `engine/prefix.py`)."""
     lay, runner = req.lay, prog.runner
     stop_id = min(req.stop_ids)
     res.mode, why = mode_of(runner.name)
@@ -243,4 +247,5 @@ def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint,
             break
         runner.once(prog.commit)
         res.commit_forwards += 1
+        engine.prefix.commit(b * bl, final)  # its K/V are final now: the next request may reuse
     res.grammar_ms = c.host_s * 1e3
