@@ -230,7 +230,8 @@ def _spec(
     if max_tokens < 1:
         raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
     params = _decode_params(req, max_tokens)
-    _check_format(params, info, req.dlmrt is not None and req.dlmrt.drafts)
+    drafts = req.dlmrt is not None and req.dlmrt.drafts
+    _check_format(params, info, drafts)
     total = info.rows_needed(len(ids), max_tokens, params.block_length)
     if total > info.max_positions:
         raise APIError(
@@ -246,7 +247,6 @@ def _spec(
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings", "stop")
     for text in stop:
         _unicode(text, "stop")
-    drafts = req.dlmrt is not None and req.dlmrt.drafts
     if drafts and not req.stream:
         raise APIError(400, "dlmrt.drafts: needs stream: true (drafts are SSE events)", "dlmrt")
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
@@ -274,7 +274,9 @@ def _check_neutral(req: _Request) -> None:
 
 
 def _check_format(params: DecodeParams, info: ModelInfo, drafts: bool) -> None:
-    """A structured request is compiled now (cached), so a bad schema or budget is a 400."""
+    """A structured request is compiled now (cached), so a bad schema or budget is a 400.
+    Validation only: the `Constraint` built here (grammar compiled, the budget's closing sequence
+    searched) is thrown away; the request builds its own when it runs (the grammar from cache)."""
     if params.response_format is None:
         return
     compile_format = getattr(info.style, "constraint", None)  # block styles only

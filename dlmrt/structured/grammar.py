@@ -105,7 +105,6 @@ class Constraint:
         self.m = grammars.ll.LLMatcher(grammars.tok, grammar)
         self._words = np.zeros((grammars.vocab_size + 31) // 32, dtype=np.int32)
         self.host_s = 0.0  # time spent in the grammar (masks, checks, closing searches)
-        self.forced_tokens = 0  # tokens committed because the grammar or the budget forced them
         self.closing_mode = False  # a token was refused for the budget: close now
         self.history: list[int] = []  # the consumed tokens (an edit rolls back into them)
         self.stale = 0  # tokens taken since `closing` was last searched (it is then an estimate)

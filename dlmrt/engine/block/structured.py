@@ -52,7 +52,6 @@ class Constraint(Protocol):
     """What the engine asks of a request's grammar (`dlmrt.structured.grammar.Constraint`)."""
 
     host_s: float
-    forced_tokens: int
 
     @property
     def done(self) -> bool: ...
