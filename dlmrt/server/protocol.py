@@ -274,9 +274,8 @@ def _check_neutral(req: _Request) -> None:
 
 
 def _check_format(params: DecodeParams, info: ModelInfo, drafts: bool) -> None:
-    """A structured request is compiled now (cached), so a bad schema or budget is a 400.
-    Validation only: the `Constraint` built here (grammar compiled, the budget's closing sequence
-    searched) is thrown away; the request builds its own when it runs (the grammar from cache)."""
+    """A bad schema or budget is a 400: validation only, the `Constraint` built here is thrown
+    away (the grammar stays cached; the request builds its own Constraint when it runs)."""
     if params.response_format is None:
         return
     compile_format = getattr(info.style, "constraint", None)  # block styles only
