@@ -12,7 +12,8 @@ checked exactly). The pass is "check() returned", decided in this process:
   call fails instead of comparing equal;
 - exiting early, printing, or writing to any file descriptor cannot make check() return.
 The prompt and tests are the data set's (trusted) code; they run under the wall deadline only at
-the candidate's calls. The global `random` state is restored afterwards (tests may seed it).
+the candidate's calls. Decoding an answer runs outside the deadline: the codec refuses what would
+take more than about linear time in the answer's size (`value_codec`: crafted hash collisions). The global `random` state is restored afterwards (tests may seed it).
 The judge trusts no file of the run: the candidate's stderr is read through the judge's own
 descriptor on an unnamed file (a bounded tail), no path in the run's directory is ever opened,
 and the directory is removed without recursion or following links (run_dir.py).
