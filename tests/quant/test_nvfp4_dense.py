@@ -14,6 +14,7 @@ from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
+from dlmrt.impls.dense import SeparateGateUp, StackedGateUp
 from dlmrt.impls.nvfp4_linear import Nvfp4Linear
 from dlmrt.loading import placement
 from dlmrt.loading.checkpoint import load_checkpoint
@@ -159,3 +160,16 @@ def test_emulation_names_the_dense_weight_without_an_input_scale(ckpts, tmp_path
         r".weight has no input scale",
     ):
         load_checkpoint(path, torch.float32, CPU, activations="nvfp4")
+
+
+def test_an_mlp_partly_on_meta_stays_unfused():
+    """A deferred load keeps only the NVFP4 projections on meta: with gate NVFP4 and up not,
+    fusing would join a meta and an allocated weight; the MLP stays unfused instead."""
+    mlp = SwiGLU(16, 32)
+    mlp.gate_proj.weight = torch.nn.Parameter(torch.empty(32, 16, device="meta"))
+    mlp.fuse()
+    assert isinstance(mlp.gate_up, SeparateGateUp)
+    assert mlp.gate_proj.weight.is_meta and not mlp.up_proj.weight.is_meta
+    mlp.gate_proj.weight = torch.nn.Parameter(torch.randn(32, 16))
+    mlp.fuse()  # one device again: fused
+    assert isinstance(mlp.gate_up, StackedGateUp)
