@@ -21,14 +21,17 @@ from dlmrt.loading.policy import classify
 
 def deferrable(qreader: object) -> set[str]:
     """The parameter names of the reader's NVFP4 weights that are FP8/NVFP4 candidates (a
-    stacked parameter's name for per-expert tensors); empty for any other reader."""
+    stacked parameter's name for per-expert tensors, only when every expert is NVFP4); empty for
+    any other reader."""
     from dlmrt.loading.nvfp4_reader import Nvfp4Reader
 
     if not isinstance(qreader, Nvfp4Reader):
         return set()
     slices = qreader.slices
     params = {slices[n][0] if n in slices else n for n in qreader.aux}
-    return {p for p in params if classify(p)[0]}
+    # a stack with an unquantized expert loads allocated: the reader then names it ("all or none")
+    mixed = {param for n, (param, _) in slices.items() if n not in qreader.aux}
+    return {p for p in params - mixed if classify(p)[0]}
 
 
 def allocate(model: nn.Module, device: torch.device, deferred: set[str]) -> nn.Module:

@@ -164,3 +164,23 @@ def test_on_cuda_memory_gives_the_pinned_w4a16_tokens_and_holds_no_bf16_stacks(
     pinned = LLM(ckpts[family], device="cuda", mode="eager")
     kw = KW | ({"rng": "counter"} if family == "dg" else {})
     assert memory.generate(PROMPT, **kw).token_ids == pinned.generate(PROMPT, **kw).token_ids
+
+
+def test_a_stack_with_one_unquantized_expert_is_named(ckpts, tmp_path, as_on_cuda):
+    """One bf16 expert among NVFP4 ones: the stack is not deferred, and the load names it (all
+    or none of a stack's experts are NVFP4) instead of failing on the bf16 tensor."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ckpts["llada2"].iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(bad / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("experts.0.down_proj.weight"))
+    rows, half = tensors[name].shape
+    tensors[name] = torch.randn(rows, 2 * half)
+    del tensors[name + "_scale"], tensors[name + "_scale_2"]
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(
+        CheckpointError,
+        match=r"experts\.down_proj: \d+ of its \d+ stored experts are NVFP4; all or none",
+    ):
+        load_checkpoint(bad, torch.float32, CPU, prefer="memory")
