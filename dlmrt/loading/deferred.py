@@ -44,9 +44,19 @@ def allocate(model: nn.Module, device: torch.device, deferred: set[str]) -> nn.M
 def materialize(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
     """Give each deferred parameter in `values` its storage and value; then re-fuse each module
     whose fused implementation (`fuse_projections`: a `StackedGateUp` / `StackedProjection`)
-    was built over the meta weights, as it would have been over the allocated ones."""
+    was built over the meta weights, as it would have been over the allocated ones. `values` is
+    emptied first: the re-fuse copies each weight into the stack and frees the unfused one."""
+    parents = _allocate(model, values)
+    for parent in parents:
+        if hasattr(parent, "fuse") and _fused_over_meta(parent):
+            parent.fuse()
+
+
+def _allocate(model: nn.Module, values: dict[str, torch.Tensor]) -> list[nn.Module]:
+    """Each of `values` (emptied) into its deferred parameter; the parameters' parent modules."""
     parents: list[nn.Module] = []
-    for name, value in values.items():
+    for name in list(values):
+        value = values.pop(name)
         owner_name, _, attr = name.rpartition(".")
         owner = model.get_submodule(owner_name)
         if not getattr(owner, attr).is_meta:
@@ -55,9 +65,7 @@ def materialize(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
         parent = model.get_submodule(owner_name.rpartition(".")[0])
         if all(parent is not p for p in parents):
             parents.append(parent)
-    for parent in parents:
-        if hasattr(parent, "fuse") and _fused_over_meta(parent):
-            parent.fuse()
+    return parents
 
 
 def _fused_over_meta(module: nn.Module) -> bool:
