@@ -40,8 +40,9 @@ class CandidateEnded(CandidateError):
     """Its process ended (a syntax error, an exit, a limit): its stderr says why."""
 
 
-class Deadline(Exception):
-    """The wall deadline passed while waiting for the candidate."""
+class Deadline(BaseException):
+    """The wall deadline passed while waiting for the candidate. A BaseException: the test code
+    that calls the candidate (`except Exception:` around a call) cannot swallow it."""
 
 
 @dataclass
@@ -70,13 +71,25 @@ class Channel:
         if kind != "ready":
             raise CandidateError(f"the candidate's module failed: {text[:300]}")
 
+    def _send(self, data: bytes) -> None:
+        """`data` onto the candidate's stdin under the deadline: a candidate that stops reading
+        (its pipe shrunk, or full) would block a plain write forever."""
+        fd = self.running.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        rest = memoryview(data)
+        while rest:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise Deadline
+            try:
+                rest = rest[os.write(fd, rest) :]
+            except BlockingIOError:  # room for less than one write's atomic minimum: wait again
+                continue
+            except OSError as e:  # BrokenPipeError
+                raise CandidateEnded("the candidate's process ended") from e
+
     def call(self, *args: object, **kwargs: object) -> object:
-        stdin = self.running.proc.stdin
-        try:
-            stdin.write((encode([list(args), kwargs]) + "\n").encode())
-            stdin.flush()
-        except OSError as e:  # BrokenPipeError
-            raise CandidateEnded("the candidate's process ended") from e
+        self._send((encode([list(args), kwargs]) + "\n").encode())
         kind, text = self._line()
         if kind != "ok":
             raise CandidateError(f"the candidate raised {text[:300]}")
