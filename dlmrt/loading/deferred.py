@@ -1,14 +1,16 @@
 """Deferred parameters: an NVFP4 checkpoint's weights whose model-dtype parameters are never allocated.
 
 When the load hands the quantized weights to the model's kernels (`placement.installs_quantized`),
-an NVFP4 weight that is an FP8/NVFP4 candidate (`policy.py`: routed experts, dense MLPs) runs
-from its packed codes (W4A16) or from the FP8 codes converted from them, never from its bf16
-parameter. So that parameter stays on the meta device from the model's build to the install:
-`allocate` gives every other parameter its storage, the reader keeps the packed codes as they
-stream in (`Nvfp4Reader.keep`, no dequantization), and the implementation objects are built
-from those. A weight the install declines is then `materialize`d (allocated and filled with its
-dequantized values, as the ordinary path would have held it), and `finish` gives the emptied
-(zero-size) parameters the model's device. The load never holds a bf16 copy of the experts.
+every NVFP4 weight that is an FP8/NVFP4 candidate (`policy.py`: routed experts, a stack only when
+all its experts are NVFP4; dense MLPs; attention, shared experts and the LM head) keeps its
+model-dtype parameter on the meta device from the model's build to the install: `allocate` gives
+every other parameter its storage, the reader keeps the packed codes as they stream in
+(`Nvfp4Reader.keep`, no dequantization), and the implementation objects are built from those
+(W4A16 from the packed codes, or FP8 codes converted from them). A weight the install declines
+(NVFP4 attention, shared experts and the LM head always are) is then `materialize`d (allocated
+and filled with its dequantized values, as the ordinary path would have held it), and `finish`
+gives the emptied (zero-size) parameters the model's device. The load never holds a bf16 copy of
+the experts.
 """
 
 from __future__ import annotations
