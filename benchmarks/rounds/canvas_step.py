@@ -13,25 +13,30 @@ from dlmrt.engine import EncoderDecoderEngine
 
 
 def time_canvas_mode(
-    model, mode: str, context: int, iters: int, kv_dtype: str = "auto"
+    model, mode: str, context: int, iters: int, kv_dtype: str = "auto", steps: int = 20
 ) -> tuple[float, int]:
-    """DiffusionGemma: (ms per decoder step, steps) from one-canvas requests of 4 and 20 steps
-    (never stopping early): the difference removes the prompt's encoder pass and host set-up."""
+    """DiffusionGemma: (ms per decoder step, steps) from one-canvas requests of 4 and `steps`
+    steps (never stopping early): the difference removes the prompt's encoder pass and host
+    set-up."""
     from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 
+    if steps <= 4:
+        raise ValueError(f"steps: expected more than 4 (the shorter request's), got {steps}")
     engine = EncoderDecoderEngine(model, model.embed_table.device, mode, kv_dtype)
     prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
     seconds = {}
-    for steps in (4, 20):
-        s = replace(CanvasSettings(), max_denoising_steps=steps, confidence_threshold=-1.0)
+    for n in (4, steps):
+        s = replace(CanvasSettings(), max_denoising_steps=n, confidence_threshold=-1.0)
 
         def request(s: CanvasSettings = s) -> None:
-            out = engine.generate(prompt, s, max_new_tokens=256, stop_ids=[], ignore_eos=True)
+            out = engine.generate(
+                prompt, s, max_new_tokens=engine.canvas_length, stop_ids=[], ignore_eos=True
+            )
             assert out.denoising_forwards == s.max_denoising_steps
 
         request()  # warm-up: graph capture for these settings
-        seconds[steps] = sorted(wall_time(request) for _ in range(iters))[iters // 2]
-    return (seconds[20] - seconds[4]) / 16 * 1e3, 20
+        seconds[n] = sorted(wall_time(request) for _ in range(iters))[iters // 2]
+    return (seconds[steps] - seconds[4]) / (steps - 4) * 1e3, steps
 
 
 def canvas_floor(model, context: int):

@@ -26,48 +26,18 @@ import gc
 import tempfile
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from benchmarks.common import command_line, write_result
 from benchmarks.random_nvfp4_checkpoint import write_random_nvfp4
-from dlmrt.engine import EncoderDecoderEngine
+from benchmarks.rounds.canvas_step import time_canvas_mode
 from dlmrt.loading.checkpoint import load_checkpoint
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def _gb(n: int) -> float:
     return round(n / 1e9, 2)
-
-
-def step_ms(model, device: torch.device, mode: str, context: int, steps: int, iters: int) -> float:
-    """ms per decoder step: one-canvas requests of 4 and `steps` steps, their median difference."""
-    from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-
-    engine = EncoderDecoderEngine(model, device, mode)
-    prompt = torch.randint(0, model.cfg.vocab_size, (context,)).tolist()
-    canvas = model.cfg.canvas_length
-    seconds = {}
-    for n in (4, steps):
-        s = replace(CanvasSettings(), max_denoising_steps=n, confidence_threshold=-1.0)
-
-        def request(s=s) -> float:
-            _sync(device)
-            t0 = time.perf_counter()
-            out = engine.generate(prompt, s, max_new_tokens=canvas, stop_ids=[], ignore_eos=True)
-            _sync(device)
-            assert out.denoising_forwards == s.max_denoising_steps
-            return time.perf_counter() - t0
-
-        request()  # warm-up: graph capture for these settings
-        seconds[n] = sorted(request() for _ in range(iters))[iters // 2]
-    return (seconds[steps] - seconds[4]) / (steps - 4) * 1e3
 
 
 def _kinds(model) -> dict[str, int]:
@@ -90,7 +60,8 @@ def one(path: Path, prefer: str, device: torch.device, args) -> dict:
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.perf_counter()
     ckpt = load_checkpoint(path, dtype, device, prefer=prefer)
-    _sync(device)
+    if cuda:
+        torch.cuda.synchronize()
     out: dict = {"prefer": prefer, "load_s": round(time.perf_counter() - t0, 1)}
     if cuda:
         out["allocated_before_gb"] = _gb(before)
@@ -98,9 +69,8 @@ def one(path: Path, prefer: str, device: torch.device, args) -> dict:
         out["allocated_after_load_gb"] = _gb(torch.cuda.memory_allocated())
     out["runs"] = _kinds(ckpt.model)
     with torch.inference_mode():
-        out["ms_per_step"] = round(
-            step_ms(ckpt.model, device, args.mode, args.context, args.steps, args.iters), 3
-        )
+        ms, _ = time_canvas_mode(ckpt.model, args.mode, args.context, args.iters, steps=args.steps)
+        out["ms_per_step"] = round(ms, 3)
     if cuda:
         out["peak_gb"] = _gb(torch.cuda.max_memory_allocated())
     del ckpt

@@ -12,7 +12,8 @@ checked exactly). The pass is "check() returned", decided in this process:
   call fails instead of comparing equal;
 - exiting early, printing, or writing to any file descriptor cannot make check() return.
 The prompt and tests are the data set's (trusted) code; they run under the wall deadline only at
-the candidate's calls. The global `random` state is restored afterwards (tests may seed it).
+the candidate's calls. Decoding an answer runs outside the deadline: the codec refuses what would
+take more than about linear time in the answer's size (`value_codec`: crafted hash collisions). The global `random` state is restored afterwards (tests may seed it).
 The judge trusts no file of the run: the candidate's stderr is read through the judge's own
 descriptor on an unnamed file (a bounded tail), no path in the run's directory is ever opened,
 and the directory is removed without recursion or following links (run_dir.py).
@@ -39,8 +40,9 @@ class CandidateEnded(CandidateError):
     """Its process ended (a syntax error, an exit, a limit): its stderr says why."""
 
 
-class Deadline(Exception):
-    """The wall deadline passed while waiting for the candidate."""
+class Deadline(BaseException):
+    """The wall deadline passed while waiting for the candidate. A BaseException: the test code
+    that calls the candidate (`except Exception:` around a call) cannot swallow it."""
 
 
 @dataclass
@@ -69,13 +71,25 @@ class Channel:
         if kind != "ready":
             raise CandidateError(f"the candidate's module failed: {text[:300]}")
 
+    def _send(self, data: bytes) -> None:
+        """`data` onto the candidate's stdin under the deadline: a candidate that stops reading
+        (its pipe shrunk, or full) would block a plain write forever."""
+        fd = self.running.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        rest = memoryview(data)
+        while rest:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise Deadline
+            try:
+                rest = rest[os.write(fd, rest) :]
+            except BlockingIOError:  # room for less than one write's atomic minimum: wait again
+                continue
+            except OSError as e:  # BrokenPipeError
+                raise CandidateEnded("the candidate's process ended") from e
+
     def call(self, *args: object, **kwargs: object) -> object:
-        stdin = self.running.proc.stdin
-        try:
-            stdin.write((encode([list(args), kwargs]) + "\n").encode())
-            stdin.flush()
-        except OSError as e:  # BrokenPipeError
-            raise CandidateEnded("the candidate's process ended") from e
+        self._send((encode([list(args), kwargs]) + "\n").encode())
         kind, text = self._line()
         if kind != "ok":
             raise CandidateError(f"the candidate raised {text[:300]}")

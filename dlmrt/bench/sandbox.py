@@ -161,9 +161,10 @@ def start(workdir: Path, mode: Mode, limits: Limits, entry: str | None = None) -
     read_end, write_end = os.pipe()
     argv += [str(write_end), str(nproc), str(limits.disk_mb), str(RUN_UID or "-")]
     argv += [str(workdir), str(workdir / "program.py"), *([entry] if entry else [])]
-    group = sandbox_cgroup.create(limits.memory_mb, NPROC_IN_NAMESPACE)
-    join_fd = group.join_fd() if group is not None else -1
-    try:
+    group, join_fd = None, -1
+    try:  # from the cgroup on: a failure anywhere below releases what was made
+        group = sandbox_cgroup.create(limits.memory_mb, NPROC_IN_NAMESPACE)
+        join_fd = group.join_fd() if group is not None else -1
         with tempfile.TemporaryFile() as err:
             cpu0, t0 = _children_cpu(), time.perf_counter()
             proc = subprocess.Popen(

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from dlmrt.formats.fp8 import Fp8Weight
+from dlmrt.formats.nvfp4 import Nvfp4Weight
 from dlmrt.impls.activation import act_mul
 from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.impls.gate_up import QuantGateUp
@@ -115,8 +116,8 @@ def nvfp4_gated_mlp(
     if all three are NVFP4 (and the W4A16 kernel is faster, unless emulating W4A4 or
     prefer="memory"); the input stays in the model dtype (no NVFP4 activation producer)."""
     names = [f"{prefix}.{p}.weight" for p in PROJS]
-    if not all(n in ins.weights for n in names):
-        return []
+    if not all(isinstance(ins.weights.get(n), Nvfp4Weight) for n in names):
+        return []  # gate/up NVFP4 beside an FP8 down, say: all three dequantized
     if not ins.emulate and not ins.memory:
         gate_up, down = ins.weights[names[0]].shape, ins.weights[names[2]].shape
         shapes = [(2 * gate_up[0], gate_up[1]), (down[0], down[1])]

@@ -1,9 +1,10 @@
 """Fp8Linear: a bias-free linear whose weight is e4m3 codes with per-output-channel scales.
 
 It takes a plain activation (quantized per row by `ops.fp8.quant_rows`) or a `QuantAct` from a
-producer that quantized its own output (RMSNorm with `fp8_out`, `ops.fp8.silu_mul_fp8`). The
-codes and scales are buffers, so `.to(device)` and the state dict carry them. `plan` (CUDA): run
-the GEMM at the block rows on kernels/fp8_gemm.py (`ops/fp8_choice.py` picked it); else cuBLAS.
+producer that quantized its own output (an RMSNorm with `norm.impl = norms.fp8_out_norm`,
+`ops.fp8.silu_mul_fp8`). The codes and scales are buffers, so `.to(device)` and the state dict
+carry them. `plan` (CUDA): run the GEMM at the block rows on kernels/fp8_gemm.py
+(`ops/fp8_choice.py` picked it); else cuBLAS.
 """
 
 from __future__ import annotations

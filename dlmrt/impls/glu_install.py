@@ -15,6 +15,7 @@ from torch import nn
 
 from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.impls.gate_up import FusedGlu
+from dlmrt.impls.slot import set_slot
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_glu_choice import use_glu
 
@@ -35,6 +36,6 @@ def install_glu(name: str, mlp: nn.Module, rows: int) -> bool:
     log.debug("fp8 %s: gate|up + activation %s (%s)", name, "one kernel" if ok else "separate", why)
     if not ok or glu is None or down_config is None:
         return False
-    mlp.gate_up = FusedGlu(linear, fp8_ops.GluPlan(rows, glu), gelu)
+    set_slot(mlp, "gate_up", FusedGlu(linear, fp8_ops.GluPlan(rows, glu), gelu))
     down.set_plan(fp8_ops.GemmPlan.new(rows, down.out_features, down_config, device))
     return True

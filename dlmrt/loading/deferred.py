@@ -1,14 +1,16 @@
 """Deferred parameters: an NVFP4 checkpoint's weights whose model-dtype parameters are never allocated.
 
 When the load hands the quantized weights to the model's kernels (`placement.installs_quantized`),
-an NVFP4 weight that is an FP8/NVFP4 candidate (`policy.py`: routed experts, dense MLPs) runs
-from its packed codes (W4A16) or from the FP8 codes converted from them, never from its bf16
-parameter. So that parameter stays on the meta device from the model's build to the install:
-`allocate` gives every other parameter its storage, the reader keeps the packed codes as they
-stream in (`Nvfp4Reader.keep`, no dequantization), and the implementation objects are built
-from those. A weight the install declines is then `materialize`d (allocated and filled with its
-dequantized values, as the ordinary path would have held it), and `finish` gives the emptied
-(zero-size) parameters the model's device. The load never holds a bf16 copy of the experts.
+every NVFP4 weight that is an FP8/NVFP4 candidate (`policy.py`: routed experts, a stack only when
+all its experts are NVFP4; dense MLPs; attention, shared experts and the LM head) keeps its
+model-dtype parameter on the meta device from the model's build to the install: `allocate` gives
+every other parameter its storage, the reader keeps the packed codes as they stream in
+(`Nvfp4Reader.keep`, no dequantization), and the implementation objects are built from those
+(W4A16 from the packed codes, or FP8 codes converted from them). A weight the install declines
+(NVFP4 attention, shared experts and the LM head always are) is then `materialize`d (allocated
+and filled with its dequantized values, as the ordinary path would have held it), and `finish`
+gives the emptied (zero-size) parameters the model's device. The load never holds a bf16 copy of
+the experts.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ from dlmrt.loading.policy import classify
 
 def deferrable(qreader: object) -> set[str]:
     """The parameter names of the reader's NVFP4 weights that are FP8/NVFP4 candidates (a
-    stacked parameter's name for per-expert tensors); empty for any other reader."""
+    stacked parameter's name for per-expert tensors, only when every expert is NVFP4); empty for
+    any other reader."""
     from dlmrt.loading.nvfp4_reader import Nvfp4Reader
 
     if not isinstance(qreader, Nvfp4Reader):
         return set()
     slices = qreader.slices
     params = {slices[n][0] if n in slices else n for n in qreader.aux}
-    return {p for p in params if classify(p)[0]}
+    # a stack with an unquantized expert loads allocated: the reader then names it ("all or none")
+    mixed = {param for n, (param, _) in slices.items() if n not in qreader.aux}
+    return {p for p in params - mixed if classify(p)[0]}
 
 
 def allocate(model: nn.Module, device: torch.device, deferred: set[str]) -> nn.Module:
@@ -41,9 +46,19 @@ def allocate(model: nn.Module, device: torch.device, deferred: set[str]) -> nn.M
 def materialize(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
     """Give each deferred parameter in `values` its storage and value; then re-fuse each module
     whose fused implementation (`fuse_projections`: a `StackedGateUp` / `StackedProjection`)
-    was built over the meta weights, as it would have been over the allocated ones."""
+    was built over the meta weights, as it would have been over the allocated ones. `values` is
+    emptied first: the re-fuse copies each weight into the stack and frees the unfused one."""
+    parents = _allocate(model, values)
+    for parent in parents:
+        if hasattr(parent, "fuse") and _fused_over_meta(parent):
+            parent.fuse()
+
+
+def _allocate(model: nn.Module, values: dict[str, torch.Tensor]) -> list[nn.Module]:
+    """Each of `values` (emptied) into its deferred parameter; the parameters' parent modules."""
     parents: list[nn.Module] = []
-    for name, value in values.items():
+    for name in list(values):
+        value = values.pop(name)
         owner_name, _, attr = name.rpartition(".")
         owner = model.get_submodule(owner_name)
         if not getattr(owner, attr).is_meta:
@@ -52,9 +67,7 @@ def materialize(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
         parent = model.get_submodule(owner_name.rpartition(".")[0])
         if all(parent is not p for p in parents):
             parents.append(parent)
-    for parent in parents:
-        if hasattr(parent, "fuse") and _fused_over_meta(parent):
-            parent.fuse()
+    return parents
 
 
 def _fused_over_meta(module: nn.Module) -> bool:

@@ -31,17 +31,19 @@ class FiniteCheck:
         self.tensors.append((f, stored, tensor))
 
     def raise_if_bad(self, dtype: torch.dtype) -> None:
-        if not self.flags:
+        """Raise a CheckpointError naming the first non-finite tensor; either way the check lets
+        go of every tensor it holds (a view keeps a weight alive that fusing or a quantized
+        install would free while loading)."""
+        flags, tensors = self.flags, self.tensors
+        self.flags, self.tensors = [], []
+        if not flags:
             return
         # flags of tensors checked on the host (a deferred NVFP4 weight's scales) join the device's
-        device = next(
-            (f.device for f in self.flags if f.device.type != "cpu"), self.flags[0].device
-        )
-        flags = torch.stack([f.to(device) for f in self.flags])
-        bad = flags.nonzero().flatten().tolist()  # the one host sync
+        device = next((f.device for f in flags if f.device.type != "cpu"), flags[0].device)
+        bad = torch.stack([f.to(device) for f in flags]).nonzero().flatten().tolist()  # one sync
         if not bad:
             return
-        f, stored, tensor = self.tensors[bad[0]]
+        f, stored, tensor = tensors[bad[0]]
         nan, inf = int(tensor.isnan().sum()), int(tensor.isinf().sum())
         more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
         raise CheckpointError(

@@ -58,9 +58,13 @@ class Attention(nn.Module):
         """q|k|v (full layers: q|k) as separate GEMMs, one tensor (the `qkv` slot, dlmrt/impls)."""
         set_slot(self, "qkv", ProjectionConcat(self._projs()))
 
-    def fuse(self) -> None:  # CUDA only: on the CPU a wider bf16 GEMM rounds unlike HF's three
-        if self.q_proj.weight.device.type == "cuda":
-            set_slot(self, "qkv", StackedProjection(fuse_weights(*self._projs())))
+    def fuse(self) -> None:
+        """Unfused on the CPU (a wider bf16 GEMM rounds unlike HF's three); stacked elsewhere, on
+        meta too: a deferred load's `materialize` re-fuses the stack once it is allocated."""
+        if self.q_proj.weight.device.type == "cpu":
+            self.unfuse()
+        elif (fused := fuse_weights(*self._projs())) is not None:
+            set_slot(self, "qkv", StackedProjection(fused))
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         kv = self.kv_heads * self.head_dim

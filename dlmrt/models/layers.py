@@ -44,12 +44,17 @@ class GemmaRMSNorm(nn.Module):
         return ops.gemma_rms_norm(x, self.weight, self.eps)
 
 
-def fuse_weights(*linears: nn.Linear) -> torch.Tensor:
+def fuse_weights(*linears: nn.Linear) -> torch.Tensor | None:
     """Concatenate the linears' weights into one tensor; each linear keeps a view of its slice.
 
     One GEMM then computes all of them, while the state dict (and in-place edits such as the
-    adapter rescale) still see the per-projection parameters. Call after loading.
+    adapter rescale) still see the per-projection parameters. Call after loading. None, fusing
+    nothing, when the weights lie on different devices: the projections then run unfused.
     """
+    # under a deferred NVFP4 load (dlmrt/loading/deferred.py) only some projections may be
+    # NVFP4, kept on meta beside allocated ones, and torch.cat cannot join the two
+    if len({lin.weight.device for lin in linears}) > 1:
+        return None
     fused = torch.cat([lin.weight.detach() for lin in linears])
     start = 0
     for lin in linears:
@@ -164,9 +169,8 @@ class Attention(nn.Module):
         set_slot(self, "qkv", ProjectionConcat((self.q_proj, self.k_proj, self.v_proj)))
 
     def fuse(self) -> None:
-        set_slot(
-            self, "qkv", StackedProjection(fuse_weights(self.q_proj, self.k_proj, self.v_proj))
-        )
+        if (fused := fuse_weights(self.q_proj, self.k_proj, self.v_proj)) is not None:
+            set_slot(self, "qkv", StackedProjection(fused))
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttnContext
@@ -195,8 +199,8 @@ class SwiGLU(nn.Module):
         set_slot(self, "gate_up", SeparateGateUp(self.gate_proj, self.up_proj, self.activation))
 
     def fuse(self) -> None:
-        fused = fuse_weights(self.gate_proj, self.up_proj)
-        set_slot(self, "gate_up", StackedGateUp(fused, self.activation))
+        if (fused := fuse_weights(self.gate_proj, self.up_proj)) is not None:
+            set_slot(self, "gate_up", StackedGateUp(fused, self.activation))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up(x))

@@ -126,3 +126,28 @@ def test_the_judges_random_state_is_restored():
     )
     assert check_completion(ADD_PROMPT, "    return a + b\n", test, "add").passed
     assert random.random() == want
+
+
+# answers the first call itself on the report pipe, then never reads another request
+STOPS_READING = textwrap.dedent("""\
+        import os, sys, time
+        f = sys._getframe(1)
+        while "report_fd" not in f.f_locals:
+            f = f.f_back
+        os.write(int(f.f_locals["report_fd"]), b"ok 5\\n")
+        time.sleep(60)
+""")
+
+
+def test_a_candidate_that_stops_reading_its_calls_times_out(mode):
+    """The next request, larger than the pipe holds, is written under the deadline: the judge
+    does not block on a candidate that never reads it."""
+    test = "def check(candidate):\n    assert candidate(2, 3) == 5\n    candidate('x' * 10**6, 0)\n"
+    result = check_completion(ADD_PROMPT, _indent(STOPS_READING), test, "add", timeout_s=2)
+    assert result.status == "timeout" and result.elapsed_s < 20, result
+
+
+def test_a_test_catching_exception_cannot_swallow_the_deadline(mode):
+    test = "def check(candidate):\n    try:\n        candidate(2, 3)\n    except Exception:\n        pass\n"
+    loop = check_completion(ADD_PROMPT, "    while True:\n        pass\n", test, "add", 2)
+    assert loop.status == "timeout", loop

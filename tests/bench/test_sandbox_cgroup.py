@@ -55,3 +55,22 @@ def test_the_runs_processes_share_one_memory_bound():
         pytest.skip("the bound is checked under the namespaces")
     result = run_program(program, timeout_s=20, memory_mb=512)
     assert result.status == "failed", result
+
+
+def test_a_failing_join_releases_the_cgroup(monkeypatch, tmp_path):
+    """The run's cgroup is closed when opening its join descriptor fails (nothing started)."""
+    closed = []
+
+    class Group:
+        def join_fd(self) -> int:
+            raise OSError("cgroup.procs: permission denied")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(sandbox_cgroup, "create", lambda *a: Group())
+    (tmp_path / "program.py").write_text("pass\n")
+    with pytest.raises(OSError, match="permission denied"):
+        with sandbox.start(tmp_path, sandbox.FALLBACK, sandbox.Limits(2, 256, 16)):
+            pytest.fail("started without its cgroup")
+    assert closed == [True]

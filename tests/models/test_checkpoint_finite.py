@@ -13,6 +13,7 @@ import dlmrt
 from dlmrt.cli import main
 from dlmrt.errors import CheckpointError
 from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.weight_check import FiniteCheck
 
 CPU = torch.device("cpu")
 BAD = "model.layers.1.mlp.up_proj.weight"
@@ -55,3 +56,16 @@ def test_llm_and_cli_flag(tmp_path, capsys):
     assert main([*args, "--skip-weight-check"]) == 1
     err = capsys.readouterr().err
     assert "NonFiniteError: non-finite logits" in err and BAD in err
+
+
+@pytest.mark.parametrize("value", [1.0, float("nan")])
+def test_the_check_lets_go_of_the_tensors_it_checked(value):
+    """A view held past the check would keep alive a weight that fusing or a quantized install
+    frees while loading: after `raise_if_bad`, passing or not, the check holds nothing."""
+    check = FiniteCheck()
+    check.add(Path("m.safetensors"), "w", torch.full((4, 4), value))
+    try:
+        check.raise_if_bad(torch.float32)
+    except CheckpointError:
+        assert value != 1.0
+    assert check.tensors == [] and check.flags == []

@@ -12,7 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from dlmrt.attention import AttnContext
 from dlmrt.errors import CheckpointError
+from dlmrt.impls.dense import ProjectionConcat, StackedProjection
 from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.deferred import materialize
 
 dg = pytest.importorskip("transformers.models.diffusion_gemma")
 
@@ -156,3 +158,27 @@ def test_engine_soft_embedding_is_the_former_one_bit_for_bit(ckpt, dtype):
         raw = model(ids, ctx, CANVAS, sc_probs=vocab.sc_probs(z, dtype), softcap=False)
     assert raw.dtype == dtype
     assert torch.equal(vocab.softcapped(raw, model.cfg.final_logit_softcapping), logits)
+
+
+def test_deferred_attention_fuses_on_meta_and_re_fuses_once_materialized(ckpt):
+    """A deferred (NVFP4) q/k/v stays on meta until the install declines it: fuse() stacks it
+    there, so `materialize` re-fuses it (stacked on CUDA); on the CPU that leaves it unfused, as
+    HF runs it, with the materialized values."""
+    model = load_checkpoint(ckpt[0], torch.float32, CPU).model
+    attn = model.model.layers[0].self_attn
+    name = next(n for n, m in model.named_modules() if m is attn)
+    values = {
+        f"{name}.{p}.weight": getattr(attn, p).weight.detach().clone()
+        for p in ("q_proj", "k_proj", "v_proj")
+    }
+    x = torch.randn(3, attn.q_proj.in_features)
+    expected = torch.cat([x @ w.T for w in values.values()], dim=-1)
+    for p in ("q_proj", "k_proj", "v_proj"):
+        getattr(attn, p).weight = torch.nn.Parameter(
+            torch.empty_like(values[f"{name}.{p}.weight"], device="meta")
+        )
+    attn.fuse()
+    assert isinstance(attn.qkv, StackedProjection) and attn.qkv.weight.is_meta
+    materialize(model, values)
+    assert isinstance(attn.qkv, ProjectionConcat)
+    torch.testing.assert_close(attn.qkv(x), expected)

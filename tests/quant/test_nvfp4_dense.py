@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,11 @@ from nvfp4_helpers import nvfp4_sources
 from safetensors.torch import load_file, save_file
 
 from dlmrt import LLM
+from dlmrt.formats.fp8 import quantize_per_channel
+from dlmrt.formats.nvfp4 import quantize_nvfp4
+from dlmrt.impls import dense_install
+from dlmrt.impls.dense import SeparateGateUp, StackedGateUp
+from dlmrt.impls.install import Installer
 from dlmrt.impls.nvfp4_linear import Nvfp4Linear
 from dlmrt.loading import placement
 from dlmrt.loading.checkpoint import load_checkpoint
@@ -159,3 +165,31 @@ def test_emulation_names_the_dense_weight_without_an_input_scale(ckpts, tmp_path
         r".weight has no input scale",
     ):
         load_checkpoint(path, torch.float32, CPU, activations="nvfp4")
+
+
+def test_an_mlp_partly_on_meta_stays_unfused():
+    """A deferred load keeps only the NVFP4 projections on meta: with gate NVFP4 and up not,
+    fusing would join a meta and an allocated weight; the MLP stays unfused instead."""
+    mlp = SwiGLU(16, 32)
+    mlp.gate_proj.weight = torch.nn.Parameter(torch.empty(32, 16, device="meta"))
+    mlp.fuse()
+    assert isinstance(mlp.gate_up, SeparateGateUp)
+    assert mlp.gate_proj.weight.is_meta and not mlp.up_proj.weight.is_meta
+    mlp.gate_proj.weight = torch.nn.Parameter(torch.randn(32, 16))
+    mlp.fuse()  # one device again: fused
+    assert isinstance(mlp.gate_up, StackedGateUp)
+
+
+def test_an_mlp_with_an_fp8_down_is_not_an_nvfp4_mlp():
+    """gate/up NVFP4 beside an FP8 down: the NVFP4 builder declines the MLP (all three stay for
+    the loader to dequantize) instead of building an Nvfp4Linear over the FP8 weight."""
+    mlp = SwiGLU(16, 32)
+    model = SimpleNamespace(embed_table=torch.zeros(4, 16))
+    weights = {
+        "mlp.gate_proj.weight": quantize_nvfp4(mlp.gate_proj.weight.detach()),
+        "mlp.up_proj.weight": quantize_nvfp4(mlp.up_proj.weight.detach()),
+        "mlp.down_proj.weight": quantize_per_channel(mlp.down_proj.weight.detach()),
+    }
+    ins = Installer(model, weights, rows=16, emulate=True)
+    assert dense_install.nvfp4_gated_mlp(ins, "mlp", mlp, None) == []
+    assert isinstance(mlp.gate_up, SeparateGateUp) and isinstance(mlp.down_proj, torch.nn.Linear)

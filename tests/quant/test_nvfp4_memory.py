@@ -7,6 +7,7 @@ those of the W4A16 path installed the old way (the allocated, dequantized model,
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from dlmrt.impls.experts import Nvfp4Experts
 from dlmrt.impls.nvfp4_linear import Nvfp4Linear
 from dlmrt.loading import checkpoint, placement
 from dlmrt.loading.checkpoint import load_checkpoint
+from dlmrt.loading.deferred import materialize
+from dlmrt.models.layers import SwiGLU
 from dlmrt.quant.nvfp4_writer import write_nvfp4_checkpoint
 
 CPU = torch.device("cpu")
@@ -164,3 +167,40 @@ def test_on_cuda_memory_gives_the_pinned_w4a16_tokens_and_holds_no_bf16_stacks(
     pinned = LLM(ckpts[family], device="cuda", mode="eager")
     kw = KW | ({"rng": "counter"} if family == "dg" else {})
     assert memory.generate(PROMPT, **kw).token_ids == pinned.generate(PROMPT, **kw).token_ids
+
+
+def test_a_stack_with_one_unquantized_expert_is_named(ckpts, tmp_path, as_on_cuda):
+    """One bf16 expert among NVFP4 ones: the stack is not deferred, and the load names it (all
+    or none of a stack's experts are NVFP4) instead of failing on the bf16 tensor."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ckpts["llada2"].iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(str(bad / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("experts.0.down_proj.weight"))
+    rows, half = tensors[name].shape
+    tensors[name] = torch.randn(rows, 2 * half)
+    del tensors[name + "_scale"], tensors[name + "_scale_2"]
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(
+        CheckpointError,
+        match=r"experts\.down_proj: \d+ of its \d+ stored experts are NVFP4; all or none",
+    ):
+        load_checkpoint(bad, torch.float32, CPU, prefer="memory")
+
+
+def test_materialize_holds_no_unfused_weight_while_re_fusing(monkeypatch):
+    """The values handed in are let go before the re-fuse: a gate/up weight copied into the
+    fused stack is freed then, not held twice until the install returns."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(SwiGLU(16, 32))
+    model[0].fuse()  # stacked over the meta weights, as `fuse_projections` does
+    values = {f"0.{p}.weight": torch.randn(32, 16) for p in ("gate_proj", "up_proj")}
+    alive = [weakref.ref(v) for v in values.values()]
+    held = []
+    fuse = SwiGLU.fuse
+    monkeypatch.setattr(SwiGLU, "fuse", lambda mlp: (held.append(len(values)), fuse(mlp)))
+    materialize(model, values)
+    assert held == [0] and values == {}
+    assert all(ref() is None for ref in alive)  # freed: the fused stack holds their copies
+    assert not model[0].gate_up.weight.is_meta
