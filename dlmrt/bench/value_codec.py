@@ -100,5 +100,7 @@ def decode(text: str | bytes) -> object:
         raise CodecError(f"document over {MAX_BYTES} bytes")
     try:
         return _unpack(json.loads(text), 0)
-    except (RecursionError, json.JSONDecodeError, TypeError) as e:  # unhashable keys: TypeError
+    except CodecError:  # a ValueError too: the unpacker's own, already named
+        raise
+    except (RecursionError, ValueError, TypeError) as e:  # JSON errors and over-long ints: ValueError
         raise CodecError(f"not a value document: {type(e).__name__}") from None

@@ -39,3 +39,10 @@ def test_crafted_hash_collisions_are_refused_quickly(tag):
 def test_unhashable_members_are_a_codec_error():
     with pytest.raises(CodecError, match="not a value document"):
         decode(json.dumps({"set": [[1]]}))
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_codec_error():
+    """json.loads refuses an int of more than 4,300 digits with a plain ValueError: the codec
+    names it as a bad document like any other."""
+    with pytest.raises(CodecError, match="not a value document"):
+        decode("9" * 5000)
