@@ -211,3 +211,13 @@ def test_route_to_first_keeps_every_row_on_the_first_experts(tmp_path_factory, f
     assert all(int(i.max()) < n for i in index)
     with pytest.raises(ValueError, match="--route-to"):
         mm.route_to_first(model, 1)  # fewer than top_k
+
+
+def test_prefix_chat_reuses_earlier_turns_with_the_same_answers():
+    """The chat benchmark on the demo model (CPU): the second turn reuses part of its prompt, and
+    every answer equals the one without reuse."""
+    result = benchmark("rounds.prefix_chat").main(["--device", "cpu", "--turns", "2"])
+    assert result["reuse"][0]["cached_tokens"] == 0
+    assert 0 < result["reuse"][1]["cached_tokens"] < result["reuse"][1]["prompt_tokens"]
+    assert all(t["cached_tokens"] == 0 for t in result["cold"])
+    assert result["same_answers"] == [True, True]
