@@ -102,5 +102,9 @@ def decode(text: str | bytes) -> object:
         return _unpack(json.loads(text), 0)
     except CodecError:  # a ValueError too: the unpacker's own, already named
         raise
-    except (RecursionError, ValueError, TypeError) as e:  # JSON errors and over-long ints: ValueError
+    except (
+        RecursionError,
+        ValueError,
+        TypeError,
+    ) as e:  # JSON errors and over-long ints: ValueError
         raise CodecError(f"not a value document: {type(e).__name__}") from None
