@@ -91,6 +91,17 @@ def tiny_checkpoint(tmp_path_factory) -> tuple[Path, object]:
     return path, dg.DiffusionGemmaForBlockDiffusion.from_pretrained(path).eval()
 
 
+def mid_checkpoint(tmp_path_factory, layer_types: list[str]) -> Path:
+    """A saved mid-size DiffusionGemma (`MID` widths, past the kernels' smallest tiles) with these
+    layers and a 32-row canvas: the GPU tests' second size."""
+    torch.manual_seed(1)
+    cfg = _config(**MID, num_hidden_layers=len(layer_types), layer_types=layer_types)
+    cfg.canvas_length = 32
+    hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
+    _randomise(hf, 2)
+    return save_checkpoint(hf, tmp_path_factory.mktemp("dgmid") / "mid")
+
+
 def save_checkpoint(hf, path: Path) -> Path:
     """Save a transformers DiffusionGemma with the test stop ids and the byte tokenizer."""
     hf.save_pretrained(path)

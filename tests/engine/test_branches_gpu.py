@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import assert_modes_agree
-from dg_helpers import F_, MID, SETTINGS, S, _config, _prompt, _randomise, ckpt, save_checkpoint  # noqa: F401
+from dg_helpers import F_, SETTINGS, S, _prompt, ckpt, mid_checkpoint  # noqa: F401
 
 from dlmrt import LLM
 from dlmrt.engine.encoder_decoder.step import begin
@@ -33,14 +33,7 @@ CASES = {"tiny": [(3, 20), (13, 40)], "mid": [(5, 40), (40, 64)], "mid-fp8": [(5
 @pytest.fixture(scope="module")
 def checkpoints(ckpt, tmp_path_factory):  # noqa: F811
     """The tiny checkpoint, and a 3-layer mid-size one (the FP8 kernels' widths)."""
-    import transformers.models.diffusion_gemma as dg
-
-    torch.manual_seed(1)
-    cfg = _config(**MID, num_hidden_layers=3, layer_types=[S, S, F_])
-    cfg.canvas_length = 32
-    hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
-    _randomise(hf, 2)
-    mid = save_checkpoint(hf, tmp_path_factory.mktemp("dgbranches") / "mid")
+    mid = mid_checkpoint(tmp_path_factory, [S, S, F_])
     return {"tiny": ckpt[0], "mid": mid, "mid-fp8": mid}
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import assert_modes_agree
-from dg_helpers import F_, MID, SETTINGS, S, _config, _prompt, _randomise, ckpt, save_checkpoint  # noqa: F401
+from dg_helpers import F_, SETTINGS, S, _prompt, ckpt, mid_checkpoint  # noqa: F401
 
 from dlmrt import LLM, reference
 from dlmrt.engine.graph import prefill, workspace
@@ -32,15 +32,7 @@ CASES = {  # (prompt length, max_new_tokens): prompts past the window, partial l
 
 @pytest.fixture(scope="module")
 def checkpoints(ckpt, tmp_path_factory):  # noqa: F811
-    import transformers.models.diffusion_gemma as dg
-
-    torch.manual_seed(1)
-    cfg = _config(**MID, num_hidden_layers=len(MID_LAYERS), layer_types=MID_LAYERS)
-    cfg.canvas_length = 32
-    hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
-    _randomise(hf, 2)
-    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgmid") / "mid")
-    return {"tiny": ckpt[0], "mid": path}
+    return {"tiny": ckpt[0], "mid": mid_checkpoint(tmp_path_factory, MID_LAYERS)}
 
 
 def _static_eager(path, dtype: str) -> LLM:

@@ -154,18 +154,12 @@ def test_diffusion_gemma_modes_agree_with_fp8_experts(
 ):
     """FP8 routed experts, W8A8 or weight-only (+ FP8 context arena): block_graph ==
     round_graph == static eager."""
-    import transformers.models.diffusion_gemma as dg
-    from dg_helpers import F_, MID, S, _config, _prompt, _randomise, save_checkpoint
+    from dg_helpers import F_, S, _prompt, mid_checkpoint
 
     monkeypatch.setenv("DLMRT_FP8_GEMMS", "all")
     monkeypatch.setenv("DLMRT_FP8_GEMM_KERNEL", "triton")
     monkeypatch.setenv("DLMRT_FP8_EXPERTS", experts_path)
-    torch.manual_seed(1)
-    cfg = _config(**MID, num_hidden_layers=3, layer_types=[S, S, F_])
-    cfg.canvas_length = 32
-    hf = dg.DiffusionGemmaForBlockDiffusion(cfg).eval()
-    _randomise(hf, 2)
-    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgfp8") / "mid")
+    path = mid_checkpoint(tmp_path_factory, [S, S, F_])
     llms = {
         m: LLM(path, device="cuda", mode=m, quantization="fp8", kv_cache_dtype=kv) for m in MODES
     }
