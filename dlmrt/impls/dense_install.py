@@ -74,7 +74,7 @@ def generic_gated_mlp(
     another linear. Returns the names installed."""
     names = [f"{prefix}.{p}.weight" for p in PROJS]
     done: list[str] = []
-    gate_up = ins.linear(names[:2], fused_input=producer is not None)
+    gate_up = ins.linear(names[:2], fused_input=producer is not None, norm=producer)
     if gate_up is not None:
         set_gate_up(mlp, QuantGateUp(gate_up, act_mul(mlp.activation)))
         done += names[:2]
@@ -93,14 +93,12 @@ def fp8_gated_mlp(
     then gate|up + activation as one kernel where that is faster."""
     names = [f"{prefix}.{p}.weight" for p in PROJS]
     done: list[str] = []
-    gate_up = ins.linear(names[:2], fused_input=producer is not None)
+    gate_up = ins.linear(names[:2], fused_input=producer is not None, norm=producer)
     silu_fp8 = gate_up is not None and mlp.activation == "silu"
     down = ins.linear(names[2:], fused_input=silu_fp8)
     if gate_up is not None:
         act = fp8_ops.silu_mul_fp8 if silu_fp8 and down is not None else act_mul(mlp.activation)
         set_gate_up(mlp, QuantGateUp(gate_up, act))
-        if producer is not None:
-            producer.impl = ins.row(names[:2]).norm_out
         done += names[:2]
     if down is not None:
         ins.swap(mlp, "down_proj", down)

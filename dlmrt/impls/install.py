@@ -52,18 +52,23 @@ class Installer:
             return None
         return TABLE.get(kinds.pop())
 
-    def linear(self, names: list[str], fused_input: bool = True, w=None) -> nn.Module | None:
+    def linear(
+        self, names: list[str], fused_input: bool = True, w=None, norm: nn.Module | None = None
+    ) -> nn.Module | None:
         """One linear over the stacked weights of `names` (or over `w`, a tied head's copy) in
-        their format, if its row builds one; the names are then done."""
+        their format, if its row builds one; the names are then done. `norm`: the RMSNorm that
+        feeds x, given the format's `norm_out` once the linear is installed."""
         row = TABLE.get(type(w)) if w is not None else self.row(names)
         if row is None or row.linear is None:
             return None
         ws = [w] if w is not None else [self.weights[n] for n in names]
         lin = row.linear(self, names, ws, fused_input)
-        if (
-            lin is not None and w is None
-        ):  # a weight passed in (a tied head's copy) was never the loader's
+        if lin is None:
+            return None
+        if w is None:  # a weight passed in (a tied head's copy) was never the loader's
             self.done += names
+        if norm is not None and row.norm_out is not None:
+            norm.impl = row.norm_out
         return lin
 
     def gated_mlp(self, prefix: str, mlp: nn.Module, producer: nn.Module | None) -> None:
@@ -103,17 +108,17 @@ class Installer:
         return None if row is None else row.tied_copy(head.weight.detach())
 
 
-def _qkv(ins: Installer, attn: nn.Module, names: list[str], fused_input: bool) -> bool:
-    """q|k|v as one linear into the attention's `qkv` slot (or its one stored projection)."""
-    qkv = ins.linear(names, fused_input)
+def _qkv(ins: Installer, attn: nn.Module, names: list[str], norm: nn.Module | None) -> None:
+    """q|k|v as one linear into the attention's `qkv` slot (or its one stored projection), its
+    input handed over by `norm` where the format's norm can (None: quantized before the GEMM)."""
+    qkv = ins.linear(names, fused_input=norm is not None, norm=norm)
     if qkv is None:
-        return False
+        return
     if hasattr(attn, "query_key_value"):  # LLaDA2: one stored projection
         ins.swap(attn, "query_key_value", qkv)
-        return True
+        return
     set_slot(attn, "qkv", qkv)
     free(*(getattr(attn, f"{p}_proj") for p in "qkv" if getattr(attn, f"{p}_proj", None)))
-    return True
 
 
 def block_layers(ins: Installer) -> None:
@@ -127,8 +132,7 @@ def block_layers(ins: Installer) -> None:
         else:  # LLaDA2: query_key_value is already one linear
             attn, p, o_name = layer.attention, f"{prefix}.attention", "dense"
             names = [f"{p}.query_key_value.weight"]
-        if _qkv(ins, attn, names, fused_input=True) and ins.row(names).norm_out is not None:
-            layer.input_layernorm.impl = ins.row(names).norm_out
+        _qkv(ins, attn, names, layer.input_layernorm)
         ins.swap(attn, o_name, ins.linear([f"{p}.{o_name}.weight"], fused_input=False))
         mlp = layer.mlp
         if hasattr(mlp, "experts"):
@@ -147,7 +151,7 @@ def gemma_layers(ins: Installer) -> None:
         ins.experts(f"{prefix}.experts", layer.experts, layer.router.k)
         attn, p = layer.self_attn, f"{prefix}.self_attn"
         names = [f"{p}.{n}_proj.weight" for n in "qkv" if getattr(attn, f"{n}_proj") is not None]
-        _qkv(ins, attn, names, fused_input=False)
+        _qkv(ins, attn, names, None)
         ins.swap(attn, "o_proj", ins.linear([f"{p}.o_proj.weight"], fused_input=False))
         ins.gated_mlp(f"{prefix}.mlp", layer.mlp, None)
     _head(ins, None)
@@ -155,13 +159,8 @@ def gemma_layers(ins: Installer) -> None:
 
 def _head(ins: Installer, norm: nn.Module | None) -> None:
     tied = ins.tied_head()
-    head = ins.linear(["lm_head.weight"], fused_input=norm is not None, w=tied)
-    if head is None:
-        return
+    head = ins.linear(["lm_head.weight"], fused_input=norm is not None, w=tied, norm=norm)
     ins.swap(ins.model, "lm_head", head)
-    row = TABLE.get(type(tied if tied is not None else ins.weights["lm_head.weight"]))
-    if norm is not None and row.norm_out is not None:
-        norm.impl = row.norm_out
 
 
 def install_quantized(
