@@ -70,6 +70,14 @@ class EngineConfig:
             "its prompt starts with and prefills only the rest (docs/prefix-reuse.md)"
         },
     )
+    stream_rounds: bool = field(
+        default=True,
+        metadata={
+            "help": "hand a streaming request's tokens over every round as they become final "
+            "(block_graph: through a ring in pinned host memory the round writes while the graph "
+            "runs), not once per block (docs/streaming.md)"
+        },
+    )
     tensor_parallel_size: int | None = field(
         default=None,
         metadata={

@@ -25,7 +25,14 @@ from dlmrt.drafts import DraftBuilder, DraftCallback, chain
 from dlmrt.engine import select_mode
 from dlmrt.errors import CheckpointError
 from dlmrt.loading.checkpoint import Checkpoint, load_checkpoint, resolve_model_path
-from dlmrt.outputs import CanvasRecorder, GenerationOutput, ProgressCallback, Recorder, StopCheck
+from dlmrt.outputs import (
+    CanvasRecorder,
+    GenerationOutput,
+    ProgressCallback,
+    Recorder,
+    StopCheck,
+    TokensCallback,
+)
 from dlmrt.params import DecodeParams
 from dlmrt.request_checks import (
     check_callbacks,
@@ -53,7 +60,9 @@ class LLM(StyleAttributes):
     prefer="memory" keeps an NVFP4 checkpoint 4-bit on the GPU (W4A16) instead of its fastest form.
     prefix_reuse=True (the default) lets a request reuse the K/V of the prompt it shares with
     earlier requests (whole blocks; DiffusionGemma: to the token) (`docs/prefix-reuse.md`;
-    `out.num_cached_tokens` counts them).
+    `out.num_cached_tokens` counts them). stream_rounds=True (the default) hands a request's
+    `on_tokens` its tokens every round as they become final, also from inside the block graph
+    (`docs/streaming.md`); False: once per block.
     """
 
     def __init__(
@@ -71,6 +80,7 @@ class LLM(StyleAttributes):
         activations: str = "none",
         prefix_reuse: bool = True,
         prefer: str = "speed",
+        stream_rounds: bool = True,
     ) -> None:
         if isinstance(dtype, torch.dtype):
             dtype = next((k for k, v in torch_dtypes().items() if v == dtype), str(dtype))
@@ -88,6 +98,7 @@ class LLM(StyleAttributes):
             activations=activations,
             prefix_reuse=prefix_reuse,
             prefer=prefer,
+            stream_rounds=stream_rounds,
         )
         config, self.group = tp_setup.join(config)  # torchrun: this rank's device, the group
         path = _model_path(model)
@@ -185,6 +196,7 @@ class LLM(StyleAttributes):
         on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
         on_round: DraftCallback | None = None,
+        on_tokens: TokensCallback | None = None,
         params: DecodeParams | None = None,
         **kwargs: Any,
     ) -> GenerationOutput:
@@ -196,7 +208,11 @@ class LLM(StyleAttributes):
         `CanvasStepRecord`), after its block, in any mode; `on_progress(index, rounds, tokens)` after
         each block (encoder-decoder: each canvas, with its steps; `on_block` is its deprecated
         former name); `on_round(draft)` every round's `Draft` (`dlmrt/drafts.py`, `docs/drafts.md`), a
-        block at a time, before that block's `on_progress`. A block-style request with a recorder
+        block at a time, before that block's `on_progress`; `on_tokens(tokens)` the output so far
+        each time it grows, as its rows become final: every round for the block style (also in
+        block_graph, from inside the graph: `docs/streaming.md`), every canvas for the
+        encoder-decoder style; nothing it was given is ever retracted, and its last call equals
+        the output's token ids. A block-style request with a recorder
         (or drafts) runs unfolded: its records follow the unfolded rounds.
         `should_stop()` is polled between rounds (between blocks in block_graph mode); when it returns
         True the request ends with `GenerationCancelled` and the engine is free for the next one.
@@ -215,12 +231,13 @@ class LLM(StyleAttributes):
                 self.group, prompt, chat, kwargs, should_stop
             )
             params = None
-        check_callbacks(chat, recorder, on_progress, should_stop, on_round)
+        check_callbacks(chat, recorder, on_progress, should_stop, on_round, on_tokens)
         if on_round is not None:
             builder = DraftBuilder(on_round, on_progress)
             recorder, on_progress = chain(recorder, builder.record), builder.on_progress
         params = params if params is not None else DecodeParams.from_kwargs(**kwargs)
-        return self._generate(prompt, chat, recorder, on_progress, should_stop, params)
+        hooks = Hooks(recorder, on_progress, should_stop, on_tokens)
+        return self._generate(prompt, chat, hooks, params)
 
     def follow(self) -> None:
         """Tensor parallel, ranks > 0 of a server: decode what rank 0's `generate` calls share,
@@ -229,7 +246,7 @@ class LLM(StyleAttributes):
         def run(req):
             prompt, chat, kwargs, poll = tp_requests.unpack(self.group, req)
             return self._generate(
-                prompt, chat, None, None, poll, DecodeParams.from_kwargs(**kwargs)
+                prompt, chat, Hooks(should_stop=poll), DecodeParams.from_kwargs(**kwargs)
             )
 
         tp_requests.follow(self.group, run)
@@ -239,14 +256,12 @@ class LLM(StyleAttributes):
         if self.group is not None:
             tp_requests.stop(self.group)
 
-    def _generate(
-        self, prompt, chat, recorder, on_progress, should_stop, params
-    ) -> GenerationOutput:
+    def _generate(self, prompt, chat, hooks: Hooks, params: DecodeParams) -> GenerationOutput:
         t0 = time.perf_counter()
         ids = prompt_ids(self.tokenizer, prompt, chat, self.model_config.vocab_size)
         check_not_empty(ids, prompt)
         self.style.check(ids, params)
-        res = self.style.generate(ids, params, Hooks(recorder, on_progress, should_stop))
+        res = self.style.generate(ids, params, hooks)
         return GenerationOutput.of(self.tokenizer.decode(res.token_ids), len(ids), res, t0)
 
     def stream(self, prompt: str | list[int], *, chat: bool = False, **kwargs: Any) -> DraftStream:

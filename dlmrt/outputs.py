@@ -134,4 +134,6 @@ Recorder = Callable[[RoundRecord], None]
 CanvasRecorder = Callable[[CanvasStepRecord], None]
 # (block or canvas index, rounds it took, tokens so far)
 ProgressCallback = Callable[[int, int, list[int]], None]
+# the request's final tokens so far, each time they grow (`engine/block/token_feed.py`)
+TokensCallback = Callable[[list[int]], None]
 StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)

@@ -44,12 +44,13 @@ def check_callbacks(
     on_progress: object,
     should_stop: object,
     on_round: object = None,
+    on_tokens: object = None,
 ) -> None:
     """`chat` a bool, the callbacks callables (or None): named errors, not failures mid-request."""
     if not isinstance(chat, bool):
         raise TypeError(f"chat: expected True or False, got {chat!r}")
     named = ("recorder", recorder), ("on_progress", on_progress), ("should_stop", should_stop)
-    for name, fn in (*named, ("on_round", on_round)):
+    for name, fn in (*named, ("on_round", on_round), ("on_tokens", on_tokens)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name}: expected a callable or None, got {type(fn).__name__}")
 

@@ -165,12 +165,14 @@ class Worker:
             seen["tokens"] = tokens
             if job.cancelled.is_set() or self.closing:
                 raise Cancelled
-            if spec.stream or spec.stop:
-                delta = text.update(tokens)
-                if delta and spec.stream:
-                    job.emit(("delta", delta))
-                if text.stopped:
-                    raise _StopString
+
+        def on_tokens(tokens: list[int]) -> None:  # every round, as rows become final
+            seen["tokens"] = tokens
+            delta = text.update(tokens)
+            if delta and spec.stream:
+                job.emit(("delta", delta))
+            if text.stopped:
+                raise _StopString
 
         try:
             on_round = self._draft_events(job) if spec.drafts else None
@@ -179,6 +181,7 @@ class Worker:
                 on_progress=on_progress,
                 should_stop=stop_requested,
                 on_round=on_round,
+                on_tokens=on_tokens if spec.stream or spec.stop else None,
                 params=spec.params,
             )
             reason, tokens, forwards = out.finish_reason, out.token_ids, out.num_denoising_forwards

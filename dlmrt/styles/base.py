@@ -10,7 +10,7 @@ import torch
 
 from dlmrt.config import EngineConfig
 from dlmrt.loading.checkpoint import Checkpoint
-from dlmrt.outputs import CanvasRecorder, ProgressCallback, Recorder, StopCheck
+from dlmrt.outputs import CanvasRecorder, ProgressCallback, Recorder, StopCheck, TokensCallback
 from dlmrt.params import DecodeParams
 
 
@@ -47,6 +47,7 @@ class Hooks:
     recorder: Recorder | CanvasRecorder | None = None
     on_progress: ProgressCallback | None = None
     should_stop: StopCheck | None = None
+    on_tokens: TokensCallback | None = None
 
 
 class Style(Protocol):

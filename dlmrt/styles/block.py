@@ -57,6 +57,7 @@ class BlockStyle:
             config.fold_commits,
             config.kv_cache_dtype,
             config.prefix_reuse,
+            config.stream_rounds,
         )
         log.info("default decoder %s, block %d", decoder, cfg.block_size)
         return cls(engine, setup, decoder, mask_id)
@@ -105,6 +106,7 @@ class BlockStyle:
             on_progress=hooks.on_progress,
             should_stop=hooks.should_stop,
             constraint=self.constraint(params),
+            on_tokens=hooks.on_tokens,
         )
 
     def constraint(self, params: DecodeParams):

@@ -13,6 +13,7 @@ from typing import Any
 from dlmrt.config import EAGER
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
 from dlmrt.engine import EncoderDecoderEngine
+from dlmrt.outputs import ProgressCallback, TokensCallback
 from dlmrt.params import DecodeParams
 from dlmrt.rules import ENCODER_DECODER
 from dlmrt.styles.base import Hooks, Setup
@@ -90,7 +91,25 @@ class EncoderDecoderStyle:
             seed=params.seed or 0,
             rng=self.rng(params.rng),
             ignore_eos=params.ignore_eos,
-            on_progress=hooks.on_progress,
+            on_progress=per_canvas(hooks.on_progress, hooks.on_tokens),
             should_stop=hooks.should_stop,
             recorder=hooks.recorder,
         )
+
+
+def per_canvas(
+    on_progress: ProgressCallback | None, on_tokens: TokensCallback | None
+) -> ProgressCallback | None:
+    """`on_progress`, also handing `on_tokens` the output after each canvas: a canvas's rows are
+    final only when the canvas is (every step re-decides every row, nothing is frozen, and the
+    output is the last step's argmax: `decoding/entropy_bound_canvas.py`), so this style streams
+    by canvases."""
+    if on_tokens is None:
+        return on_progress
+
+    def both(index: int, steps: int, tokens: list[int]) -> None:
+        if on_progress is not None:  # first: a canvas's drafts come before its text
+            on_progress(index, steps, tokens)
+        on_tokens(list(tokens))
+
+    return both

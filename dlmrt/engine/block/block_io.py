@@ -21,6 +21,8 @@ never read back (a request cancelled between the two): the copy in may still be 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -29,6 +31,8 @@ from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import FoldBuffers
 from dlmrt.engine.block.round import BlockBuffers
 from dlmrt.engine.graph.loop import Pass
+
+POLL_S = 1e-4  # the host's poll interval while a block runs (a round takes milliseconds)
 
 
 class Report(NamedTuple):
@@ -131,10 +135,17 @@ class BlockIO:
         _pack(self.fold_report, fb.canvas, (fb.step, fb.passes, fb.redo.long()))
         self.host_fold.copy_(self.fold_report, non_blocking=self.cuda)
 
-    def _values(self, host: torch.Tensor) -> tuple[list[int], list[int]]:
-        """(canvas, scalars) of a pinned row, once the copies into it are done (one sync)."""
+    def _values(
+        self, host: torch.Tensor, poll: Callable[[], None] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """(canvas, scalars) of a pinned row, once the copies into it are done (one sync).
+        `poll`: called every ~0.1 ms while the stream still runs (the round stream's reader)."""
         if self.cuda:
-            torch.cuda.current_stream().synchronize()
+            stream = torch.cuda.current_stream()
+            while poll is not None and not stream.query():
+                poll()
+                time.sleep(POLL_S)
+            stream.synchronize()
         values = host.tolist()
         return values[: self.rows], values[self.rows :]
 
@@ -143,8 +154,9 @@ class BlockIO:
         canvas, (step, passes, redo) = self._values(self.host_fold)
         return FoldReport(canvas, step, passes, bool(redo))
 
-    def read(self) -> Report:
-        """The one read-back of a block (after the `report` and `copy_out` passes ran)."""
-        canvas, (step, halt, done, bad) = self._values(self.host_out)
+    def read(self, poll: Callable[[], None] | None = None) -> Report:
+        """The one read-back of a block (after the `report` and `copy_out` passes ran); `poll`
+        runs while the block does (`_values`)."""
+        canvas, (step, halt, done, bad) = self._values(self.host_out, poll)
         self.in_flight = False
         return Report(canvas, step, bool(halt), bool(done), bool(bad))

@@ -30,11 +30,12 @@ from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.program import BlockProgram
 from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.block.structured import Constraint, run_blocks
+from dlmrt.engine.block.token_feed import TokenFeed
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
 from dlmrt.engine.prefix import Prefix
-from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck
+from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck, TokensCallback
 
 log = logging.getLogger("dlmrt")
 
@@ -50,6 +51,14 @@ class _Request:
     on_progress: ProgressCallback | None
     should_stop: StopCheck | None
     recorder: Recorder | None
+    feed: TokenFeed | None = None  # on_tokens: the final tokens as they become final
+
+    @property
+    def between_rounds(self) -> StopCheck | None:
+        """What the host checks between rounds: the round stream, then `should_stop`."""
+        if self.feed is None or not self.feed.streams_rounds:
+            return self.should_stop
+        return self.feed.between(self.should_stop)
 
 
 def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: list[int]) -> bool:
@@ -57,8 +66,10 @@ def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: lis
     res.rounds_per_block.append(rounds)
     res.token_ids += tokens[req.lay.tail :] if index == req.lay.first_block else tokens
     res.token_ids, reason = finish(res.token_ids, req.stop_ids, req.max_new_tokens, req.ignore_eos)
-    if req.on_progress is not None:
+    if req.on_progress is not None:  # first: a block's drafts come before its text
         req.on_progress(index, rounds, list(res.token_ids))
+    if req.feed is not None:
+        req.feed.offer(res.token_ids)
     if reason is None:
         return False
     res.finish_reason = reason
@@ -79,6 +90,15 @@ def _settle(
     return _emit(res, req, index - 1, fold.step, fold.canvas)
 
 
+def _launch(prog: BlockProgram, parts: tuple, req: _Request, index: int, before: list[int]):
+    """Run block `index`'s chain; a streamed request first captures its graphs (their warm-ups
+    publish too) and clears the round stream (`row_stream.py`)."""
+    if req.feed is not None and req.feed.streams_rounds:
+        prog.runner.prepare(parts)
+        req.feed.start_block(index, before)
+    prog.runner.chain(parts, req.between_rounds)
+
+
 class BlockEngine:
     def __init__(
         self,
@@ -89,15 +109,19 @@ class BlockEngine:
         fold_commits: bool = True,
         kv_cache_dtype: str = "auto",
         prefix_reuse: bool = False,
+        stream_rounds: bool = True,
     ) -> None:
         """prefix_reuse: keep the committed rows for the next request (`engine/prefix.py`); off
-        for an engine built directly (benchmarks time cold requests), on through `LLM` by default."""
+        for an engine built directly (benchmarks time cold requests), on through `LLM` by default.
+        stream_rounds: a request with `on_tokens` hears its rows as they become final, every
+        round (`token_feed.py`); False: at each finished block only."""
         self.model, self.cfg, self.device, self.dtype = model, model.cfg, device, dtype
         self.kv_dtype = arena_dtype(kv_cache_dtype, dtype)  # kv_cache.py: the FP8 arena
         self.mode = mode
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
         self.workspace = Workspace(mode, self._new_arena, device)
         self.prefix = Prefix(prefix_reuse)  # the committed rows the next request reuses
+        self.stream_rounds = stream_rounds
 
     def _new_arena(self, rows: int) -> KVCache:
         self.prefix.clear()  # its rows live in the old arena: holding it keeps it allocated
@@ -105,14 +129,17 @@ class BlockEngine:
         heads, dim = c.num_key_value_heads, c.head_dim
         return KVCache(c.num_hidden_layers, heads, dim, rows, self.kv_dtype, self.device)
 
-    def program(self, spec: RoundSpec, max_len: int, traced: bool = False) -> BlockProgram:
+    def program(
+        self, spec: RoundSpec, max_len: int, traced: bool = False, streamed: bool = False
+    ) -> BlockProgram:
         """The program for `spec` over an arena of at least `max_len` rows (documented for the
         benchmarks: `program.runner.run(program.rounds)` times a block's rounds). `traced`: its
-        rounds also write the device-side `RoundTrace` a recorder reads after each block."""
+        rounds also write the device-side `RoundTrace` a recorder reads after each block.
+        `streamed`: its rounds also publish the block's rows to the round stream."""
         kv = self.workspace.reserve(max_len)
-        key = (spec.block_length, spec.rule, spec.temperature, spec.one_pass, traced)
+        key = (spec.block_length, spec.rule, spec.temperature, spec.one_pass, traced, streamed)
         return self.workspace.program(
-            key, lambda run: BlockProgram(spec, kv, run, self.device, traced)
+            key, lambda run: BlockProgram(spec, kv, run, self.device, traced, streamed)
         )
 
     def generate(
@@ -131,6 +158,7 @@ class BlockEngine:
         on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
         constraint: Constraint | None = None,
+        on_tokens: TokensCallback | None = None,
     ) -> EngineResult:
         """Decode one request. A `recorder` gets one `RoundRecord` per round of the unfolded
         schedule (what the trainer replays), in any mode: the rounds write a device-side trace,
@@ -138,17 +166,26 @@ class BlockEngine:
         cost of the commit passes. Same tokens either way. The prompt's blocks it shares with the
         rows the earlier requests committed are not prefilled again (`res.cached_tokens`). A
         `constraint` (structured output) decides every round through its grammar on the host
-        (`structured.py`)."""
+        (`structured.py`). `on_tokens(tokens)`: the output so far each time it grows, every
+        round where the program streams (`token_feed.py`), else at each finished block."""
         if constraint is not None and recorder is not None:
             raise ValueError("response_format: not supported with a recorder or drafts")
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
         # a structured request masks the logits before the rule: never the one-pass vocabulary
         spec = RoundSpec(self.model, rule, temperature, block_length, constraint is None)
-        req = _Request(
-            lay, stop_ids, max_new_tokens, ignore_eos, on_progress, should_stop, recorder
-        )
+        # by rounds, unless the rows are decided on the host (a constraint) or drafts are made
+        # from the trace (they arrive a block at a time: a block's drafts precede its text)
+        streamed = on_tokens is not None and self.stream_rounds
+        streamed = streamed and constraint is None and recorder is None
         with torch.inference_mode():
-            prog = self.program(spec, lay.max_len, traced=recorder is not None)
+            prog = self.program(spec, lay.max_len, recorder is not None, streamed)
+            feed = None
+            if on_tokens is not None:
+                cut = (stop_ids, max_new_tokens, ignore_eos)
+                feed = TokenFeed(on_tokens, lay, *cut, prog.rows_out)
+            req = _Request(
+                lay, stop_ids, max_new_tokens, ignore_eos, on_progress, should_stop, recorder, feed
+            )
             res = EngineResult([], "length", mode=prog.runner.name)
             full = lay.first_block * block_length  # the rows a cold request prefills
             reused = self.prefix.take(prompt_ids, block_length, prog.kv, full)
@@ -188,10 +225,13 @@ class BlockEngine:
                     return  # block b-1 ended the request: block b's round 0 goes unused
                 runner.chain(tail_parts, req.should_stop)
             else:  # one launch in block_graph: copy in .. copy out
-                runner.chain(head + tail_parts, req.should_stop)
+                _launch(prog, head + tail_parts, req, b, res.token_ids)
                 if pending:  # the chain ran (not cancelled): so did block b-1's folded commit
                     self.prefix.commit((b - 1) * lay.block_length, waiting)
-            out = prog.io.read()  # the block's one read-back
+            feed = req.feed if req.feed is not None and req.feed.streams_rounds else None
+            out = prog.io.read(feed.poll if feed else None)  # the block's one read-back
+            if feed is not None:
+                feed.end_block()
             if out.nonfinite:
                 self.prefix.clear()  # keep no K/V of a request that went non-finite
                 raise nonfinite.error(spec.model, f"block {b} (round {out.step})")

@@ -7,6 +7,10 @@
                    stashes block b-1 for its folded commit first
     report   Pass  pack what the host reads after the round loop into one row (one read-back)
 
+A streamed program (`streamed`, rules that do not edit) also ends every round body and the joint
+pass with a publish of the block's rows into the round stream `rows_out` (`row_stream.py`), which
+the host reads while the block runs.
+
 over one set of static buffers (`BlockBuffers`, `FoldBuffers`) and the engine's arena. One program
 per (block length, rule, temperature, traced): the graphs bake them in. A traced program's round
 body also writes the round into a `RoundTrace` (`trace.py`), in any mode. `kv_len` is the CPU's host-side
@@ -21,6 +25,7 @@ import torch
 from dlmrt.engine.block.block_io import BlockIO
 from dlmrt.engine.block.fold import FoldBuffers, joint_pass, max_passes
 from dlmrt.engine.block.round import BlockBuffers, RoundSpec, commit_pass, denoise_round
+from dlmrt.engine.block.row_stream import RowStream
 from dlmrt.engine.block.trace import RoundTrace
 from dlmrt.engine.graph.loop import Loop, Pass, Runner
 from dlmrt.engine.kv_cache import KVCache
@@ -34,8 +39,11 @@ class BlockProgram:
         runner: Runner,
         device: torch.device,
         traced: bool = False,
+        streamed: bool = False,
     ) -> None:
-        """traced: every round is also written into `self.trace` (read it after the block)."""
+        """traced: every round is also written into `self.trace` (read it after the block).
+        streamed: every round also publishes the block's rows (`rows_out`; ignored for a rule
+        that edits, whose resolved rows are not final before the block is)."""
         self.spec, self.kv, self.runner = spec, kv, runner
         self.kv_len: int | None = None
         self.buf, self.fold_buf = BlockBuffers(spec, device), FoldBuffers(spec, device)
@@ -43,11 +51,26 @@ class BlockProgram:
         max_rounds = spec.rule.max_rounds(spec.block_length)
         self.trace = RoundTrace(spec, max_rounds, device) if traced else None
         trace = self.trace
+        streamed = streamed and not getattr(spec.rule, "edits", False)
+        self.rows_out = RowStream(spec.block_length, device) if streamed else None
+        rows_out = self.rows_out
+
+        def round_body() -> None:
+            if trace is not None:
+                trace.round(spec, buf, kv, self.kv_len)
+            else:
+                denoise_round(spec, buf, kv, self.kv_len)
+            if rows_out is not None:
+                rows_out.publish(buf)
+
+        def fold_body() -> None:
+            joint_pass(spec, fb, buf, kv, self.kv_len)
+            if rows_out is not None:  # the joint pass is block b+1's round 0
+                rows_out.publish(buf)
+
         self.rounds = Loop(
             "rounds",
-            (lambda: trace.round(spec, buf, kv, self.kv_len))
-            if trace is not None
-            else (lambda: denoise_round(spec, buf, kv, self.kv_len)),
+            round_body,
             buf.halt,
             buf.step,
             max_rounds,
@@ -55,7 +78,7 @@ class BlockProgram:
         )
         self.fold = Loop(
             "fold",
-            lambda: joint_pass(spec, fb, buf, kv, self.kv_len),
+            fold_body,
             fb.settled,
             fb.passes,
             max_passes(spec),

@@ -1,59 +1,32 @@
 """CUDA conditional WHILE nodes through cuda.bindings (PyTorch 2.11 has no conditional-node API).
 
 The "compose" design: capture one loop body with torch (plus the
-condition kernel from csrc/block_cond.cu, compiled once with NVRTC), then hand-build an outer graph
+condition kernel from csrc/block_cond.cu, compiled once with NVRTC: `nvrtc.py`), then hand-build an outer graph
 WHILE(handle){child(body)} and instantiate it. Imported only on CUDA machines.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
-from importlib.resources import files
 
-import numpy as np
 import torch
-from cuda.bindings import driver, nvrtc
+from cuda.bindings import driver
 from cuda.bindings import runtime as cudart
 
 from dlmrt import capture_guard
+from dlmrt.engine.graph import nvrtc
+from dlmrt.engine.graph.nvrtc import ck
 
 MIN_DRIVER = 12040  # WHILE nodes: driver >= 12.4
 CUDA13 = int(__import__("cuda.bindings").bindings.__version__.split(".")[0]) >= 13
 
 
-def ck(ret):
-    """Unwrap a cuda-python (err, *values) tuple, raising on error."""
-    err, rest = (ret[0], ret[1:]) if isinstance(ret, tuple) else (ret, ())
-    if int(getattr(err, "value", err)) != 0:
-        raise RuntimeError(f"CUDA call failed: {err!r}")
-    return rest[0] if len(rest) == 1 else rest
-
-
-def _source() -> str:
-    return files("dlmrt._csrc").joinpath("block_cond.cu").read_text()
-
-
-@functools.cache
 def condition_kernel():
-    """Compile and load dlmrt_block_cond for the current device (once per process)."""
+    """dlmrt_block_cond for the current device (compiled once per process)."""
     if ck(driver.cuDriverGetVersion()) < MIN_DRIVER:
         raise RuntimeError(f"CUDA driver older than {MIN_DRIVER} (no conditional WHILE nodes)")
-    torch.zeros(1, device="cuda")  # the primary context must exist before loading a module
-    prog = ck(nvrtc.nvrtcCreateProgram(_source().encode(), b"block_cond.cu", 0, [], []))
-    major, minor = torch.cuda.get_device_capability()
-    opts = [f"--gpu-architecture=compute_{major}{minor}".encode()]
-    (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if int(getattr(err, "value", err)) != 0:
-        log = bytearray(ck(nvrtc.nvrtcGetProgramLogSize(prog)))
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError("NVRTC failed on block_cond.cu: " + log.decode(errors="replace"))
-    ptx = bytearray(ck(nvrtc.nvrtcGetPTXSize(prog)))
-    ck(nvrtc.nvrtcGetPTX(prog, ptx))
-    image = np.frombuffer(bytes(ptx), dtype=np.uint8).copy()
-    module = ck(driver.cuModuleLoadData(image.ctypes.data))
-    return ck(driver.cuModuleGetFunction(module, b"dlmrt_block_cond")), (image, module)
+    return nvrtc.function("block_cond.cu", "dlmrt_block_cond")
 
 
 def launch_condition(handle: int, done: torch.Tensor, step: torch.Tensor, max_rounds: int) -> None:
@@ -63,11 +36,7 @@ def launch_condition(handle: int, done: torch.Tensor, step: torch.Tensor, max_ro
         (handle, done.data_ptr(), step.data_ptr(), int(max_rounds)),
         (ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong),
     )
-    ck(
-        driver.cuLaunchKernel(
-            fn, 1, 1, 1, 1, 1, 1, 0, torch.cuda.current_stream().cuda_stream, args, 0
-        )
-    )
+    nvrtc.launch(fn, 1, args)
 
 
 def _handle_int(h) -> int:

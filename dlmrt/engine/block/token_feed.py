@@ -1,0 +1,89 @@
+"""TokenFeed: a request's final tokens, handed to `on_tokens` as soon as they are final.
+
+`on_tokens(tokens)` receives the request's output so far (cut at a stop id or max_new_tokens as
+the output is) every time it grows: from the round stream (`row_stream.py`) while a block is
+being denoised, and at each finished block. A block's rows are final once resolved for every rule
+that does not edit (an editing rule's block is final only when the block is: it is not streamed
+by rounds). The feed passes on the block's resolved rows from its first generated row up to the
+first masked one, after the blocks before it; since those rows never change and `finish` cuts a
+prefix of a list at a prefix of where it cuts the list, every call extends the previous one and
+the last one equals the output: nothing streamed is ever retracted.
+
+When the host sees the rows: between rounds in eager and round_graph (the host loop syncs every
+round anyway), and in block_graph while it waits for the block's read-back (`BlockIO.read`
+polls the ring instead of blocking in a stream sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dlmrt.blocks import Layout, finish
+from dlmrt.engine.block.row_stream import RowStream
+from dlmrt.outputs import StopCheck, TokensCallback
+
+
+class TokenFeed:
+    def __init__(
+        self,
+        on_tokens: TokensCallback,
+        lay: Layout,
+        stop_ids: set[int],
+        max_new_tokens: int,
+        ignore_eos: bool,
+        rows: RowStream | None,
+    ) -> None:
+        """rows: the program's round stream (None: the feed hears only finished blocks)."""
+        self._on_tokens, self._lay, self._rows = on_tokens, lay, rows
+        self._cut = (stop_ids, max_new_tokens, ignore_eos)
+        self._sent = 0  # tokens handed over so far
+        self._block: tuple[int, list[int]] | None = None  # (block start, output before it)
+
+    @property
+    def streams_rounds(self) -> bool:
+        return self._rows is not None
+
+    def offer(self, tokens: list[int]) -> None:
+        """The output so far (already cut): handed over if it grew."""
+        if len(tokens) > self._sent:
+            self._sent = len(tokens)
+            self._on_tokens(list(tokens))
+
+    def start_block(self, index: int, before: list[int]) -> None:
+        """Block `index` is about to launch after the output `before`: clear the ring (the
+        device is idle, the block's graphs captured) and read its rounds from now on."""
+        if self._rows is None:
+            return
+        self._rows.clear()
+        self._block = (index * self._lay.block_length, list(before))
+
+    def poll(self) -> None:
+        """Read the ring; hand over the block's newly final rows, if any."""
+        if self._rows is None or self._block is None:
+            return
+        seen = self._rows.poll()
+        start, before = self._block
+        if seen is None or seen[0] != start:
+            return
+        first = self._lay.tail if start == self._lay.first_block * self._lay.block_length else 0
+        rows = seen[1]
+        end = first
+        while end < len(rows) and rows[end] >= 0:
+            end += 1
+        tokens, _ = finish(before + rows[first:end], *self._cut)
+        self.offer(tokens)
+
+    def end_block(self) -> None:
+        """The block was read back: a last poll (its final rounds), then no more ring reads."""
+        self.poll()
+        self._block = None
+
+    def between(self, should_stop: StopCheck | None) -> Callable[[], bool]:
+        """The host loops' between-rounds check: poll the ring, then the caller's `should_stop`
+        (called exactly as before: under tensor parallelism it is a collective)."""
+
+        def check() -> bool:
+            self.poll()
+            return should_stop is not None and bool(should_stop())
+
+        return check
