@@ -195,11 +195,26 @@ def _generate_and_print(llm: Any, args: argparse.Namespace, params: Any) -> int:
     if args.watch:
         out = _watch(llm, prompt, kwargs, args.watch_delay)
     else:
-        out = llm.generate(prompt, **kwargs)
-        print(out.text)
+        out = _print_as_final(llm, prompt, kwargs)
     if args.stats or args.watch:
         _print_stats(out)
     return 0
+
+
+def _print_as_final(llm: Any, prompt: str, kwargs: dict[str, Any]) -> Any:
+    """The request's text on stdout as its tokens become final (every round: `on_tokens`), then
+    a newline; what is printed is exactly the output's text (`dlmrt/detokenizer.py`)."""
+    from dlmrt.detokenizer import IncrementalText
+
+    text = IncrementalText(llm.tokenizer.decode)
+
+    def on_tokens(tokens: list[int]) -> None:
+        sys.stdout.write(text.update(tokens))
+        sys.stdout.flush()
+
+    out = llm.generate(prompt, on_tokens=on_tokens, **kwargs)
+    print(text.update(out.token_ids, final=True))
+    return out
 
 
 def _watch(llm: Any, prompt: str, kwargs: dict[str, Any], delay: float) -> Any:

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlmrt.detokenizer import IncrementalText
 from dlmrt.drafts import Draft
 from dlmrt.errors import GenerationCancelled
-from dlmrt.server.detokenizer import IncrementalText
 from dlmrt.server.metrics import Metrics
 from dlmrt.server.protocol import APIError, RequestSpec
 

@@ -43,9 +43,9 @@ def _device_pointer(host: torch.Tensor) -> int:
 
 
 class RowStream:
-    def __init__(self, rows: int, device: torch.device, slots: int = SLOTS) -> None:
-        self.rows, self.slots, self.cuda = rows, slots, device.type == "cuda"
-        self.ring = torch.zeros(slots, rows + 2, dtype=torch.long, pin_memory=self.cuda)
+    def __init__(self, rows: int, device: torch.device, slots: int | None = None) -> None:
+        self.rows, self.slots, self.cuda = rows, slots or SLOTS, device.type == "cuda"
+        self.ring = torch.zeros(self.slots, rows + 2, dtype=torch.long, pin_memory=self.cuda)
         self._host = self.ring.numpy()
         self._ptr = _device_pointer(self.ring) if self.cuda else 0
         self._next = 1  # the round the reader expects next
