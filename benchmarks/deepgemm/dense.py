@@ -66,7 +66,7 @@ def run(
         row |= _bf16(dg, x, ws, warm_only)
     else:
         row |= _fp8(dg, x, ws, warm_only, ours)
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+    return quant.rounded(row)
 
 
 def _bf16(dg: ModuleType, x: torch.Tensor, ws: list, warm_only: bool) -> dict:

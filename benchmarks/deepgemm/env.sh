@@ -5,7 +5,7 @@
 #
 # CUDA_HOME     the toolkit: setup.py compiles against $CUDA_HOME/include (and include/cccl),
 #               and deep_gemm/__init__.py hands it to the JIT, which runs $CUDA_HOME/bin/nvcc
-#               and $CUDA_HOME/bin/cuobjdump (to find each cubin's kernel symbol). Default:
+#               (DG_JIT_NVCC_COMPILER overrides that path). Default:
 #               /usr/local/cuda, else two levels above the resolved `nvcc` on PATH.
 # PYTHONPATH    + $DEEPGEMM_PREFIX/site, which holds only the built `deep_gemm` package (with
 #               include/deep_gemm, include/cute, include/cutlass: the JIT's -I directory is the

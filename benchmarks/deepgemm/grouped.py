@@ -75,7 +75,7 @@ def run(
     row["deepgemm_two_gemms_us"] = row["gate_up_us"] + row["down_us"]
     row["ok"] = max(row["gate_up_rel_err"], row["down_rel_err"]) <= TOL
     row["ours_layer_us"] = _ours(shape, kind, x, index, gate_up, down, gen)
-    return {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+    return quant.rounded(row)
 
 
 def _floors(shape: Shape, pairs: int, touched: int, bytes_per: int) -> dict[str, float]:

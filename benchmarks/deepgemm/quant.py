@@ -84,3 +84,10 @@ def calc_diff(got: torch.Tensor, want: torch.Tensor) -> float:
     if denominator == 0:
         return 0.0
     return float(1 - 2 * (x * y).sum() / denominator)
+
+
+def rounded(row: dict) -> dict:
+    """A result row with its µs rounded to 0.001 (errors keep their digits)."""
+    return {
+        k: round(v, 3) if k.endswith("_us") and isinstance(v, float) else v for k, v in row.items()
+    }

@@ -12,19 +12,19 @@ an fp32 reference; µs, floors, JSON to benchmarks/results/. Needs deep_gemm bui
 
 Rows: each family's block rows (QwenDLM and DiffusionGemma 256, LLaDA 32) and 1 / 7 as a
 sanity pair, unless --rows. DeepGEMM compiles every new kernel with nvcc at first use (seconds
-each): with --jit-workers N > 0 every case's DeepGEMM calls run first, once, in N processes
-(spawned, sharing DG_JIT_CACHE_DIR), so the timed process finds them compiled. The result file
+each): with --jit-workers N > 0 every case's DeepGEMM calls run first, once, spread over N
+processes sharing DG_JIT_CACHE_DIR, so the timed process finds them compiled. The result file
 is rewritten after every case, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
+import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import torch
 
@@ -57,27 +57,37 @@ def run_task(dg, task: tuple, touched: int | None, warm_only: bool, ours: bool =
     return grouped.run(dg, family, shape, task[2], task[3], touched, warm_only)
 
 
-def _warm(task: tuple, touched: int | None) -> tuple[tuple, float, str]:
-    """In a worker process: compile this case's DeepGEMM kernels -> (task, seconds, error)."""
-    t0 = time.perf_counter()
-    try:
-        with torch.inference_mode():
-            run_task(deepgemm.library(), task, touched, warm_only=True)
-        torch.cuda.synchronize()
-        return task, time.perf_counter() - t0, ""
-    except Exception as e:  # noqa: BLE001 (reported; the timed pass records it again)
-        return task, time.perf_counter() - t0, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+def warm_shard(todo: list[tuple], shard: str, touched: int | None) -> None:
+    """In a worker process (`--jit-shard I/N`): run the DeepGEMM calls of every N-th case from
+    the I-th, once each, untimed (their kernels compile into DG_JIT_CACHE_DIR)."""
+    i, n = (int(v) for v in shard.split("/"))
+    dg = deepgemm.library()
+    for task in todo[i::n]:
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                run_task(dg, task, touched, warm_only=True)
+            torch.cuda.synchronize()
+            err = ""
+        except Exception as e:  # noqa: BLE001 (reported; the timed pass records it again)
+            err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        print(f"jit {task}: {time.perf_counter() - t0:.1f} s {err}", flush=True)
 
 
-def warm_jit(todo: list[tuple], workers: int, touched: int | None) -> None:
-    """Compile every case's kernels in `workers` spawned processes (DG_JIT_CACHE_DIR is shared;
-    DeepGEMM renames each finished kernel directory into place, so concurrent builds are safe)."""
+def warm_jit(workers: int) -> None:
+    """Compile every case's kernels in `workers` processes, each this command with
+    `--jit-shard I/N` (run as a module from the repository root, as this one: the package takes
+    the root off sys.path, so a spawned multiprocessing child could not import it).
+    DG_JIT_CACHE_DIR is shared: DeepGEMM renames each finished kernel directory into place, so
+    concurrent builds are safe (csrc/jit/compiler.hpp `Compiler::build`)."""
     t0 = time.perf_counter()
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-        for task, secs, err in pool.map(_warm, todo, [touched] * len(todo)):
-            print(f"jit {task}: {secs:.1f} s {err}", flush=True)
-    print(f"jit warm-up: {len(todo)} cases in {time.perf_counter() - t0:.0f} s", flush=True)
+    root = Path(__file__).resolve().parents[2]
+    base = [sys.executable, "-m", "benchmarks.deepgemm.shapes", *sys.argv[1:]]
+    procs = [
+        subprocess.Popen([*base, "--jit-shard", f"{i}/{workers}"], cwd=root) for i in range(workers)
+    ]
+    codes = [p.wait() for p in procs]
+    print(f"jit warm-up: {workers} workers in {time.perf_counter() - t0:.0f} s, exit {codes}")
 
 
 def main() -> None:
@@ -100,6 +110,7 @@ def main() -> None:
     )
     ap.add_argument("--out", default="benchmarks/results/deepgemm_shapes.json")
     ap.add_argument("--git-revision", default=None)
+    ap.add_argument("--jit-shard", help=argparse.SUPPRESS)  # I/N: a warm-up worker (warm_jit)
     args = ap.parse_args()
     if args.ours != "none":
         os.environ["DLMRT_FP8_GEMM_KERNEL"] = args.ours
@@ -107,8 +118,10 @@ def main() -> None:
     if dg is None:
         sys.exit(f"no DeepGEMM here: {choices.get(deepgemm.LIBRARY).line()}")
     todo = tasks(args)
+    if args.jit_shard:
+        return warm_shard(todo, args.jit_shard, args.touched)
     if args.jit_workers > 0:
-        warm_jit(todo, args.jit_workers, args.touched)
+        warm_jit(args.jit_workers)
     rows: list[dict] = []
     for task in todo:
         try:
