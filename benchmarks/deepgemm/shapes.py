@@ -77,7 +77,7 @@ def warm_shard(todo: list[tuple], shard: str, touched: int | None) -> None:
 def warm_jit(workers: int) -> None:
     """Compile every case's kernels in `workers` processes, each this command with
     `--jit-shard I/N` (run as a module from the repository root, as this one: the package takes
-    the root off sys.path, so a spawned multiprocessing child could not import it).
+    the root off the import path, so a spawned multiprocessing child could not import it).
     DG_JIT_CACHE_DIR is shared: DeepGEMM renames each finished kernel directory into place, so
     concurrent builds are safe (csrc/jit/compiler.hpp `Compiler::build`)."""
     t0 = time.perf_counter()
