@@ -131,3 +131,14 @@ def vocab_pass() -> bool:
     if value not in ("on", "off"):
         raise ValueError(f"DLMRT_VOCAB_PASS={value!r}: expected 'on' or 'off'")
     return value == "on"
+
+
+def deepgemm() -> str:
+    """DLMRT_DEEPGEMM: DeepGEMM (`deep_gemm`, optional, built from its repository:
+    benchmarks/deepgemm/README.md) for a bf16 linear (`ops/deepgemm.py`): "auto" (default: where
+    installed and measured faster than cuBLAS, per shape), "on" (where installed and the shape
+    fits, unmeasured) or "off"."""
+    value = os.environ.get("DLMRT_DEEPGEMM", "auto").lower()
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"DLMRT_DEEPGEMM={value!r}: expected 'auto', 'on' or 'off'")
+    return value
