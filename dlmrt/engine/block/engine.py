@@ -33,6 +33,7 @@ from dlmrt.engine.block.structured import Constraint, run_blocks
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
+from dlmrt.engine.prefill_timer import PrefillTimer, prefill_span
 from dlmrt.engine.prefix import Prefix
 from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck
 
@@ -98,6 +99,7 @@ class BlockEngine:
         self.fold_commits = fold_commits  # fold.py: commits ride in the next block's round 0
         self.workspace = Workspace(mode, self._new_arena, device)
         self.prefix = Prefix(prefix_reuse)  # the committed rows the next request reuses
+        self.prefill_timer: PrefillTimer | None = None  # set by a benchmark (prefill_timer.py)
 
     def _new_arena(self, rows: int) -> KVCache:
         self.prefix.clear()  # its rows live in the old arena: holding it keeps it allocated
@@ -154,7 +156,8 @@ class BlockEngine:
             reused = self.prefix.take(prompt_ids, block_length, prog.kv, full)
             res.cached_tokens = reused
             if reused < full:
-                self.prefill(prompt_ids[:full], block_length, prog.kv, start=reused)
+                with prefill_span(self.prefill_timer, full - reused, self.device):
+                    self.prefill(prompt_ids[:full], block_length, prog.kv, start=reused)
                 res.prefill_forwards = 1
                 self.prefix.commit(reused, prompt_ids[reused:full])
             if constraint is not None:
