@@ -36,6 +36,7 @@ from benchmarks.rounds.ttft_models import MODELS, build, make_llm, stream_option
 from dlmrt.engine.prefill_timer import PrefillTimer
 
 TURNS = 3
+MODULE = "python -m benchmarks.rounds.ttft"  # a result's command when `main` gets its arguments
 TIMES = ("ttft_ms", "prefill_ms", "request_ms", "ms_per_round")
 
 
@@ -170,9 +171,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="default: benchmarks/results/ttft_<model>.json")
     ap.add_argument("--git-revision", default=None)
     args = ap.parse_args(argv)
-    for name in ("max_new_tokens", "user_tokens", "repeats"):
-        if getattr(args, name) < 1:
+    for name in ("max_new_tokens", "user_tokens", "repeats", "rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: expected at least 1")
+    if args.warmups < 0:
+        ap.error("--warmups: expected at least 0")
+    if args.tiny and args.layers is not None:
+        ap.error("--layers: a full-width option, not with --tiny")
     args.contexts = args.contexts or ([32, 64] if args.tiny else [1024, 4096, 16384])
     args.mode = args.mode or ("block_graph" if args.device.startswith("cuda") else "eager")
     return args
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
         bench = dataclasses.replace(bench, rounds=args.rounds)
     stream_kwargs, args.stream_status = stream_option(args.stream)
     args.request = bench.request(args.max_new_tokens)
-    # random prompt ids below the model's special ids (mask, image tokens) and any tokenizer's
+    # random prompt ids below the mask id (a prompt row holding it would read as a mask) and
+    # 150000 (the other round benchmarks' prompts)
     args.id_limit = min(getattr(bench.model.cfg, "mask_token_id", None) or bench.vocab, 150000)
     llms = {}
     for name, reuse in (("cold", False), ("reused", True)):
@@ -205,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"benchmark": "ttft", "model": args.model, "tiny": args.tiny, "mode": mode,
               "stream": args.stream_status, "max_new_tokens": args.max_new_tokens,
               "user_tokens": args.user_tokens, "repeats": args.repeats, "shape": bench.shape(),
-              "command": command_line(), "rows": rows}  # fmt: skip
+              "command": command_line() if argv is None else " ".join([MODULE, *argv]),
+              "rows": rows}  # fmt: skip
     write_result(
         args.out or f"benchmarks/results/ttft_{args.model}.json", result, args.git_revision
     )

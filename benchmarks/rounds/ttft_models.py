@@ -35,8 +35,8 @@ NO_FILES = Path("random-weights")
 class IdsOnly:
     """The tokenizer an `LLM` around a random model needs: no stop ids, no text."""
 
-    declared_stop_ids: set[int] = set()
-    stop_ids: set[int] = set()
+    declared_stop_ids: frozenset[int] = frozenset()
+    stop_ids: frozenset[int] = frozenset()
     mask_token_id = None
     chat_template = None
 

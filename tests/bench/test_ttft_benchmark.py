@@ -24,6 +24,7 @@ def test_the_smoke_run_reuses_the_previous_turn(model, tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["git_revision"] and result["date"]
     assert result["stream"] == "unavailable"  # LLM has no stream_rounds keyword (yet)
+    assert result["command"].startswith(" ".join(["python -m benchmarks.rounds.ttft", *args]))
     rows = result["rows"]
     assert len(rows) == len(contexts) * 2 * 3  # contexts x (cold, reused) x turns
     by = {(r["context"], r["prefix_reuse"], r["turn"]): r for r in rows}
