@@ -130,13 +130,14 @@ class LLM(StyleAttributes):
         mode: str = EAGER,
         fold_commits: bool = True,
         prefix_reuse: bool = False,
+        stream_rounds: bool = True,
     ) -> LLM:
         """An `LLM` around a live model (its current weights, device and dtype), e.g. the
         trainer's; path: its directory (whose generation_config.json applies). mode: "eager" by
         default; graph modes capture the weights' storage, so a graph mode stays correct only
         while the weights are updated in place. prefix_reuse: off by default, as a trained
         model's weights change between requests and kept K/V would go stale
-        (`docs/prefix-reuse.md`)."""
+        (`docs/prefix-reuse.md`). stream_rounds: as `LLM`'s."""
         param = next(model.parameters())
         dtype = next((k for k, v in torch_dtypes().items() if v == param.dtype), None)
         config = EngineConfig(
@@ -147,6 +148,7 @@ class LLM(StyleAttributes):
             mode=mode,
             fold_commits=fold_commits,
             prefix_reuse=prefix_reuse,
+            stream_rounds=stream_rounds,
         )
         llm = cls.__new__(cls)
         llm.group = None

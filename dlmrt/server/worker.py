@@ -160,20 +160,7 @@ class Worker:
         def stop_requested() -> bool:  # polled by the engine between rounds
             return job.cancelled.is_set() or self.closing
 
-        def on_progress(index: int, rounds: int, tokens: list[int]) -> None:
-            seen["rounds"] += rounds
-            seen["tokens"] = tokens
-            if job.cancelled.is_set() or self.closing:
-                raise Cancelled
-
-        def on_tokens(tokens: list[int]) -> None:  # every round, as rows become final
-            seen["tokens"] = tokens
-            delta = text.update(tokens)
-            if delta and spec.stream:
-                job.emit(("delta", delta))
-            if text.stopped:
-                raise _StopString
-
+        on_progress, on_tokens = self._callbacks(job, text, seen)
         try:
             on_round = self._draft_events(job) if spec.drafts else None
             out = self.llm.generate(
@@ -181,7 +168,7 @@ class Worker:
                 on_progress=on_progress,
                 should_stop=stop_requested,
                 on_round=on_round,
-                on_tokens=on_tokens if spec.stream or spec.stop else None,
+                on_tokens=on_tokens,
                 params=spec.params,
             )
             reason, tokens, forwards = out.finish_reason, out.token_ids, out.num_denoising_forwards
@@ -213,6 +200,27 @@ class Worker:
         self._observe(job, len(tokens), forwards)
         self._record(job, 200, start_seq)
         job.emit(("done", result))
+
+    def _callbacks(self, job: Job, text: IncrementalText, seen: dict) -> tuple:
+        """(on_progress, on_tokens) of a request: rounds counted and cancellation checked after
+        each block; the text streamed and stop strings found as tokens become final (None when
+        the request neither streams nor has stop strings)."""
+
+        def on_progress(index: int, rounds: int, tokens: list[int]) -> None:
+            seen["rounds"] += rounds
+            seen["tokens"] = tokens
+            if job.cancelled.is_set() or self.closing:
+                raise Cancelled
+
+        def on_tokens(tokens: list[int]) -> None:  # every round, as rows become final
+            seen["tokens"] = tokens
+            delta = text.update(tokens)
+            if delta and job.spec.stream:
+                job.emit(("delta", delta))
+            if text.stopped:
+                raise _StopString
+
+        return on_progress, on_tokens if job.spec.stream or job.spec.stop else None
 
     def _draft_events(self, job: Job) -> Callable[[Draft], None]:
         """An `on_round` that emits each draft as a `draft` event (before its block's text). The

@@ -34,6 +34,7 @@ from dlmrt.engine.block.token_feed import TokenFeed
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
+from dlmrt.engine.prefill_timer import PrefillTimer, prefill_span
 from dlmrt.engine.prefix import Prefix
 from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck, TokensCallback
 
@@ -122,6 +123,7 @@ class BlockEngine:
         self.workspace = Workspace(mode, self._new_arena, device)
         self.prefix = Prefix(prefix_reuse)  # the committed rows the next request reuses
         self.stream_rounds = stream_rounds
+        self.prefill_timer: PrefillTimer | None = None  # set by a benchmark (prefill_timer.py)
 
     def _new_arena(self, rows: int) -> KVCache:
         self.prefix.clear()  # its rows live in the old arena: holding it keeps it allocated
@@ -191,7 +193,8 @@ class BlockEngine:
             reused = self.prefix.take(prompt_ids, block_length, prog.kv, full)
             res.cached_tokens = reused
             if reused < full:
-                self.prefill(prompt_ids[:full], block_length, prog.kv, start=reused)
+                with prefill_span(self.prefill_timer, full - reused, self.device):
+                    self.prefill(prompt_ids[:full], block_length, prog.kv, start=reused)
                 res.prefill_forwards = 1
                 self.prefix.commit(reused, prompt_ids[reused:full])
             if constraint is not None:

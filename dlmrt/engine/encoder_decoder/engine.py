@@ -42,6 +42,7 @@ from dlmrt.engine.graph.loop import Loop, Pass, Runner
 from dlmrt.engine.graph.prefill import PrefillGraphs
 from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import ContextArena, arena_dtype
+from dlmrt.engine.prefill_timer import PrefillTimer, prefill_span
 from dlmrt.engine.prefix import Prefix
 from dlmrt.outputs import CanvasRecorder, EngineResult, ProgressCallback, StopCheck
 
@@ -81,6 +82,7 @@ class EncoderDecoderEngine:
         self.workspace = Workspace(mode, self._new_arena, device)
         self._torch_rng_logged = False
         self.prefix = Prefix(prefix_reuse)  # the context rows the next request reuses
+        self.prefill_timer: PrefillTimer | None = None  # set by a benchmark (prefill_timer.py)
 
     def _new_arena(self, rows: int) -> ContextArena:
         self.prefix.clear()  # its rows live in the old arena: holding it keeps it allocated
@@ -172,7 +174,8 @@ class EncoderDecoderEngine:
         row's K/V depend only on the tokens up to it (sliding windows only narrow which)."""
         reused = self.prefix.take(prompt, 1, arena, len(prompt))
         if reused < len(prompt):  # graphs per length bucket in the graph modes
-            self._encode_prompt(prompt, arena, reused)
+            with prefill_span(self.prefill_timer, len(prompt) - reused, self.device):
+                self._encode_prompt(prompt, arena, reused)
             self.prefix.commit(reused, prompt[reused:])
         return reused
 
