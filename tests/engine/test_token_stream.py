@@ -206,3 +206,12 @@ def test_the_demo_streams_what_it_answers():
     calls, out, _ = _stream(llm, prompt, chat=True, max_new_tokens=64)
     _check_stream(calls, out)
     assert llm.tokenizer.decode(calls[-1]) == out.text
+
+
+def test_a_structured_request_streams_the_rows_its_grammar_consumed():
+    pytest.importorskip("llguidance")
+    llm = LLM(device="cpu")
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    calls, out, marks = _stream(llm, "What is 3 + 4?", max_new_tokens=48, response_format=fmt)
+    _check_stream(calls, out)
+    assert any(m > i for i, m in enumerate(marks))  # before the block ended

@@ -222,8 +222,15 @@ def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint,
     res.mode, why = mode_of(runner.name)
     log.info("structured request: mode %s (%s)", res.mode, why)
 
-    def poll() -> None:
+    feed = req.feed if not getattr(prog.spec.rule, "edits", False) else None
+    shown: list = []  # (block start, output before it, the block's host state) for the feed
+
+    def poll() -> None:  # before every round: hand over the rows the grammar consumed so far
         check_stop(req.should_stop)
+        if feed is not None and shown:
+            start, before, st = shown[0]
+            rows = st.canvas[: st.frontier] + [-1] * (st.end - st.frontier)
+            feed.show(start, before, rows)
 
     for b in range(lay.first_block, lay.num_blocks):
         bl = lay.block_length
@@ -235,6 +242,7 @@ def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint,
         canvas = list(tail) + [mask_id] * (bl - len(tail))
         unresolved = [False] * len(tail) + [True] * (bl - len(tail))
         st = _Block(canvas, unresolved, len(tail), bl, mask_id, stop_id)
+        shown[:] = [(b * bl, list(res.token_ids), st)]
         try:
             rounds, final = run_block(prog, st, c, poll, b)
         except NonFiniteError:

@@ -63,10 +63,13 @@ class TokenFeed:
             return
         seen = self._rows.poll()
         start, before = self._block
-        if seen is None or seen[0] != start:
-            return
+        if seen is not None and seen[0] == start:
+            self.show(start, before, seen[1])
+
+    def show(self, start: int, before: list[int], rows: list[int]) -> None:
+        """The block starting at row `start`, after the output `before`: its rows (a token once
+        final, -1 before that); hands over the final ones up to the first that is not."""
         first = self._lay.tail if start == self._lay.first_block * self._lay.block_length else 0
-        rows = seen[1]
         end = first
         while end < len(rows) and rows[end] >= 0:
             end += 1
