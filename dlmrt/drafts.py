@@ -11,9 +11,11 @@ row shows and in which state it is:
 
 The last draft of each block is marked `final` and shows the block's output exactly (cut at a stop
 id or at max_new_tokens, as the output is), so `prefix + tokens` of a request's last draft equals
-its `token_ids`. The engines hand a block's records over after the block (block_graph: from
-device-side history buffers, no host sync inside the block), so drafts arrive a block at a time;
-`docs/drafts.md` says why.
+its `token_ids`. Block style: the rounds arrive live from the round stream (`view`; block_graph:
+a ring in pinned host memory the round body writes, `engine/block/row_stream.py`), each draft one
+round late (a round is emitted when the next arrives, the last one at its block's end, as final).
+With a recorder, and for DiffusionGemma's canvases, they are built from the records, a block at a
+time, after it (`docs/drafts.md`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dlmrt.outputs import CanvasStepRecord, ProgressCallback, RoundRecord
+from dlmrt.outputs import CanvasStepRecord, ProgressCallback, RoundRecord, RoundView
 
 FINAL, ACCEPTED, MASKED = "F", "A", "M"
 
@@ -90,15 +92,18 @@ DraftCallback = Callable[[Draft], None]
 
 @dataclass(frozen=True, slots=True)
 class _Round:
-    """One record, on the host: block index, tokens, states, confidence (all rows of the block)."""
+    """One round on the host: block index, its number in the block (from 1), and all rows of the
+    block: tokens, states, confidence; `generated`: the rows the request generates."""
 
     index: int
+    number: int
     tokens: list[int]
     states: str
     confidence: list[float]
+    generated: list[int]
 
 
-def _round_view(rec: RoundRecord) -> _Round:
+def _round_view(rec: RoundRecord, generated: list[int]) -> _Round:
     """Block style: masked rows show the proposal; the others the canvas after the decision."""
     unresolved, accepted = rec.unresolved.tolist(), rec.accepted.tolist()
     edited = rec.edited.tolist() if rec.edited is not None else [False] * len(accepted)
@@ -110,64 +115,82 @@ def _round_view(rec: RoundRecord) -> _Round:
         states.append(state)
         tokens.append(p if state == MASKED else c)
         conf.append(1.0 if state == FINAL else q)
-    return _Round(rec.block_index, tokens, "".join(states), conf)
+    return _Round(rec.block_index, rec.round + 1, tokens, "".join(states), conf, generated)
 
 
 def _step_view(rec: CanvasStepRecord) -> _Round:
     """Encoder-decoder style: every row shows the step's argmax; accepted rows keep their sample."""
     states = "".join(ACCEPTED if a else MASKED for a in rec.accepted.tolist())
-    return _Round(rec.canvas_index, rec.argmax.tolist(), states, rec.confidence.tolist())
+    rows = list(range(len(states)))
+    return _Round(
+        rec.canvas_index, rec.step + 1, rec.argmax.tolist(), states, rec.confidence.tolist(), rows
+    )
+
+
+def _live_view(v: RoundView) -> _Round:
+    """Block style, from the round stream (`engine/block/row_stream.py`): the same fields."""
+    states = "".join((FINAL, ACCEPTED, MASKED)[s] for s in v.states)
+    rows = list(range(v.first, len(states)))
+    return _Round(v.block_index, v.round, v.tokens, states, v.confidence, rows)
 
 
 class DraftBuilder:
-    """Turns a request's records and finished blocks into `Draft`s for `emit`.
+    """Turns a request's rounds and finished blocks into `Draft`s for `emit`.
 
-    Feed it every record (`record`: the engine's recorder) and every finished block (`on_progress`:
-    the engine's block callback; it then calls `then`, the caller's own). Both engines hand a
-    block's records over before its `on_progress` (after the block, in every mode), so a block's
-    drafts are emitted at its `on_progress`, when its output (cut at a stop id) is known.
+    Feed it every round, as records (`record`: the engine's recorder, a block's records after the
+    block) or live from the round stream (`view`: while the block runs), and every finished block
+    (`on_progress`: the engine's block callback; it then calls `then`, the caller's own). Each
+    round is emitted when the next one arrives, and a block's last round at its `on_progress`, as
+    its `final` draft showing the block's output (cut at a stop id): one draft per round read, the
+    last one final, all of a block's drafts before its `on_progress`.
     """
 
     def __init__(self, emit: Callable[[Draft], None], then: ProgressCallback | None = None) -> None:
         self._emit, self._then = emit, then
-        self._rounds: dict[int, list[_Round]] = {}  # block -> its rounds so far
-        self._generated: dict[int, list[bool]] = {}  # block -> rows the request generates
+        self._held: _Round | None = None  # the newest round, not emitted yet
+        self._unresolved: list[int] = []  # block style: round 0's rows to generate (records)
         self._first: int | None = None  # the first generated block's index
         self._tokens: list[int] = []  # the output as of the last finished block
 
     def record(self, rec: RoundRecord | CanvasStepRecord) -> None:
         if isinstance(rec, CanvasStepRecord):
-            view = _step_view(rec)
-            self._generated.setdefault(view.index, [True] * len(view.tokens))
-        else:
-            view = _round_view(rec)
-            if rec.round == 0:  # the prompt tail of the first block is resolved from the start
-                self._generated[view.index] = rec.unresolved.tolist()
+            self._push(_step_view(rec))
+            return
+        if rec.round == 0:  # the prompt tail of the first block is resolved from the start
+            self._unresolved = [i for i, u in enumerate(rec.unresolved.tolist()) if u]
+        self._push(_round_view(rec, self._unresolved))
+
+    def view(self, v: RoundView) -> None:
+        self._push(_live_view(v))
+
+    def _push(self, view: _Round) -> None:
         if self._first is None:
             self._first = view.index
-        self._rounds.setdefault(view.index, []).append(view)
+        if self._held is not None:
+            self._draft(self._held, None)
+        self._held = view
 
     def on_progress(self, index: int, rounds: int, tokens: list[int]) -> None:
         before, self._tokens = self._tokens, list(tokens)
-        if index in self._rounds:
-            self._emit_block(index, self._rounds.pop(index), before, self._tokens)
+        if self._held is not None and self._held.index == index:
+            self._draft(self._held, self._tokens[len(before) :], before)
+            self._held = None
         if self._then is not None:
             self._then(index, rounds, tokens)
 
-    def _emit_block(self, index: int, rounds: list[_Round], before, after) -> None:
-        rows = [i for i, g in enumerate(self._generated.pop(index)) if g]
-        block, prefix = index - (self._first or 0), tuple(before)
-        out = after[len(before) :]  # the block's output: its generated rows, maybe cut
-        for r, view in enumerate(rounds):
-            tokens = [view.tokens[i] for i in rows]
-            states = "".join(view.states[i] for i in rows)
-            conf = [view.confidence[i] for i in rows]
-            last = r == len(rounds) - 1
-            if last:  # the output: nothing is provisional any more
-                tokens, conf = out, conf[: len(out)]
-                states = states[: len(out)].replace(MASKED, FINAL)
-            draft = Draft(block, r + 1, prefix, tuple(tokens), states, tuple(conf), last)
-            self._emit(draft)
+    def _draft(self, view: _Round, out: list[int] | None, before: list[int] | None = None) -> None:
+        """Emit `view`; `out`: the block's output, which its final draft shows instead."""
+        prefix = tuple(self._tokens if before is None else before)
+        rows = view.generated
+        tokens = [view.tokens[i] for i in rows]
+        states = "".join(view.states[i] for i in rows)
+        conf = [view.confidence[i] for i in rows]
+        if out is not None:  # the output: nothing is provisional any more
+            tokens, conf = out, conf[: len(out)]
+            states = states[: len(out)].replace(MASKED, FINAL)
+        block = view.index - (self._first or 0)
+        final = out is not None
+        self._emit(Draft(block, view.number, prefix, tuple(tokens), states, tuple(conf), final))
 
 
 def chain(first: Callable | None, second: Callable) -> Callable:

@@ -234,11 +234,16 @@ class LLM(StyleAttributes):
             )
             params = None
         check_callbacks(chat, recorder, on_progress, should_stop, on_round, on_tokens)
+        on_view = None
         if on_round is not None:
             builder = DraftBuilder(on_round, on_progress)
-            recorder, on_progress = chain(recorder, builder.record), builder.on_progress
+            on_progress = builder.on_progress
+            if recorder is None and self.style.live_drafts:  # live, from the round stream
+                on_view = builder.view
+            else:  # from the records, a block at a time
+                recorder = chain(recorder, builder.record)
         params = params if params is not None else DecodeParams.from_kwargs(**kwargs)
-        hooks = Hooks(recorder, on_progress, should_stop, on_tokens)
+        hooks = Hooks(recorder, on_progress, should_stop, on_tokens, on_view)
         return self._generate(prompt, chat, hooks, params)
 
     def follow(self) -> None:

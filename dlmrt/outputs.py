@@ -136,4 +136,22 @@ CanvasRecorder = Callable[[CanvasStepRecord], None]
 ProgressCallback = Callable[[int, int, list[int]], None]
 # the request's final tokens so far, each time they grow (`engine/block/token_feed.py`)
 TokensCallback = Callable[[list[int]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundView:
+    """One round of a block as the round stream shows it (`engine/block/row_stream.py`): per row
+    of the block the token shown (its token, or the proposal while masked), its state (0 final
+    before this round, 1 accepted or edited this round, 2 still masked) and the probability of
+    the token shown (1.0 for final rows). `first`: the block's first generated row."""
+
+    block_index: int
+    round: int  # rounds run in this block so far (from 1)
+    first: int
+    tokens: list[int]
+    states: list[int]
+    confidence: list[float]
+
+
+RoundViewCallback = Callable[[RoundView], None]
 StopCheck = Callable[[], bool]  # polled between rounds (host loops) or blocks (block_graph)

@@ -10,7 +10,14 @@ import torch
 
 from dlmrt.config import EngineConfig
 from dlmrt.loading.checkpoint import Checkpoint
-from dlmrt.outputs import CanvasRecorder, ProgressCallback, Recorder, StopCheck, TokensCallback
+from dlmrt.outputs import (
+    CanvasRecorder,
+    ProgressCallback,
+    Recorder,
+    RoundViewCallback,
+    StopCheck,
+    TokensCallback,
+)
 from dlmrt.params import DecodeParams
 
 
@@ -48,6 +55,7 @@ class Hooks:
     on_progress: ProgressCallback | None = None
     should_stop: StopCheck | None = None
     on_tokens: TokensCallback | None = None
+    on_view: RoundViewCallback | None = None  # drafts, live from the round stream (block style)
 
 
 class Style(Protocol):
@@ -58,6 +66,7 @@ class Style(Protocol):
     mask_id: int | None  # the block style's mask token (None: a canvas has its own)
     decoder: Any  # the block style's DecoderDefaults (None for canvases)
     canvas_settings: Any  # the encoder-decoder style's CanvasSettings (None for blocks)
+    live_drafts: bool  # drafts come live from the round stream (else from the records)
 
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> Style: ...

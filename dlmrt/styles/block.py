@@ -29,6 +29,11 @@ class BlockStyle:
         self.cfg, self.stop_ids = setup.model.cfg, setup.stop_ids
         self.tokenizer = setup.tokenizer  # structured output compiles grammars over it
 
+    @property
+    def live_drafts(self) -> bool:
+        """Drafts come live from the round stream, unless rounds are not streamed."""
+        return self.engine.stream_rounds
+
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> BlockStyle:
         """The mask token (config.json's, validated by the loader, or the family's default, else
@@ -107,6 +112,7 @@ class BlockStyle:
             should_stop=hooks.should_stop,
             constraint=self.constraint(params),
             on_tokens=hooks.on_tokens,
+            on_view=hooks.on_view,
         )
 
     def constraint(self, params: DecodeParams):

@@ -25,6 +25,7 @@ log = logging.getLogger("dlmrt")
 class EncoderDecoderStyle:
     decoder = None  # the block style's (every style answers the same attributes)
     mask_id = None
+    live_drafts = False  # a canvas's drafts come from its step records
 
     def __init__(self, engine: EncoderDecoderEngine, setup: Setup, settings: CanvasSettings):
         self.engine, self.canvas_settings = engine, settings

@@ -12,63 +12,86 @@ from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 
 from dlmrt import LLM
 from dlmrt.blocks import layout
-from dlmrt.engine.block.row_stream import RowStream, slot_of
+from dlmrt.engine.block.row_stream import RowStream, Slot, payload
 from dlmrt.engine.block.token_feed import TokenFeed
 
 KW = dict(max_new_tokens=20, ignore_eos=True)
 
 
-def _buf(rows: list[int], unresolved: list[bool], step: int, start: int = 8):
+def _buf(rows: list[int], unresolved: list[bool], step: int, start: int = 8, accepted=None):
+    n = len(rows)
     return SimpleNamespace(
         canvas=torch.tensor(rows),
         unresolved=torch.tensor(unresolved),
         step=torch.tensor(step),
         block_start=torch.tensor(start),
+        accepted=torch.tensor(accepted or [False] * n),
+        edited=torch.zeros(n, dtype=torch.bool),
     )
+
+
+def _rows(ring: RowStream) -> tuple[int, list[int]] | None:
+    """(block start, rows) of the newest round read, or None."""
+    slots = ring.poll()
+    return (slots[-1].block_start, slots[-1].rows) if slots else None
 
 
 def test_a_slot_is_the_round_the_block_start_and_the_resolved_rows():
     buf = _buf([5, 6, 7], [False, True, False], step=3)
-    assert slot_of(buf).tolist() == [3, 8, 5, -1, 7]
+    assert payload(buf).tolist() == [3, 8, 5, -1, 7]
+
+
+def test_a_draft_slot_shows_proposals_states_and_probabilities():
+    buf = _buf([5, 6, 7], [False, True, False], step=1, accepted=[False, False, True])
+    proposal = SimpleNamespace(
+        tokens=torch.tensor([1, 2, 3]), confidence=torch.tensor([0.1, 0.25, 0.5])
+    )
+    ring = RowStream(rows=3, device=torch.device("cpu"), drafts=True, slots=4)
+    ring.publish(buf, SimpleNamespace(proposal=proposal))
+    (slot,) = ring.poll()
+    assert slot.round == 1 and slot.rows == [5, -1, 7]
+    assert slot.shown == [5, 2, 7]  # the masked row shows its proposal
+    assert slot.states == [0, 2, 1]  # final, masked, accepted this round
+    assert slot.confidence == [1.0, 0.25, 0.5]
 
 
 def test_the_reader_takes_rounds_in_order_and_returns_the_newest():
     ring = RowStream(rows=2, device=torch.device("cpu"), slots=4)
-    assert ring.poll() is None
+    assert ring.poll() == []
     ring.publish(_buf([1, 2], [False, True], step=1))
     ring.publish(_buf([1, 2], [False, False], step=2))
-    assert ring.poll() == (8, [1, 2])  # rounds 1 and 2 read; round 2 is the newest
-    assert ring.poll() is None and ring.overruns == 0
+    assert [(s.round, s.rows) for s in ring.poll()] == [(1, [1, -1]), (2, [1, 2])]
+    assert ring.poll() == [] and ring.overruns == 0
     ring.publish(_buf([1, 3], [False, False], step=3))
-    assert ring.poll() == (8, [1, 3])
+    assert _rows(ring) == (8, [1, 3])
 
 
 def test_a_lapped_reader_skips_to_the_oldest_round_left_and_counts_what_it_missed():
     ring = RowStream(rows=1, device=torch.device("cpu"), slots=3)
     for step in range(1, 6):  # rounds 1..5 into 3 slots: 1 and 2 are overwritten
         ring.publish(_buf([10 + step], [False], step=step))
-    assert ring.poll() == (8, [15])
+    assert [s.round for s in ring.poll()] == [3, 4, 5]
     assert ring.overruns == 2
     ring.publish(_buf([16], [False], step=6))
-    assert ring.poll() == (8, [16]) and ring.overruns == 2
+    assert _rows(ring) == (8, [16]) and ring.overruns == 2
 
 
 def test_a_slot_being_written_is_not_read_until_its_round_is_written_last():
     ring = RowStream(rows=1, device=torch.device("cpu"), slots=4)
     ring.publish(_buf([4], [False], step=1))
-    ring.ring[1, 0] = 0  # the writer zeroes the round first (csrc/row_publish.cu)
-    assert ring.poll() is None
+    ring.ring[1, 0] = 0  # the writer zeroes the round first (csrc/slot_publish.cu)
+    assert ring.poll() == []
     ring.ring[1, 0] = 1  # ... and writes it last
-    assert ring.poll() == (8, [4])
+    assert _rows(ring) == (8, [4])
 
 
 def test_clear_forgets_every_slot():
     ring = RowStream(rows=1, device=torch.device("cpu"), slots=4)
     ring.publish(_buf([4], [False], step=1))
     ring.clear()
-    assert ring.poll() is None
+    assert ring.poll() == []
     ring.publish(_buf([5], [False], step=1))  # the next block starts again at round 1
-    assert ring.poll() == (8, [5])
+    assert _rows(ring) == (8, [5])
 
 
 class _Rows:
@@ -78,7 +101,10 @@ class _Rows:
         self.queue: list = []
 
     def poll(self):
-        return self.queue.pop(0) if self.queue else None
+        if not self.queue:
+            return []
+        start, rows = self.queue.pop(0)
+        return [Slot(1, start, rows, None, None, None)]
 
     def clear(self) -> None:
         pass
@@ -215,3 +241,19 @@ def test_a_structured_request_streams_the_rows_its_grammar_consumed():
     calls, out, marks = _stream(llm, "What is 3 + 4?", max_new_tokens=48, response_format=fmt)
     _check_stream(calls, out)
     assert any(m > i for i, m in enumerate(marks))  # before the block ended
+
+
+@pytest.mark.parametrize("rule", [SLOW, {"rule": "llada_editing"}])
+def test_live_drafts_are_the_drafts_built_from_records(checkpoints, rule):
+    """Drafts from the round stream (no recorder) equal those built from the trace's records."""
+    name = "llada2" if rule["rule"] == "llada_editing" else "qwen-orl"
+    llm = LLM(checkpoints[name], device="cpu", prefix_reuse=False)
+    live: list = []
+    traced: list = []
+    out = llm.generate(list(range(3, 14)), on_round=live.append, **KW, **rule)
+    ref = llm.generate(
+        list(range(3, 14)), on_round=traced.append, recorder=lambda r: None, **KW, **rule
+    )
+    assert out.token_ids == ref.token_ids and live == traced
+    assert len(live) == sum(out.rounds_per_block) and live[-1].final
+    assert out.num_commit_forwards > 0  # drafts run unfolded, live or not

@@ -14,7 +14,7 @@ from conftest import residual_config, write_checkpoint
 
 from dlmrt import LLM
 from dlmrt.engine.block import row_stream
-from dlmrt.engine.block.row_stream import RowStream, slot_of
+from dlmrt.engine.block.row_stream import RowStream, payload
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,6 +30,8 @@ def _buf(step: int) -> SimpleNamespace:
     return SimpleNamespace(
         canvas=torch.randint(0, 1000, (rows,), generator=g).cuda(),
         unresolved=(torch.rand(rows, generator=g) < 0.5).cuda(),
+        accepted=(torch.rand(rows, generator=g) < 0.5).cuda(),
+        edited=torch.zeros(rows, dtype=torch.bool, device="cuda"),
         step=torch.tensor(step, device="cuda"),
         block_start=torch.tensor(64, device="cuda"),
     )
@@ -40,7 +42,7 @@ def test_the_kernel_writes_the_twins_slot_eagerly_and_from_a_graph():
     buf = _buf(1)
     ring.publish(buf)
     torch.cuda.synchronize()
-    assert ring.ring[1].tolist() == slot_of(buf).cpu().tolist()
+    assert ring.ring[1].tolist() == payload(buf).cpu().tolist()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ring.publish(buf)
@@ -50,9 +52,11 @@ def test_the_kernel_writes_the_twins_slot_eagerly_and_from_a_graph():
             getattr(buf, name).copy_(getattr(new, name))
         graph.replay()
         torch.cuda.synchronize()
-        assert ring.ring[step % 4].tolist() == slot_of(buf).cpu().tolist()
+        assert ring.ring[step % 4].tolist() == payload(buf).cpu().tolist()
     # rounds 1..7 in 4 slots: the reader skips 1..3 and reads 4..7
-    assert ring.poll() == (64, slot_of(buf)[2:].tolist()) and ring.overruns == 3
+    slots = ring.poll()
+    assert [s.round for s in slots] == [4, 5, 6, 7] and ring.overruns == 3
+    assert slots[-1].rows == payload(buf)[2:].tolist()
 
 
 @pytest.fixture(scope="module")

@@ -17,17 +17,17 @@ reuses the whole blocks its prompt shares with them and prefills only the rest.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from dlmrt.attention import AttnContext
-from dlmrt.blocks import Layout, finish, layout
+from dlmrt.blocks import layout
 from dlmrt.config import EAGER
 from dlmrt.decoding import DecodeRule
 from dlmrt.engine import nonfinite
 from dlmrt.engine.block.fold import folds_check
 from dlmrt.engine.block.program import BlockProgram
+from dlmrt.engine.block.request import BlockRequest, emit, launch
 from dlmrt.engine.block.round import RoundSpec
 from dlmrt.engine.block.structured import Constraint, run_blocks
 from dlmrt.engine.block.token_feed import TokenFeed
@@ -36,49 +36,20 @@ from dlmrt.engine.graph.workspace import Workspace
 from dlmrt.engine.kv_cache import KVCache, arena_dtype
 from dlmrt.engine.prefill_timer import PrefillTimer, prefill_span
 from dlmrt.engine.prefix import Prefix
-from dlmrt.outputs import EngineResult, ProgressCallback, Recorder, StopCheck, TokensCallback
+from dlmrt.outputs import (
+    EngineResult,
+    ProgressCallback,
+    Recorder,
+    RoundViewCallback,
+    StopCheck,
+    TokensCallback,
+)
 
 log = logging.getLogger("dlmrt")
 
 
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """What decides when a request ends, and who hears about each finished block."""
-
-    lay: Layout
-    stop_ids: set[int]
-    max_new_tokens: int
-    ignore_eos: bool
-    on_progress: ProgressCallback | None
-    should_stop: StopCheck | None
-    recorder: Recorder | None
-    feed: TokenFeed | None = None  # on_tokens: the final tokens as they become final
-
-    @property
-    def between_rounds(self) -> StopCheck | None:
-        """What the host checks between rounds: the round stream, then `should_stop`."""
-        if self.feed is None or not self.feed.streams_rounds:
-            return self.should_stop
-        return self.feed.between(self.should_stop)
-
-
-def _emit(res: EngineResult, req: _Request, index: int, rounds: int, tokens: list[int]) -> bool:
-    """Block `index` is final: append its tokens, apply the stop rule; True if the request ended."""
-    res.rounds_per_block.append(rounds)
-    res.token_ids += tokens[req.lay.tail :] if index == req.lay.first_block else tokens
-    res.token_ids, reason = finish(res.token_ids, req.stop_ids, req.max_new_tokens, req.ignore_eos)
-    if req.on_progress is not None:  # first: a block's drafts come before its text
-        req.on_progress(index, rounds, list(res.token_ids))
-    if req.feed is not None:
-        req.feed.offer(res.token_ids)
-    if reason is None:
-        return False
-    res.finish_reason = reason
-    return True
-
-
 def _settle(
-    prog: BlockProgram, res: EngineResult, req: _Request, index: int, prefix: Prefix
+    prog: BlockProgram, res: EngineResult, req: BlockRequest, index: int, prefix: Prefix
 ) -> bool:
     """After the joint passes that carried block `index`-1's folded check: its tokens are final
     now, and so are the K/V the last pass wrote for them (its commit); count the passes, emit the
@@ -88,16 +59,7 @@ def _settle(
         raise RuntimeError(f"block {index - 1}: the folded check still edits after the last pass")
     prefix.commit((index - 1) * req.lay.block_length, fold.canvas)
     res.denoising_forwards += fold.passes
-    return _emit(res, req, index - 1, fold.step, fold.canvas)
-
-
-def _launch(prog: BlockProgram, parts: tuple, req: _Request, index: int, before: list[int]):
-    """Run block `index`'s chain; a streamed request first captures its graphs (their warm-ups
-    publish too) and clears the round stream (`row_stream.py`)."""
-    if req.feed is not None and req.feed.streams_rounds:
-        prog.runner.prepare(parts)
-        req.feed.start_block(index, before)
-    prog.runner.chain(parts, req.between_rounds)
+    return emit(res, req, index - 1, fold.step, fold.canvas)
 
 
 class BlockEngine:
@@ -132,16 +94,16 @@ class BlockEngine:
         return KVCache(c.num_hidden_layers, heads, dim, rows, self.kv_dtype, self.device)
 
     def program(
-        self, spec: RoundSpec, max_len: int, traced: bool = False, streamed: bool = False
+        self, spec: RoundSpec, max_len: int, traced: bool = False, stream: str | None = None
     ) -> BlockProgram:
         """The program for `spec` over an arena of at least `max_len` rows (documented for the
         benchmarks: `program.runner.run(program.rounds)` times a block's rounds). `traced`: its
         rounds also write the device-side `RoundTrace` a recorder reads after each block.
-        `streamed`: its rounds also publish the block's rows to the round stream."""
+        `stream`: what its rounds also publish to the round stream (`program.py`)."""
         kv = self.workspace.reserve(max_len)
-        key = (spec.block_length, spec.rule, spec.temperature, spec.one_pass, traced, streamed)
+        key = (spec.block_length, spec.rule, spec.temperature, spec.one_pass, traced, stream)
         return self.workspace.program(
-            key, lambda run: BlockProgram(spec, kv, run, self.device, traced, streamed)
+            key, lambda run: BlockProgram(spec, kv, run, self.device, traced, stream)
         )
 
     def generate(
@@ -161,6 +123,7 @@ class BlockEngine:
         should_stop: StopCheck | None = None,
         constraint: Constraint | None = None,
         on_tokens: TokensCallback | None = None,
+        on_view: RoundViewCallback | None = None,
     ) -> EngineResult:
         """Decode one request. A `recorder` gets one `RoundRecord` per round of the unfolded
         schedule (what the trainer replays), in any mode: the rounds write a device-side trace,
@@ -169,23 +132,23 @@ class BlockEngine:
         rows the earlier requests committed are not prefilled again (`res.cached_tokens`). A
         `constraint` (structured output) decides every round through its grammar on the host
         (`structured.py`). `on_tokens(tokens)`: the output so far each time it grows, every
-        round where the program streams (`token_feed.py`), else at each finished block."""
-        if constraint is not None and recorder is not None:
+        round where the program streams (`token_feed.py`), else at each finished block. `on_view`:
+        every round as the round stream shows it (drafts, live; the request runs unfolded)."""
+        if constraint is not None and (recorder is not None or on_view is not None):
             raise ValueError("response_format: not supported with a recorder or drafts")
         lay = layout(len(prompt_ids), max_new_tokens, block_length)
         # a structured request masks the logits before the rule: never the one-pass vocabulary
         spec = RoundSpec(self.model, rule, temperature, block_length, constraint is None)
-        # by rounds, unless the rows are decided on the host (a constraint) or drafts are made
-        # from the trace (they arrive a block at a time: a block's drafts precede its text)
-        streamed = on_tokens is not None and self.stream_rounds
-        streamed = streamed and constraint is None and recorder is None
+        stream = self._stream(rule, on_tokens, on_view, recorder, constraint)
         with torch.inference_mode():
-            prog = self.program(spec, lay.max_len, recorder is not None, streamed)
+            prog = self.program(spec, lay.max_len, recorder is not None, stream)
             feed = None
-            if on_tokens is not None:
+            if on_tokens is not None or on_view is not None:
                 cut = (stop_ids, max_new_tokens, ignore_eos)
-                feed = TokenFeed(on_tokens, lay, *cut, prog.rows_out)
-            req = _Request(
+                # with drafts, the text goes by blocks: a block's drafts come before its text
+                final = not getattr(rule, "edits", False) and on_view is None
+                feed = TokenFeed(on_tokens, lay, *cut, prog.rows_out, final, on_view)
+            req = BlockRequest(
                 lay, stop_ids, max_new_tokens, ignore_eos, on_progress, should_stop, recorder, feed
             )
             res = EngineResult([], "length", mode=prog.runner.name)
@@ -198,10 +161,21 @@ class BlockEngine:
                 res.prefill_forwards = 1
                 self.prefix.commit(reused, prompt_ids[reused:full])
             if constraint is not None:
-                run_blocks(self, prog, prompt_ids, mask_id, seed, req, res, constraint, _emit)
+                run_blocks(self, prog, prompt_ids, mask_id, seed, req, res, constraint, emit)
             else:
                 self._blocks(prog, prompt_ids, mask_id, seed, req, res)
         return res
+
+    def _stream(self, rule, on_tokens, on_view, recorder, constraint) -> str | None:
+        """What the program's rounds publish (`program.py`): "drafts" for live drafts; "rows"
+        for tokens every round (rules that do not edit; not where the host decides the rows, a
+        constraint, or a recorder's drafts come from the trace); else nothing."""
+        if on_view is not None:
+            if not self.stream_rounds or recorder is not None:
+                raise ValueError("on_view: needs stream_rounds and no recorder")
+            return "drafts"
+        rows = on_tokens is not None and self.stream_rounds and not getattr(rule, "edits", False)
+        return "rows" if rows and constraint is None and recorder is None else None
 
     def _blocks(self, prog, prompt_ids, mask_id, seed, req, res) -> None:
         """The block loop of `generate`: per block one chain of programs (`runner.chain`: one
@@ -209,7 +183,8 @@ class BlockEngine:
         loop, the report pass and the copy out, then one read-back (`block_io.py`). A folded
         post-fill check is read between the commit and the rounds (two chains)."""
         lay, spec, runner = req.lay, prog.spec, prog.runner
-        fold = self.fold_commits and prog.trace is None
+        drafts = prog.rows_out is not None and prog.rows_out.drafts
+        fold = self.fold_commits and prog.trace is None and not drafts  # drafts: unfolded
         check = fold and folds_check(spec)  # post-fill checks ride in the joint passes too
         unsettled = False  # block b-1 awaits its folded check: its tokens are not final yet
         waiting: list[int] = []  # block b-1's final tokens, awaiting their folded commit
@@ -228,7 +203,7 @@ class BlockEngine:
                     return  # block b-1 ended the request: block b's round 0 goes unused
                 runner.chain(tail_parts, req.should_stop)
             else:  # one launch in block_graph: copy in .. copy out
-                _launch(prog, head + tail_parts, req, b, res.token_ids)
+                launch(prog, head + tail_parts, req, b, res.token_ids)
                 if pending:  # the chain ran (not cancelled): so did block b-1's folded commit
                     self.prefix.commit((b - 1) * lay.block_length, waiting)
             feed = req.feed if req.feed is not None and req.feed.streams_rounds else None
@@ -250,7 +225,7 @@ class BlockEngine:
             unsettled = check and not last and not out.done
             if unsettled:
                 continue  # block b's tokens are final after its folded check
-            if _emit(res, req, b, out.step, out.canvas):
+            if emit(res, req, b, out.step, out.canvas):
                 return  # the last block's commit pass is skipped: nothing reads its KV
             waiting = out.canvas
             if not fold:

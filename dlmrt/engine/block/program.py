@@ -7,9 +7,10 @@
                    stashes block b-1 for its folded commit first
     report   Pass  pack what the host reads after the round loop into one row (one read-back)
 
-A streamed program (`streamed`, rules that do not edit) also ends every round body and the joint
-pass with a publish of the block's rows into the round stream `rows_out` (`row_stream.py`), which
-the host reads while the block runs.
+A streamed program also ends every round body (and the joint pass, the next block's round 0) with
+a publish into the round stream `rows_out` (`row_stream.py`), which the host reads while the block
+runs: `stream="rows"` the block's rows (rules that do not edit: their resolved rows are final),
+`stream="drafts"` the rows and each round's draft fields (any rule; such requests run unfolded).
 
 over one set of static buffers (`BlockBuffers`, `FoldBuffers`) and the engine's arena. One program
 per (block length, rule, temperature, traced): the graphs bake them in. A traced program's round
@@ -39,33 +40,33 @@ class BlockProgram:
         runner: Runner,
         device: torch.device,
         traced: bool = False,
-        streamed: bool = False,
+        stream: str | None = None,
     ) -> None:
         """traced: every round is also written into `self.trace` (read it after the block).
-        streamed: every round also publishes the block's rows (`rows_out`; ignored for a rule
-        that edits, whose resolved rows are not final before the block is)."""
+        stream: None, "rows" or "drafts": what every round publishes to `rows_out` (above)."""
         self.spec, self.kv, self.runner = spec, kv, runner
         self.kv_len: int | None = None
         self.buf, self.fold_buf = BlockBuffers(spec, device), FoldBuffers(spec, device)
         buf, fb = self.buf, self.fold_buf
-        max_rounds = spec.rule.max_rounds(spec.block_length)
+        rows, max_rounds = spec.block_length, spec.rule.max_rounds(spec.block_length)
         self.trace = RoundTrace(spec, max_rounds, device) if traced else None
         trace = self.trace
-        streamed = streamed and not getattr(spec.rule, "edits", False)
-        self.rows_out = RowStream(spec.block_length, device) if streamed else None
-        rows_out = self.rows_out
+        if stream not in (None, "rows", "drafts"):
+            raise ValueError(f"stream: expected None, 'rows' or 'drafts', got {stream!r}")
+        rows_out = None if stream is None else RowStream(rows, device, stream == "drafts")
+        self.rows_out = rows_out
 
         def round_body() -> None:
             if trace is not None:
-                trace.round(spec, buf, kv, self.kv_len)
+                d = trace.round(spec, buf, kv, self.kv_len)
             else:
-                denoise_round(spec, buf, kv, self.kv_len)
+                d = denoise_round(spec, buf, kv, self.kv_len)
             if rows_out is not None:
-                rows_out.publish(buf)
+                rows_out.publish(buf, d)
 
         def fold_body() -> None:
             joint_pass(spec, fb, buf, kv, self.kv_len)
-            if rows_out is not None:  # the joint pass is block b+1's round 0
+            if rows_out is not None and not rows_out.drafts:  # block b+1's round 0
                 rows_out.publish(buf)
 
         self.rounds = Loop(

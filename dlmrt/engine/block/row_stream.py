@@ -1,22 +1,28 @@
 """RowStream: each round's rows of the block, from inside the block graph to the host while it runs.
 
 In block_graph a block's rounds are one graph launch; the host reads the block once, after it. To
-stream text every round (issue 54), the round body ends with a publish: the block's rows (a token
-once resolved, -1 while masked) go into slot `round % slots` of a ring in pinned, mapped host
-memory, tagged with the round number (the block's `step`, >= 1 after any round):
+stream every round (issue 54), the round body ends with a publish: an int64 row built by torch ops
+on the device goes into slot `round % slots` of a ring in pinned, mapped host memory, tagged with
+the round number (the block's `step`, >= 1 after any round):
 
-    slot = [round | block_start | row 0 .. row B-1]   int64
+    rows only     [round | block_start | row (B)]
+    with drafts   [round | block_start | row (B) | shown (B) | state (B) | confidence bits (B)]
 
-CUDA: one small kernel (`csrc/row_publish.cu`) stores into the ring through its device mapping, so
-the graph has no copy node and no host sync; the round number is zeroed first and written last,
-each after a system-wide fence. CPU: the same slot written by torch ops (its twin).
+a row = its token once resolved, -1 while masked; the draft fields are what `dlmrt/drafts.py`
+shows per row: the token shown (the proposal while masked), its state (0 final, 1 accepted or
+edited this round, 2 masked) and the proposal's probability (float32 bits; final rows 1.0).
 
-The host reads slots in round order (`poll`), a seqlock per slot: the round number, then the rows,
-then the round number again; equal means the slot was whole. A reader that falls `slots` rounds
-behind finds later rounds in its slots: it skips to the oldest one still there and counts the
-rounds it missed (`overruns`); the writer never waits for it. The final rows do not depend on
+CUDA: one small kernel (`csrc/slot_publish.cu`) copies the row into the ring through its device
+mapping, so the graph has no copy node and no host sync; the slot's round number is zeroed first
+and written last, each after a system-wide fence. CPU: the same slot written by torch ops (the
+kernel's twin); the row is built by the same torch code on both.
+
+The host reads slots in round order (`poll`), a seqlock per slot: the round number, then the
+payload, then the round number again; equal means the slot was whole. A reader that falls `slots`
+rounds behind finds later rounds in its slots: it skips to the oldest one still there and counts
+the rounds it missed (`overruns`); the writer never waits for it. The final rows do not depend on
 which rounds were read (resolved rows never change for a rule that does not edit), so skipping
-loses nothing but intermediate updates.
+loses intermediate updates only (and, with drafts, the drafts of the skipped rounds).
 
 The ring is cleared before each block's launch, when the device is idle and after any capture of
 the block's graphs (`Runner.prepare`): a capture's warm-up runs the round body once, and what it
@@ -26,12 +32,26 @@ published must not be read as the block's round 1.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from dlmrt.engine.block.round import BlockBuffers
+from dlmrt.engine.block.round import BlockBuffers, Decision
 
 SLOTS = 64  # rounds the host may fall behind before it skips (counted in `overruns`)
+FINAL, ACCEPTED, MASKED = 0, 1, 2  # a row's state in a draft slot
+
+
+class Slot(NamedTuple):
+    """One round as the host read it. `shown`, `states`, `confidence`: None without drafts."""
+
+    round: int
+    block_start: int
+    rows: list[int]  # a token once resolved, -1 while masked
+    shown: list[int] | None
+    states: list[int] | None
+    confidence: list[float] | None
 
 
 def _device_pointer(host: torch.Tensor) -> int:
@@ -42,36 +62,45 @@ def _device_pointer(host: torch.Tensor) -> int:
     return int(ptr) if int(getattr(err, "value", err)) == 0 else host.data_ptr()
 
 
+def payload(buf: BlockBuffers, d: Decision | None = None) -> torch.Tensor:
+    """Device side, capturable: the round's row (see above); with `d`, the draft fields too."""
+    rows = torch.where(buf.unresolved, -1, buf.canvas)
+    head = [buf.step.view(1), buf.block_start.view(1), rows]
+    if d is None:
+        return torch.cat(head)
+    moved = buf.accepted | buf.edited  # accepted or rewritten this round
+    states = torch.where(moved, ACCEPTED, torch.where(buf.unresolved, MASKED, FINAL))
+    shown = torch.where(buf.unresolved & ~moved, d.proposal.tokens, buf.canvas)
+    conf = torch.where(states == FINAL, 1.0, d.proposal.confidence.float())
+    bits = conf.view(torch.int32).long()
+    return torch.cat([*head, shown, states, bits])
+
+
 class RowStream:
-    def __init__(self, rows: int, device: torch.device, slots: int | None = None) -> None:
-        self.rows, self.slots, self.cuda = rows, slots or SLOTS, device.type == "cuda"
-        self.ring = torch.zeros(self.slots, rows + 2, dtype=torch.long, pin_memory=self.cuda)
+    def __init__(
+        self, rows: int, device: torch.device, drafts: bool = False, slots: int | None = None
+    ) -> None:
+        self.rows, self.drafts, self.slots = rows, drafts, slots or SLOTS
+        self.cuda = device.type == "cuda"
+        self.width = 2 + rows * (4 if drafts else 1)
+        self.ring = torch.zeros(self.slots, self.width, dtype=torch.long, pin_memory=self.cuda)
         self._host = self.ring.numpy()
         self._ptr = _device_pointer(self.ring) if self.cuda else 0
         self._next = 1  # the round the reader expects next
         self.overruns = 0  # rounds skipped because the reader fell `slots` behind
 
-    def publish(self, buf: BlockBuffers) -> None:
-        """Device side, capturable: the block's rows after this round into the round's slot."""
-        if self.cuda:
-            from dlmrt.engine.graph import nvrtc
-
-            fn, _ = nvrtc.function("row_publish.cu", "dlmrt_row_publish")
-            args = (
-                (
-                    buf.canvas.data_ptr(),
-                    buf.unresolved.data_ptr(),
-                    buf.step.data_ptr(),
-                    buf.block_start.data_ptr(),
-                    self._ptr,
-                    self.rows,
-                    self.slots,
-                ),
-                (ctypes.c_void_p,) * 5 + (ctypes.c_int, ctypes.c_int),
-            )
-            nvrtc.launch(fn, 128, args)
+    def publish(self, buf: BlockBuffers, d: Decision | None = None) -> None:
+        """Device side, capturable: this round's row (with drafts: needs the round's `d`)."""
+        row = payload(buf, d if self.drafts else None)
+        if not self.cuda:
+            self.ring.index_copy_(0, (buf.step % self.slots).view(1), row.view(1, -1))
             return
-        self.ring.index_copy_(0, (buf.step % self.slots).view(1), slot_of(buf).view(1, -1))
+        from dlmrt.engine.graph import nvrtc
+
+        fn, _ = nvrtc.function("slot_publish.cu", "dlmrt_slot_publish")
+        values = (row.data_ptr(), self._ptr, self.width, self.slots)
+        types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+        nvrtc.launch(fn, 128, (values, types))
 
     def clear(self) -> None:
         """Host side: forget every slot; the next round read is 1. Waits for the stream first
@@ -81,29 +110,32 @@ class RowStream:
         self._host[:, 0] = 0
         self._next = 1
 
-    def poll(self) -> tuple[int, list[int]] | None:
-        """(block_start, rows) of the newest whole round published since the last poll, or None."""
-        latest, ring = None, self._host
+    def poll(self) -> list[Slot]:
+        """The whole rounds published since the last poll, oldest first (none: [])."""
+        out, ring = [], self._host
         while True:
             slot = ring[self._next % self.slots]
             head = int(slot[0])
             if head == self._next:
-                payload = slot[1:].tolist()
+                values = slot.copy()
                 if int(slot[0]) == head:  # not rewritten while it was copied
-                    latest = (payload[0], payload[1:])
+                    out.append(self._slot(values))
                     self._next += 1
                     continue
                 head = int(slot[0])
             if head <= self._next:  # not yet written (0: being written, or cleared)
-                return latest
+                return out
             # lapped: the oldest round the ring still holds is newest - slots + 1
             newest = int(ring[:, 0].max())
             skip_to = max(newest - self.slots + 1, self._next + 1)
             self.overruns += skip_to - self._next
             self._next = skip_to
 
-
-def slot_of(buf: BlockBuffers) -> torch.Tensor:
-    """The torch twin of a slot: [round, block_start, token or -1 per row] (int64)."""
-    rows = torch.where(buf.unresolved, -1, buf.canvas)
-    return torch.cat([buf.step.view(1), buf.block_start.view(1), rows])
+    def _slot(self, values: np.ndarray) -> Slot:
+        b = self.rows
+        rows = values[2 : 2 + b].tolist()
+        if not self.drafts:
+            return Slot(int(values[0]), int(values[1]), rows, None, None, None)
+        shown, states = values[2 + b : 2 + 2 * b].tolist(), values[2 + 2 * b : 2 + 3 * b].tolist()
+        conf = values[2 + 3 * b :].astype(np.uint32).view(np.float32).tolist()
+        return Slot(int(values[0]), int(values[1]), rows, shown, states, conf)

@@ -11,7 +11,8 @@ the last one equals the output: nothing streamed is ever retracted.
 
 When the host sees the rows: between rounds in eager and round_graph (the host loop syncs every
 round anyway), and in block_graph while it waits for the block's read-back (`BlockIO.read`
-polls the ring instead of blocking in a stream sync).
+polls the ring instead of blocking in a stream sync). A ring with drafts also hands every round
+it read to `on_view` (`RoundView`: what `dlmrt/drafts.py` turns into a `Draft`).
 """
 
 from __future__ import annotations
@@ -19,22 +20,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dlmrt.blocks import Layout, finish
-from dlmrt.engine.block.row_stream import RowStream
-from dlmrt.outputs import StopCheck, TokensCallback
+from dlmrt.engine.block.row_stream import RowStream, Slot
+from dlmrt.outputs import RoundView, RoundViewCallback, StopCheck, TokensCallback
 
 
 class TokenFeed:
     def __init__(
         self,
-        on_tokens: TokensCallback,
+        on_tokens: TokensCallback | None,
         lay: Layout,
         stop_ids: set[int],
         max_new_tokens: int,
         ignore_eos: bool,
         rows: RowStream | None,
+        final_rows: bool = True,
+        on_view: RoundViewCallback | None = None,
     ) -> None:
-        """rows: the program's round stream (None: the feed hears only finished blocks)."""
+        """rows: the program's round stream (None: the feed hears only finished blocks).
+        final_rows: the rule's resolved rows are final (False for a rule that edits: its tokens
+        go over per block). on_view: every round read, when the ring carries drafts."""
         self._on_tokens, self._lay, self._rows = on_tokens, lay, rows
+        self._final_rows, self._on_view = final_rows, on_view
         self._cut = (stop_ids, max_new_tokens, ignore_eos)
         self._sent = 0  # tokens handed over so far
         self._block: tuple[int, list[int]] | None = None  # (block start, output before it)
@@ -45,7 +51,7 @@ class TokenFeed:
 
     def offer(self, tokens: list[int]) -> None:
         """The output so far (already cut): handed over if it grew."""
-        if len(tokens) > self._sent:
+        if len(tokens) > self._sent and self._on_tokens is not None:
             self._sent = len(tokens)
             self._on_tokens(list(tokens))
 
@@ -61,15 +67,27 @@ class TokenFeed:
         """Read the ring; hand over the block's newly final rows, if any."""
         if self._rows is None or self._block is None:
             return
-        seen = self._rows.poll()
         start, before = self._block
-        if seen is not None and seen[0] == start:
-            self.show(start, before, seen[1])
+        slots = [s for s in self._rows.poll() if s.block_start == start]
+        if self._on_view is not None:
+            for s in slots:
+                self._on_view(self._view(s))
+        if slots and self._final_rows:
+            self.show(start, before, slots[-1].rows)
+
+    def _view(self, s: Slot) -> RoundView:
+        first = self._first_row(s.block_start)
+        index = s.block_start // self._lay.block_length
+        return RoundView(index, s.round, first, s.shown, s.states, s.confidence)
+
+    def _first_row(self, start: int) -> int:
+        """The block's first generated row (the first block holds the prompt's tail)."""
+        return self._lay.tail if start == self._lay.first_block * self._lay.block_length else 0
 
     def show(self, start: int, before: list[int], rows: list[int]) -> None:
         """The block starting at row `start`, after the output `before`: its rows (a token once
         final, -1 before that); hands over the final ones up to the first that is not."""
-        first = self._lay.tail if start == self._lay.first_block * self._lay.block_length else 0
+        first = self._first_row(start)
         end = first
         while end < len(rows) and rows[end] >= 0:
             end += 1

@@ -62,10 +62,12 @@ class RoundTrace:
         ):
             dest.index_copy_(0, at, src.unsqueeze(0).to(dest.dtype))
 
-    def round(self, spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> None:
+    def round(self, spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> Decision:
         """`denoise_round`, its inputs and outputs written at the round counter's row."""
         self._before(buf)
-        self._after(buf, denoise_round(spec, buf, kv, kv_len))
+        d = denoise_round(spec, buf, kv, kv_len)
+        self._after(buf, d)
+        return d
 
     def records(self, block_index: int, rounds: int) -> list[RoundRecord]:
         """The block's first `rounds` rows as records (copies: the trace is reused next block)."""
