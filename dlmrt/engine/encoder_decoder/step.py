@@ -35,6 +35,7 @@ class CanvasSpec:
     model: torch.nn.Module
     settings: ebc.CanvasSettings
     trace: bool = False  # keep a device-side history of every step (`CanvasBuffers.trace_*`)
+    vocab_kernel: str = "rows"  # `ops.canvas_vocab`'s kernel on CUDA (`vocab_choice.py`)
 
     @property
     def length(self) -> int:
@@ -128,7 +129,7 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
         buf.sc.copy_(probs.to(buf.sc.dtype))
         return out
     u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
-    argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc)
+    argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc, spec.vocab_kernel)
     confidence = None
     if buf.trace_argmax is not None:
         z = ops.vocab.softcapped(raw, cap) / temperature
