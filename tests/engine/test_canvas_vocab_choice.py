@@ -82,3 +82,32 @@ def test_split_kernel_gives_the_same_tokens(ckpt, monkeypatch):  # noqa: F811
     engine = EncoderDecoderEngine(model, CPU, "eager")
     twin = engine.generate(_prompt(5, 0), settings, max_new_tokens=8, stop_ids=list(STOPS))
     assert twin.token_ids == results["split"][0].token_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monkeypatch):  # noqa: F811
+    """block_graph, fp32, the tiny and the mid-size model: the same tokens and finish with
+    DLMRT_CANVAS_VOCAB=rows and =split, each decided when the program is built. The split
+    kernel's blocks are cut to 64 entries so vocabularies of 96 and 1,024 make 2 and 16 splits
+    (at 2,048 they would be one; the 262,144-way shape is the kernel tests')."""
+    from dg_helpers import F_, S, mid_checkpoint
+    from dlmrt._kernels import canvas_vocab_split
+
+    from dlmrt import LLM
+
+    monkeypatch.setattr(canvas_vocab_split, "BLOCK", 64)
+
+    paths = (ckpt[0], mid_checkpoint(tmp_path_factory, [S, F_]))
+    for path in paths:
+        outs = {}
+        for pin in ("rows", "split"):
+            monkeypatch.setenv("DLMRT_CANVAS_VOCAB", pin)
+            llm = LLM(path, device="cuda", dtype="float32", mode="block_graph")
+            outs[pin] = [
+                llm.generate(_prompt(9, seed), max_new_tokens=40, seed=seed, rng="counter")
+                for seed in range(3)
+            ]
+            assert choices.get("canvas vocabulary").pick == pin
+        for a, b in zip(outs["rows"], outs["split"], strict=True):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
