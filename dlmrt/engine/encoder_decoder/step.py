@@ -117,9 +117,10 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
 def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step: torch.Tensor):
     """(counter sample, argmax, entropy, argmax probability) of softmax(z), z = softcapped(raw) / T
     from the LM head's output `raw`; the next step's self-conditioning probabilities written into
-    `buf.sc`. One device: one kernel (ops.canvas_vocab: softcap, softmax, the uniform of
-    `ebc.counter_sample`, argmax, entropy, sc); the argmax probability (for the draft trace only)
-    is a second pass. Tensor parallel: `_draw` over the vocabulary shards."""
+    `buf.sc`. One device: ops.canvas_vocab (softcap, softmax, the uniform of
+    `ebc.counter_sample`, argmax, entropy, sc; on CUDA the kernel `spec.vocab_kernel`: one program
+    per row, or rows x vocabulary splits); the argmax probability (for the draft trace only) is a
+    second pass. Tensor parallel: `_draw` over the vocabulary shards."""
     temperature = ebc.temperature(spec.settings, t_step)
     cap = spec.model.cfg.final_logit_softcapping
     if tp.active() is not None:
