@@ -142,3 +142,15 @@ def deepgemm() -> str:
     if value not in ("auto", "on", "off"):
         raise ValueError(f"DLMRT_DEEPGEMM={value!r}: expected 'auto', 'on' or 'off'")
     return value
+
+
+def canvas_vocab() -> str:
+    """DLMRT_CANVAS_VOCAB: which kernel runs DiffusionGemma's vocabulary pass of a canvas step on
+    CUDA (`ops.canvas_vocab`): "rows" (default, until measured on the GPU: one program per canvas
+    row, kernels/canvas_vocab.py) or "split" (each row's vocabulary split over several programs
+    so every SM works, kernels/canvas_vocab_split.py). Decided once per canvas program
+    (`engine/encoder_decoder/vocab_choice.py`); the CPU runs the torch twin either way."""
+    value = os.environ.get("DLMRT_CANVAS_VOCAB", "rows").lower()
+    if value not in ("rows", "split"):
+        raise ValueError(f"DLMRT_CANVAS_VOCAB={value!r}: expected 'rows' or 'split'")
+    return value

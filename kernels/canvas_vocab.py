@@ -47,10 +47,11 @@ def _online(m, s, x):
 
 
 @triton.jit
-def _stats_pass(r_row, t, cap, SC_DTYPE: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr,
-                SOFTCAP: tl.constexpr):  # fmt: skip
-    """Pass 1: per-lane online (max, S0, S1) of z, (best value, its first index), and the
-    online (max, sum) of z rounded to the model dtype."""
+def _stats_pass(r_row, start, t, cap, SC_DTYPE: tl.constexpr, V: tl.constexpr,
+                SPAN: tl.constexpr, BLOCK: tl.constexpr, SOFTCAP: tl.constexpr):  # fmt: skip
+    """Pass 1 over entries start .. start + SPAN of a row (those >= V masked): per-lane online
+    (max, S0, S1) of z, (best value, its first index), and the online (max, sum) of z rounded to
+    the model dtype. kernels/canvas_vocab_split.py runs it over one split of the row."""
     lane = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     s0 = tl.zeros([BLOCK], tl.float32)
@@ -59,8 +60,8 @@ def _stats_pass(r_row, t, cap, SC_DTYPE: tl.constexpr, V: tl.constexpr, BLOCK: t
     s_y = tl.zeros([BLOCK], tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_i = tl.zeros([BLOCK], tl.int32)
-    for v0 in range(0, V, BLOCK):
-        offs = v0 + lane
+    for v0 in range(0, SPAN, BLOCK):
+        offs = start + v0 + lane
         ok = offs < V
         z = _logits(r_row, offs, ok, cap, SOFTCAP) / t
         better = z > best  # strict: the first index of a lane's maximum stays
@@ -87,6 +88,42 @@ def _merge(m):
 
 
 @triton.jit
+def _reduce(m, s0, s1, best, best_i, m_y, s_y):
+    """Per-lane (or per-split) online states -> (argmax, max M, total = sum e^(z - M), sum
+    e^(z - M)(z - M), max of rounded z, its sum at that max); empty lanes: m = -inf, index BIG."""
+    top = tl.max(best, 0)
+    argmax = tl.min(tl.where(best == top, best_i, _BIG), 0)
+    big_m, w = _merge(m)
+    total = tl.sum(s0 * w, 0)
+    rel = tl.sum(w * (s1 + tl.where(m > float("-inf"), m - big_m, 0.0) * s0), 0)
+    big_y, w_y = _merge(m_y)
+    return argmax, big_m, total, rel, big_y, tl.sum(s_y * w_y, 0)
+
+
+@triton.jit
+def _sample_pass(r_row, sc_row, start, t, cap, big_m, log_z_y, target, running,
+                 LIMIT: tl.constexpr, V: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
+                 SOFTCAP: tl.constexpr):  # fmt: skip
+    """Pass 2 over entries start .. start + SPAN of a row: writes the self-conditioning
+    probabilities e^(y - log Z_y) and returns how many entries below LIMIT have a cumulative sum
+    of e^(z - M) (from `running`, the sum before `start`) <= target."""
+    sc_dtype = sc_row.dtype.element_ty
+    lane = tl.arange(0, BLOCK)
+    count = tl.sum(tl.zeros([BLOCK], tl.int32), 0)
+    for v0 in range(0, SPAN, BLOCK):
+        offs = start + v0 + lane
+        ok = offs < V
+        z = _logits(r_row, offs, ok, cap, SOFTCAP) / t
+        y = z.to(sc_dtype).to(tl.float32)
+        tl.store(sc_row + offs, tl.exp(y - log_z_y).to(sc_dtype), mask=ok)
+        p = tl.where(ok, tl.exp(z - big_m), 0.0)
+        cdf = running + tl.cumsum(p, 0)
+        count += tl.sum((ok & (offs < LIMIT) & (cdf <= target)).to(tl.int32), 0)
+        running += tl.sum(p, 0)
+    return count
+
+
+@triton.jit
 def _canvas_vocab_kernel(r_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, sample_ptr, cap,
                          stride_r, stride_sc, V: tl.constexpr, BLOCK: tl.constexpr,
                          SOFTCAP: tl.constexpr):  # fmt: skip
@@ -96,30 +133,16 @@ def _canvas_vocab_kernel(r_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, s
     r_row = r_ptr + row.to(tl.int64) * stride_r
     sc_row = sc_ptr + row.to(tl.int64) * stride_sc
     sc_dtype = sc_ptr.dtype.element_ty
-    m, s0, s1, best, best_i, m_y, s_y = _stats_pass(r_row, t, cap, sc_dtype, V, BLOCK, SOFTCAP)
-    top = tl.max(best, 0)
-    tl.store(argmax_ptr + row, tl.min(tl.where(best == top, best_i, _BIG), 0).to(tl.int64))
-    big_m, w = _merge(m)
-    total = tl.sum(s0 * w, 0)
-    rel = tl.sum(w * (s1 + tl.where(m > float("-inf"), m - big_m, 0.0) * s0), 0)
+    lanes = _stats_pass(r_row, 0, t, cap, sc_dtype, V, V, BLOCK, SOFTCAP)
+    argmax, big_m, total, rel, big_y, sum_y = _reduce(*lanes)
+    tl.store(argmax_ptr + row, argmax.to(tl.int64))
     tl.store(entropy_ptr + row, tl.log(total) - rel / total)
-    big_y, w_y = _merge(m_y)
-    log_z_y = big_y + tl.log(tl.sum(s_y * w_y, 0))
+    log_z_y = big_y + tl.log(sum_y)
     # pass 2: inverse CDF in the e^(z - M) scale, and the self-conditioning probabilities
     target = tl.load(u_ptr + row) * total
-    lane = tl.arange(0, BLOCK)
     running = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
-    count = tl.sum(tl.zeros([BLOCK], tl.int32), 0)
-    for v0 in range(0, V, BLOCK):
-        offs = v0 + lane
-        ok = offs < V
-        z = _logits(r_row, offs, ok, cap, SOFTCAP) / t
-        y = z.to(sc_dtype).to(tl.float32)
-        tl.store(sc_row + offs, tl.exp(y - log_z_y).to(sc_dtype), mask=ok)
-        p = tl.where(ok, tl.exp(z - big_m), 0.0)
-        cdf = running + tl.cumsum(p, 0)
-        count += tl.sum((ok & (cdf <= target)).to(tl.int32), 0)
-        running += tl.sum(p, 0)
+    count = _sample_pass(r_row, sc_row, 0, t, cap, big_m, log_z_y, target, running, V, V, V,
+                         BLOCK, SOFTCAP)  # fmt: skip
     tl.store(sample_ptr + row, tl.minimum(count, V - 1).to(tl.int64))
 
 

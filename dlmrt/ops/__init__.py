@@ -100,20 +100,32 @@ def canvas_attention(
     return canvas.canvas_attention(q, k, v, positions, decoder, window, scale)
 
 
+# canvas_vocab's kernels, by `kernel` (engine/encoder_decoder/vocab_choice.py): kernels/ module
+CANVAS_VOCAB_KERNELS = {"rows": "canvas_vocab", "split": "canvas_vocab_split"}
+
+
 def canvas_vocab(
     raw: torch.Tensor,
     softcap: float | None,
     temperature: torch.Tensor,
     u: torch.Tensor,
     sc: torch.Tensor,
+    kernel: str = "rows",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DiffusionGemma's vocabulary pass: (argmax, entropy, inverse-CDF sample at uniforms `u`) of
     softmax(z), z = softcap tanh(raw / softcap) / T from the LM head's output `raw`, T a device
     scalar; writes the next step's self-conditioning probabilities softmax(z) (z rounded to the
-    model dtype) into `sc`. One kernel (kernels/canvas_vocab.py); twin `dlmrt/ops/vocab.py`."""
+    model dtype) into `sc`. Kernel: `kernel` "rows" (kernels/canvas_vocab.py, one program per
+    row) or "split" (kernels/canvas_vocab_split.py, rows x vocabulary splits); twin
+    `dlmrt/ops/vocab.py`."""
+    if kernel not in CANVAS_VOCAB_KERNELS:
+        raise ValueError(
+            f"canvas_vocab: kernel {kernel!r}: expected one of {list(CANVAS_VOCAB_KERNELS)}"
+        )
     fast = raw.is_cuda and raw.is_contiguous() and sc.is_contiguous()
     if fast and implementation("canvas_vocab") == "triton":
-        return _resolve("canvas_vocab")(raw, softcap, temperature, u, sc)
+        module = CANVAS_VOCAB_KERNELS[kernel]
+        return _resolve("canvas_vocab", module)(raw, softcap, temperature, u, sc)
     return vocab.canvas_vocab(raw, softcap, temperature, u, sc)
 
 

@@ -29,6 +29,7 @@ from dlmrt.canvas_loop import canvas_loop
 from dlmrt.config import EAGER
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine import nonfinite
+from dlmrt.engine.encoder_decoder import vocab_choice
 from dlmrt.engine.encoder_decoder.step import (
     CanvasBuffers,
     CanvasSpec,
@@ -93,7 +94,7 @@ class EncoderDecoderEngine:
         the benchmarks: `program.runner.run(program.steps)` times a canvas's steps). `trace`: a
         program whose steps also write the step history (its own buffers and graphs)."""
         arena = self.workspace.reserve(rows)
-        spec = CanvasSpec(self.model, settings, trace)
+        spec = CanvasSpec(self.model, settings, trace, vocab_choice.canvas_vocab_kernel())
         key = settings if not trace else (settings, "trace")
         return self.workspace.program(key, lambda run: CanvasProgram(spec, arena, run, self.device))
 

@@ -35,6 +35,7 @@ class CanvasSpec:
     model: torch.nn.Module
     settings: ebc.CanvasSettings
     trace: bool = False  # keep a device-side history of every step (`CanvasBuffers.trace_*`)
+    vocab_kernel: str = "rows"  # `ops.canvas_vocab`'s kernel on CUDA (`vocab_choice.py`)
 
     @property
     def length(self) -> int:
@@ -116,9 +117,10 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
 def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step: torch.Tensor):
     """(counter sample, argmax, entropy, argmax probability) of softmax(z), z = softcapped(raw) / T
     from the LM head's output `raw`; the next step's self-conditioning probabilities written into
-    `buf.sc`. One device: one kernel (ops.canvas_vocab: softcap, softmax, the uniform of
-    `ebc.counter_sample`, argmax, entropy, sc); the argmax probability (for the draft trace only)
-    is a second pass. Tensor parallel: `_draw` over the vocabulary shards."""
+    `buf.sc`. One device: ops.canvas_vocab (softcap, softmax, the uniform of
+    `ebc.counter_sample`, argmax, entropy, sc; on CUDA the kernel `spec.vocab_kernel`: one program
+    per row, or rows x vocabulary splits); the argmax probability (for the draft trace only) is a
+    second pass. Tensor parallel: `_draw` over the vocabulary shards."""
     temperature = ebc.temperature(spec.settings, t_step)
     cap = spec.model.cfg.final_logit_softcapping
     if tp.active() is not None:
@@ -128,7 +130,7 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
         buf.sc.copy_(probs.to(buf.sc.dtype))
         return out
     u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
-    argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc)
+    argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc, spec.vocab_kernel)
     confidence = None
     if buf.trace_argmax is not None:
         z = ops.vocab.softcapped(raw, cap) / temperature
