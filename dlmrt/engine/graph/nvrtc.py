@@ -2,7 +2,7 @@
 
 Triton cannot express two things the graphs need: setting a conditional node's handle (the WHILE
 condition, `csrc/block_cond.cu`) and storing into pinned, mapped host memory (the round stream,
-`csrc/row_publish.cu`). Each source is compiled once per process for the current device; a
+`csrc/slot_publish.cu`). Each source is compiled once per process for the current device; a
 launch enqueues on torch's current stream, so it is captured like any torch kernel. Imported
 only on CUDA machines.
 """
