@@ -88,3 +88,14 @@ def test_diffusion_gemma_canvas_reports_a_nan_weight(tmp_path):
     with pytest.raises(NonFiniteError, match=r"canvas 0 .*'model.layers.0.mlp.down_proj.weight'"):
         llm.generate(_prompt(6, 0), max_new_tokens=8, rng="counter")
     assert ok.token_ids is not None
+
+
+def test_a_streamed_request_hands_over_nothing_from_a_nan_round(qwen):
+    llm = LLM(qwen, mode="eager", prefix_reuse=False)
+    w = llm.model.model.layers[1].mlp.down_proj.weight
+    with torch.no_grad():
+        w[3, 5] = float("nan")
+    calls: list = []
+    with pytest.raises(NonFiniteError):
+        llm.generate(PROMPT, on_tokens=calls.append, **KW)
+    assert calls == []  # every round of block 0 was NaN: its rows never reached the listener

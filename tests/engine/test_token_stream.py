@@ -27,6 +27,7 @@ def _buf(rows: list[int], unresolved: list[bool], step: int, start: int = 8, acc
         block_start=torch.tensor(start),
         accepted=torch.tensor(accepted or [False] * n),
         edited=torch.zeros(n, dtype=torch.bool),
+        entropy=torch.zeros(n),
     )
 
 
@@ -38,7 +39,9 @@ def _rows(ring: RowStream) -> tuple[int, list[int]] | None:
 
 def test_a_slot_is_the_round_the_block_start_and_the_resolved_rows():
     buf = _buf([5, 6, 7], [False, True, False], step=3)
-    assert payload(buf).tolist() == [3, 8, 5, -1, 7]
+    assert payload(buf).tolist() == [3, 8, 0, 5, -1, 7]
+    buf.entropy[1] = float("nan")
+    assert payload(buf).tolist() == [3, 8, 1, 5, -1, 7]  # a non-finite round is flagged
 
 
 def test_a_draft_slot_shows_proposals_states_and_probabilities():
@@ -104,7 +107,8 @@ class _Rows:
         if not self.queue:
             return []
         start, rows = self.queue.pop(0)
-        return [Slot(1, start, rows, None, None, None)]
+        bad = start < 0  # a negative start in a test's queue: a non-finite round of block 1
+        return [Slot(1, abs(start), bad, rows, None, None, None)]
 
     def clear(self) -> None:
         pass
@@ -138,6 +142,16 @@ def test_the_feed_ignores_another_blocks_rows_and_cuts_at_a_stop_id():
     rows.queue = [(8, [4, 8, 6, -1])]
     feed.poll()
     assert calls == [[1, 2, 3], [1, 2, 3, 4, 8]]  # cut after the stop id, as the output is
+
+
+def test_the_feed_takes_nothing_from_a_non_finite_round_on():
+    feed, rows, calls = _feed()
+    feed.start_block(1, [])
+    rows.queue = [(4, [99, 7, -1, -1]), (-4, [99, 7, 8, 9]), (4, [99, 7, 8, 9])]
+    feed.poll()
+    feed.poll()
+    feed.poll()
+    assert calls == [[7]]
 
 
 def test_the_feed_never_hands_over_less_than_before():

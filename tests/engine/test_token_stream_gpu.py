@@ -32,6 +32,7 @@ def _buf(step: int) -> SimpleNamespace:
         unresolved=(torch.rand(rows, generator=g) < 0.5).cuda(),
         accepted=(torch.rand(rows, generator=g) < 0.5).cuda(),
         edited=torch.zeros(rows, dtype=torch.bool, device="cuda"),
+        entropy=torch.rand(rows, generator=g).cuda(),
         step=torch.tensor(step, device="cuda"),
         block_start=torch.tensor(64, device="cuda"),
     )
@@ -56,7 +57,7 @@ def test_the_kernel_writes_the_twins_slot_eagerly_and_from_a_graph():
     # rounds 1..7 in 4 slots: the reader skips 1..3 and reads 4..7
     slots = ring.poll()
     assert [s.round for s in slots] == [4, 5, 6, 7] and ring.overruns == 3
-    assert slots[-1].rows == payload(buf)[2:].tolist()
+    assert slots[-1].rows == payload(buf)[3:].tolist()
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,12 @@ stream every round (issue 54), the round body ends with a publish: an int64 row 
 on the device goes into slot `round % slots` of a ring in pinned, mapped host memory, tagged with
 the round number (the block's `step`, >= 1 after any round):
 
-    rows only     [round | block_start | row (B)]
-    with drafts   [round | block_start | row (B) | shown (B) | state (B) | confidence bits (B)]
+    rows only     [round | block_start | bad | row (B)]
+    with drafts   [round | block_start | bad | row (B) | shown (B) | state (B) | confidence bits (B)]
 
-a row = its token once resolved, -1 while masked; the draft fields are what `dlmrt/drafts.py`
+bad = 1 when the round's statistics are NaN / inf (`engine/nonfinite.py`: the host then takes
+nothing more from the block, which the engine reports as an error after it); a row = its token
+once resolved, -1 while masked; the draft fields are what `dlmrt/drafts.py`
 shows per row: the token shown (the proposal while masked), its state (0 final, 1 accepted or
 edited this round, 2 masked) and the proposal's probability (float32 bits; final rows 1.0).
 
@@ -37,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from dlmrt.engine import nonfinite
 from dlmrt.engine.block.round import BlockBuffers, Decision
 
 SLOTS = 64  # rounds the host may fall behind before it skips (counted in `overruns`)
@@ -48,6 +51,7 @@ class Slot(NamedTuple):
 
     round: int
     block_start: int
+    nonfinite: bool  # the round's logits had NaN / inf: its rows are not to be shown
     rows: list[int]  # a token once resolved, -1 while masked
     shown: list[int] | None
     states: list[int] | None
@@ -65,7 +69,8 @@ def _device_pointer(host: torch.Tensor) -> int:
 def payload(buf: BlockBuffers, d: Decision | None = None) -> torch.Tensor:
     """Device side, capturable: the round's row (see above); with `d`, the draft fields too."""
     rows = torch.where(buf.unresolved, -1, buf.canvas)
-    head = [buf.step.view(1), buf.block_start.view(1), rows]
+    bad = nonfinite.flag(buf.entropy).view(1)
+    head = [buf.step.view(1), buf.block_start.view(1), bad, rows]
     if d is None:
         return torch.cat(head)
     moved = buf.accepted | buf.edited  # accepted or rewritten this round
@@ -82,7 +87,7 @@ class RowStream:
     ) -> None:
         self.rows, self.drafts, self.slots = rows, drafts, slots or SLOTS
         self.cuda = device.type == "cuda"
-        self.width = 2 + rows * (4 if drafts else 1)
+        self.width = 3 + rows * (4 if drafts else 1)
         self.ring = torch.zeros(self.slots, self.width, dtype=torch.long, pin_memory=self.cuda)
         self._host = self.ring.numpy()
         self._ptr = _device_pointer(self.ring) if self.cuda else 0
@@ -132,10 +137,10 @@ class RowStream:
             self._next = skip_to
 
     def _slot(self, values: np.ndarray) -> Slot:
-        b = self.rows
-        rows = values[2 : 2 + b].tolist()
+        b, head = self.rows, (int(values[0]), int(values[1]), bool(values[2]))
+        rows = values[3 : 3 + b].tolist()
         if not self.drafts:
-            return Slot(int(values[0]), int(values[1]), rows, None, None, None)
-        shown, states = values[2 + b : 2 + 2 * b].tolist(), values[2 + 2 * b : 2 + 3 * b].tolist()
-        conf = values[2 + 3 * b :].astype(np.uint32).view(np.float32).tolist()
-        return Slot(int(values[0]), int(values[1]), rows, shown, states, conf)
+            return Slot(*head, rows, None, None, None)
+        shown, states = values[3 + b : 3 + 2 * b].tolist(), values[3 + 2 * b : 3 + 3 * b].tolist()
+        conf = values[3 + 3 * b :].astype(np.uint32).view(np.float32).tolist()
+        return Slot(*head, rows, shown, states, conf)

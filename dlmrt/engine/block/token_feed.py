@@ -69,6 +69,9 @@ class TokenFeed:
             return
         start, before = self._block
         slots = [s for s in self._rows.poll() if s.block_start == start]
+        bad = next((i for i, s in enumerate(slots) if s.nonfinite), None)
+        if bad is not None:  # nothing from this round on: the engine raises after the block
+            slots, self._block = slots[:bad], None
         if self._on_view is not None:
             for s in slots:
                 self._on_view(self._view(s))
