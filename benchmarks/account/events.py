@@ -87,7 +87,11 @@ def _is_kernel(e) -> bool:
 
 
 def _cpu_top(e) -> bool:
+    """A frontend op (not a label, not a runtime call linked to a device event) called directly
+    inside a label or outside every one."""
     if e.is_user_annotation or e.name.startswith(PREFIX):
+        return False
+    if getattr(e, "linked_correlation_id", 0) != 0:
         return False
     parent = e.cpu_parent
     return parent is None or bool(parent.is_user_annotation)
