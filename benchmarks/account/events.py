@@ -98,7 +98,8 @@ def _cpu_top(e) -> bool:
 
 
 def _device_kernel(e, frontend: dict) -> Kernel:
-    op = frontend.get(getattr(e, "linked_correlation_id", 0))
+    link = getattr(e, "linked_correlation_id", 0)
+    op = frontend.get(link) if link else None  # 0: no link (never a frontend op's id)
     start, end = e.time_range.start, e.time_range.end
     if op is None:
         return Kernel(e.name, start, end)

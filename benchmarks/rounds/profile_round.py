@@ -16,6 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.rounds.round_latency import _block, build
+from dlmrt import account
 from dlmrt.engine.block.round import RoundSpec, denoise_round
 
 
@@ -35,7 +36,8 @@ def canvas_step_fn(model, context: int):
 
     def step() -> None:  # the first step of a fresh canvas (steps never pass the settings' cap)
         with torch.inference_mode():
-            reset_canvas(prog.spec, prog.buf)
+            with account.label("reset_canvas", prog.buf.canvas):  # the setup, named in an account
+                reset_canvas(prog.spec, prog.buf)
             canvas_step(prog.spec, prog.buf, prog.arena)
 
     return step
