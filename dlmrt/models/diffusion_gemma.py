@@ -99,8 +99,7 @@ class Router(nn.Module):
         self.k, self.root = cfg.top_k_experts, cfg.hidden_size**-0.5
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.proj(x)
-        with label("route", logits):
+        with label("route", logits := self.proj(x)):  # proj runs first, in its own range
             return ops.moe_route_softmax(logits, self.per_expert_scale, self.k)
 
 
