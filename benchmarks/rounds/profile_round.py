@@ -10,11 +10,13 @@ GPU time, the launch count issue 37 asks to report per family.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.rounds.round_latency import _block, build
+from dlmrt import account
 from dlmrt.engine.block.round import RoundSpec, denoise_round
 
 
@@ -34,10 +36,33 @@ def canvas_step_fn(model, context: int):
 
     def step() -> None:  # the first step of a fresh canvas (steps never pass the settings' cap)
         with torch.inference_mode():
-            reset_canvas(prog.spec, prog.buf)
+            with account.label("reset_canvas", prog.buf.canvas):  # the setup, named in an account
+                reset_canvas(prog.spec, prog.buf)
             canvas_step(prog.spec, prog.buf, prog.arena)
 
     return step
+
+
+def round_fn(name: str, model, rule, context: int, canvas: str = "masks") -> Callable[[], None]:
+    """One eager round of `name` after `context` prefilled tokens, to call repeatedly (each call
+    one more round of the same block; DiffusionGemma: a fresh canvas's first step). QwenDLM runs
+    its ORL rule (`entropy_budget`)."""
+    if name == "diffusion_gemma":
+        return canvas_step_fn(model, context)
+    if name == "qwen_dlm":
+        from dlmrt.decoding import make_rule
+
+        rule = make_rule("entropy_budget")
+    spec = RoundSpec(model, rule, 0.0, model.cfg.block_size)
+    with torch.inference_mode():
+        _, prog, start = _block(model, "eager", context, rule, canvas)
+        start()
+
+    def one_round() -> None:
+        with torch.inference_mode():
+            denoise_round(spec, prog.buf, prog.kv)
+
+    return one_round
 
 
 def main() -> None:
@@ -54,40 +79,26 @@ def main() -> None:
     args = ap.parse_args()
     model, rule, _, _ = build(args.model, None)
     if args.quantization == "fp8":
-        import logging
-
-        from benchmarks import fp8_model
-
-        logging.basicConfig(format="%(message)s")
-        logging.getLogger("dlmrt").setLevel(logging.INFO)  # which linears run FP8, and why
-
-        fp8_model.quantize(model)
-    if args.model == "diffusion_gemma":
-        step = canvas_step_fn(model, args.context)
-        for _ in range(3):
-            step()
+        quantize_fp8(model)
+    step = round_fn(args.model, model, rule, args.context, args.canvas)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            torch.cuda.synchronize()
-        report(prof, args.rows)
-        return
-    if args.model == "qwen_dlm":  # the profiled QwenDLM round runs its ORL rule
-        from dlmrt.decoding import make_rule
-
-        rule = make_rule("entropy_budget")
-    spec = RoundSpec(model, rule, 0.0, model.cfg.block_size)
-    with torch.inference_mode():
-        _, prog, start = _block(model, "eager", args.context, rule, args.canvas)
-        buf, kv = prog.buf, prog.kv
-        start()
-        for _ in range(3):
-            denoise_round(spec, buf, kv)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            denoise_round(spec, buf, kv)
-            torch.cuda.synchronize()
     report(prof, args.rows)
+
+
+def quantize_fp8(model) -> None:
+    """`fp8_model.quantize`, logging which linears run FP8 and why."""
+    import logging
+
+    from benchmarks import fp8_model
+
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("dlmrt").setLevel(logging.INFO)
+    fp8_model.quantize(model)
 
 
 def report(prof, rows: int) -> None:

@@ -57,11 +57,12 @@ def _block(model, mode: str, context: int, rule, canvas: str = "masks"):
     engine = BlockEngine(model, dev, torch.bfloat16, mode, kv_cache_dtype=KV_DTYPE)
     prog = engine.program(RoundSpec(model, rule, 0.0, rows), context + rows)
     gen = torch.Generator().manual_seed(context)  # every mode sees the same prompt and canvas
-    engine.prefill(torch.randint(0, 150000, (context,), generator=gen).tolist(), rows, prog.kv)
+    ids = min(150000, cfg.vocab_size)  # token ids drawn below (a tiny test vocabulary: all)
+    engine.prefill(torch.randint(0, ids, (context,), generator=gen).tolist(), rows, prog.kv)
     buf = prog.buf
     masks = torch.full((rows,), cfg.mask_token_id, device=dev)
     if canvas == "random":  # the same canvas in every mode: the experts it touches set the time
-        masks = torch.randint(0, 150000, (rows,), generator=gen).to(dev)
+        masks = torch.randint(0, ids, (rows,), generator=gen).to(dev)
     unresolved = torch.ones(rows, dtype=torch.bool, device=dev)
     return engine, prog, lambda: buf.load(masks, unresolved, context, 0)
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dlmrt.account import label
 from dlmrt.impls.activation import act, act_mul
 
 
@@ -29,13 +30,15 @@ class ProjectionConcat:
 
 
 class StackedProjection:
-    """The same as one GEMM over the projections' concatenated weights (after loading)."""
+    """The same as one GEMM over the projections' concatenated weights (after loading); `name`
+    labels it in a kernel account (`dlmrt/account.py`)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
+    def __init__(self, weight: torch.Tensor, name: str = "qkv") -> None:
+        self.weight, self.name = weight, name
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        with label(self.name, x, self.weight):
+            return F.linear(x, self.weight)
 
 
 class SeparateGateUp:
@@ -45,7 +48,9 @@ class SeparateGateUp:
         self.gate, self.up, self.act = gate, up, act(activation)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.gate(x)) * self.up(x)
+        g, u = self.gate(x), self.up(x)
+        with label("act_mul", g, u):
+            return self.act(g) * u
 
 
 class StackedGateUp:
@@ -55,4 +60,7 @@ class StackedGateUp:
         self.weight, self.act_mul = weight, act_mul(activation)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act_mul(F.linear(x, self.weight))
+        with label("gate_up", x, self.weight):
+            g = F.linear(x, self.weight)
+        with label("act_mul", g):
+            return self.act_mul(g)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dlmrt.account import label
 from dlmrt.ops import fp8 as fp8_ops
 
 
@@ -24,7 +25,9 @@ class QuantGateUp(nn.Module):
         self.linear, self.activation = linear, activation
 
     def forward(self, x):
-        return self.activation(self.linear(x))
+        g = self.linear(x)
+        with label("act_mul", g):
+            return self.activation(g)
 
 
 class FusedGlu(nn.Module):

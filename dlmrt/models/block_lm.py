@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dlmrt.account import label
 from dlmrt.attention import AttnContext
 from dlmrt.models.layers import RMSNorm, rope_cos_sin
 from dlmrt.models.residual import ResidualAdapter
@@ -92,7 +93,8 @@ class BlockLM(nn.Module):
         h = getattr(self.model, self.EMBED)(input_ids)
         if z is not None and self.adapter is not None:
             h = self.adapter.inject_tail(h, z, receives)
-        rope = rope_cos_sin(ctx.positions, self.rotary_dim, self.cfg.rope_theta, h.dtype)
+        with label("rope_tables", ctx.positions):
+            rope = rope_cos_sin(ctx.positions, self.rotary_dim, self.cfg.rope_theta, h.dtype)
         residual = None
         for layer in self.model.layers:
             h, residual = layer(h, residual, rope, ctx)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlmrt import ops
+from dlmrt.account import label
 from dlmrt.attention import AttnContext
 from dlmrt.impls.dense import ProjectionConcat, StackedProjection
 from dlmrt.impls.slot import set_slot
@@ -80,7 +81,8 @@ class Attention(nn.Module):
         k = parts[1].view(rows, self.kv_heads, self.head_dim)
         v = k if self.v_proj is None else parts[2].view(rows, self.kv_heads, self.head_dim)
         # transformers' roundings: norm (fp32, one cast), then RoPE in the model dtype
-        q = gemma.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)  # [heads, rows, d]
+        with label("q_norm_rope", q):
+            q = gemma.qk_norm_rope(q, self.q_norm.weight, *rope, self.eps)  # [heads, rows, d]
         out = view.attend(layer, sliding, q, k, v, KeyNorm(self.k_norm.weight, rope, self.eps))
         return self.o_proj(out.transpose(0, 1).reshape(rows, -1))
 
@@ -97,7 +99,8 @@ class Router(nn.Module):
         self.k, self.root = cfg.top_k_experts, cfg.hidden_size**-0.5
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ops.moe_route_softmax(self.proj(x), self.per_expert_scale, self.k)
+        with label("route", logits := self.proj(x)):  # proj runs first, in its own range
+            return ops.moe_route_softmax(logits, self.per_expert_scale, self.k)
 
 
 class Layer(nn.Module):
@@ -127,9 +130,10 @@ class Layer(nn.Module):
         attn = self.self_attn(self.input_layernorm(h), rope, pos, view, layer, sliding)
         gains_in = (self.post_attention_layernorm.weight, self.pre_feedforward_layernorm.weight)
         gains_in += (self.pre_feedforward_layernorm_2.weight,)
-        r, x_mlp, x_moe, x_router = gemma.attn_residual(
-            attn, h, gains_in, self.router.scale, self.router.root, self.eps
-        )
+        with label("attn_residual", attn, h):
+            r, x_mlp, x_moe, x_router = gemma.attn_residual(
+                attn, h, gains_in, self.router.scale, self.router.root, self.eps
+            )
         dense, moe = branches.fork_join(
             lambda: self.mlp(x_mlp), lambda: self.experts(x_moe, *self.router(x_router)), h
         )  # CUDA inference: router + experts on a second stream, beside the dense MLP
@@ -139,7 +143,8 @@ class Layer(nn.Module):
         )
         gains_out += (self.post_feedforward_layernorm.weight,)
         scalars = (self.layer_scalar, self.encoder_layer_scalar)
-        return gemma.layer_out(dense, moe, r, gains_out, view.is_canvas, scalars, self.eps)
+        with label("layer_out", dense, moe, r):
+            return gemma.layer_out(dense, moe, r, gains_out, view.is_canvas, scalars, self.eps)
 
 
 class Backbone(nn.Module):
@@ -221,9 +226,10 @@ class DiffusionGemma(nn.Module):
     def embed_probs(self, probs: torch.Tensor) -> torch.Tensor:
         """probs @ E * sqrt(hidden), probs cast to the model dtype first (tensor parallel: this
         rank's vocabulary shard of probs and E; partial sums, one all-reduce)."""
-        scale = self.embed_scale(self.embed_table.dtype)
-        soft = probs.to(self.embed_table.dtype) @ self.embed_table
-        return vocab.reduce_sum(soft, tp.active()) * scale
+        with label("sc_embed", probs, self.embed_table):
+            scale = self.embed_scale(self.embed_table.dtype)
+            soft = probs.to(self.embed_table.dtype) @ self.embed_table
+            return vocab.reduce_sum(soft, tp.active()) * scale
 
     def _embed(self, ids, canvas: int, sc_logits, sc_temperature: float, first, sc_probs=None):
         scale = self.embed_scale(self.embed_table.dtype)
@@ -279,8 +285,10 @@ class DiffusionGemma(nn.Module):
             view = ArenaContext(ctx.kv, pos, canvas > 0, window)
         else:
             view = GrowingContext(cache, pos, canvas, window)
-        h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first, sc_probs)
-        ropes = self._ropes(pos, h.dtype)
+        with label("embed", input_ids):
+            h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first, sc_probs)
+        with label("rope_tables", pos):
+            ropes = self._ropes(pos, h.dtype)
         for i, (layer, kind) in enumerate(
             zip(self.model.layers, self.cfg.layer_types, strict=True)
         ):

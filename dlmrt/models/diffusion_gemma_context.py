@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from dlmrt import ops
+from dlmrt.account import label
 from dlmrt.attention import block_attention
 from dlmrt.ops import gemma
 
@@ -143,10 +144,12 @@ class ArenaContext:
         pass after), then attend over the arena: `ops.canvas_attention` (the visibility of the
         module docstring; an FP8 arena is read dequantized)."""
         ak, av = self.arena.k[layer], self.arena.v[layer]
-        gemma.qk_norm_rope(k, norm.k_gain, *norm.rope, norm.eps, ak, self.pos)
-        gemma.v_norm(v, norm.eps, av, self.pos)
+        with label("kv_norm_rope", k, v):
+            gemma.qk_norm_rope(k, norm.k_gain, *norm.rope, norm.eps, ak, self.pos)
+            gemma.v_norm(v, norm.eps, av, self.pos)
         window = self.window if sliding else 0
-        return ops.canvas_attention(q, ak, av, self.pos, self.decoder, window, 1.0)
+        with label("attention", q, ak, av, self.pos, window):
+            return ops.canvas_attention(q, ak, av, self.pos, self.decoder, window, 1.0)
 
     def finish(self) -> None:
         pass

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from dlmrt import ops
+from dlmrt.account import label
 from dlmrt.attention import AttnContext, block_attention
 from dlmrt.impls.dense import ProjectionConcat, SeparateGateUp, StackedGateUp, StackedProjection
 from dlmrt.impls.norms import plain_norm
@@ -105,14 +106,15 @@ def attend_arena(
 
     CUDA (kv_len None): visibility from the device-side positions, no host-side length. CPU: the
     first kv_len arena rows under the block-causal rule."""
-    if ctx.kv_len is None:
-        return ops.arena_attention(
-            q, layer_k, layer_v, ctx.positions, ctx.block_size, scale, ctx.one_block
-        )
-    n = ctx.kv_len
-    keys = torch.arange(n, device=q.device)
-    k, v = layer_k[:, :n].to(q.dtype), layer_v[:, :n].to(q.dtype)  # an FP8 arena: dequantized
-    return block_attention(q, k, v, ctx.positions, keys, ctx.block_size, scale)
+    with label("attention", q, layer_k, layer_v, ctx.positions):
+        if ctx.kv_len is None:
+            return ops.arena_attention(
+                q, layer_k, layer_v, ctx.positions, ctx.block_size, scale, ctx.one_block
+            )
+        n = ctx.kv_len
+        keys = torch.arange(n, device=q.device)
+        k, v = layer_k[:, :n].to(q.dtype), layer_v[:, :n].to(q.dtype)  # an FP8 arena: dequantized
+        return block_attention(q, k, v, ctx.positions, keys, ctx.block_size, scale)
 
 
 def attend_qkv(
@@ -133,15 +135,25 @@ def attend_qkv(
     q_norm, k_norm = norms
     if ctx.kv is not None:
         layer_k, layer_v = ctx.kv.k[layer_idx], ctx.kv.v[layer_idx]
-        q = ops.qkv_norm_rope(
-            qkv, q_norm.weight, k_norm.weight, *rope, q_norm.eps, layer_k, layer_v, ctx.positions
-        )
+        with label("qk_norm_rope", qkv):
+            q = ops.qkv_norm_rope(
+                qkv,
+                q_norm.weight,
+                k_norm.weight,
+                *rope,
+                q_norm.eps,
+                layer_k,
+                layer_v,
+                ctx.positions,
+            )
         return attend_arena(q, layer_k, layer_v, ctx, scale)
     q, k, v = qkv.split((qkv.shape[1] - 2 * kv_heads, kv_heads, kv_heads), dim=1)
-    q = ops.qk_norm_rope(q, q_norm.weight, *rope, q_norm.eps)  # [heads, rows, d]
-    k = ops.qk_norm_rope(k, k_norm.weight, *rope, k_norm.eps)
+    with label("qk_norm_rope", qkv):
+        q = ops.qk_norm_rope(q, q_norm.weight, *rope, q_norm.eps)  # [heads, rows, d]
+        k = ops.qk_norm_rope(k, k_norm.weight, *rope, k_norm.eps)
     pos = ctx.positions
-    return block_attention(q, k, v.transpose(0, 1), pos, pos, ctx.block_size, scale, ctx.mask)
+    with label("attention", q, k, v, pos):
+        return block_attention(q, k, v.transpose(0, 1), pos, pos, ctx.block_size, scale, ctx.mask)
 
 
 class Attention(nn.Module):

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dlmrt import ops
+from dlmrt.account import label
 from dlmrt.errors import CheckpointError
 from dlmrt.models.layers import GeGLU, GemmaRMSNorm, RMSNorm, SwiGLU
 from dlmrt.ops.reference import rms_normalize
@@ -127,11 +128,12 @@ class ResidualAdapter(SwiGLU):
         """Return h = post(E[x] + alpha * m * g(z)); `receives` is the bool row mask m: [rows].
         `g`: g(z) when the caller has already computed it (the ORL replay keeps it for its
         diagnostics, `dlmrt/train/orl/residual_probe.py`), else computed here."""
-        m = receives.to(tok_emb.dtype).unsqueeze(-1)
-        h = tok_emb + self.cfg.strength * m * (self.forward(z) if g is None else g)
-        if self.cfg.post_norm_scale is not None:
-            h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
-        return h
+        with label("orl_inject", tok_emb, z):
+            m = receives.to(tok_emb.dtype).unsqueeze(-1)
+            h = tok_emb + self.cfg.strength * m * (self.forward(z) if g is None else g)
+            if self.cfg.post_norm_scale is not None:
+                h = self.cfg.post_norm_scale * rms_normalize(h, POST_NORM_EPS)
+            return h
 
     def inject_tail(self, h: torch.Tensor, z: torch.Tensor, receives: torch.Tensor) -> torch.Tensor:
         """`inject` on the last z.shape[0] rows of h: the block being denoised. Rows before it are
@@ -162,10 +164,11 @@ class SelfConditioning(GeGLU):
     ) -> torch.Tensor:
         """`first` (a device bool, for captured graphs): when set, the soft input is ignored,
         exactly as soft = None."""
-        h = tok_emb if soft is None else tok_emb + self.forward(self.pre_norm(soft))
-        if first is not None:
-            h = torch.where(first, tok_emb, h)
-        return ops.gemma_rms_norm(h, None, self.eps)  # Gemma's roundings (fp32, one cast)
+        with label("sc_inject", tok_emb, soft):
+            h = tok_emb if soft is None else tok_emb + self.forward(self.pre_norm(soft))
+            if first is not None:
+                h = torch.where(first, tok_emb, h)
+            return ops.gemma_rms_norm(h, None, self.eps)  # Gemma's roundings (fp32, one cast)
 
 
 def soft_embedding(
@@ -178,12 +181,13 @@ def soft_embedding(
     each rank's shard gives a partial sum, and one all-reduce the whole z.
     """
     group = tp.active()  # sharded: logits and E are this rank's vocabulary shard
-    if log_z is None:
-        y = logits.float() / temperature
-        log_z = torch.logsumexp(y, dim=-1) if group is None else vocab.logsumexp(y, group)
-    return vocab.reduce_sum(
-        ops.softmax_probs(logits, log_z, temperature, embed.dtype) @ embed, group
-    )
+    with label("orl_z", logits, embed):
+        if log_z is None:
+            y = logits.float() / temperature
+            log_z = torch.logsumexp(y, dim=-1) if group is None else vocab.logsumexp(y, group)
+        return vocab.reduce_sum(
+            ops.softmax_probs(logits, log_z, temperature, embed.dtype) @ embed, group
+        )
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from dlmrt.account import label
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import DecodeRule, Proposal, RuleOutput, propose
 from dlmrt.decoding.noise import counter_uniform
@@ -78,13 +79,16 @@ class RoundSpec:
             prop, z = vocab_step.propose_one_pass(
                 self.model, logits, self.temperature, self.has_residual and with_z
             )
-            out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
+            with label("rule", canvas):
+                out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
             return Decision(out, prop, z)
-        noise = None
-        if self.temperature > 0:
-            noise = counter_uniform(seed, block_start, step, logits.shape[0])
-        prop = propose(logits, self.temperature, noise)
-        out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
+        with label("vocab_stats", logits):
+            noise = None
+            if self.temperature > 0:
+                noise = counter_uniform(seed, block_start, step, logits.shape[0])
+            prop = propose(logits, self.temperature, noise)
+        with label("rule", canvas):
+            out = self.rule(prop, canvas, unresolved, step, editable, post_steps)
         z = None
         if self.has_residual and with_z:
             t_res = self.model.adapter.cfg.temperature
@@ -165,9 +169,11 @@ def _context(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None) -> Attn
 def denoise_round(spec: RoundSpec, buf: BlockBuffers, kv, kv_len: int | None = None) -> Decision:
     """One round, in place on `buf` (kv_len: see `_context`); returns its decision."""
     ctx = _context(spec, buf, kv, kv_len)
-    receives = spec.receives(buf.unresolved) if buf.z is not None else None
+    with label("receives", buf.unresolved):
+        receives = spec.receives(buf.unresolved) if buf.z is not None else None
     d = decide_block(spec, buf, spec.head_out(buf.canvas, ctx, z=buf.z, receives=receives))
-    store_round(buf, d)
+    with label("store_round", buf.canvas, buf.z):
+        store_round(buf, d)
     return d
 
 

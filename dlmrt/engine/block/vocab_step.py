@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from dlmrt import envs, ops
+from dlmrt.account import label
 from dlmrt.decoding import Proposal
 from dlmrt.models.block_lm import BlockLM
 from dlmrt.ops import choices
@@ -62,7 +63,8 @@ def propose_one_pass(
     embed = model.embed_table if with_z and adapter is not None else None
     z_temperature = adapter.cfg.temperature if adapter is not None else 1.0
     weight = model.lm_head.weight
-    token, confidence, entropy, log_z, z = ops.vocab_pass(
-        h, weight, embed, temperature, z_temperature
-    )
+    with label("vocab_pass", h, weight, embed):
+        token, confidence, entropy, log_z, z = ops.vocab_pass(
+            h, weight, embed, temperature, z_temperature
+        )
     return Proposal(token, confidence, entropy, log_z), z

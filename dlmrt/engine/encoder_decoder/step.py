@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dlmrt import ops
+from dlmrt.account import label
 from dlmrt.attention import AttnContext
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.decoding.noise import counter_uniform
@@ -99,8 +100,17 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     s = spec.settings
     ctx = AttnContext(buf.start + buf.offsets, 1, arena)
     raw = spec.model(buf.canvas, ctx, spec.length, sc_probs=buf.sc, first=buf.first, softcap=False)
-    t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
-    sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, raw, t_step)
+    with label("canvas_vocab", raw, writes=(buf.sc,)):
+        t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
+        sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, raw, t_step)
+    with label("rule", buf.canvas):
+        _decide(spec, buf, t_step, sampled, argmax, entropy, confidence)
+
+
+def _decide(spec: CanvasSpec, buf: CanvasBuffers, t_step, sampled, argmax, entropy, confidence):
+    """The step's rule from its vocabulary pass: acceptance, re-noise, the stop test, the
+    canvas, the trace; the step counter advanced."""
+    s = spec.settings
     accepted = ebc.accept(entropy, s.entropy_bound)
     vocab = spec.model.cfg.vocab_size
     renoise = ebc.counter_canvas(buf.seed, buf.index, t_step, spec.length, vocab)
