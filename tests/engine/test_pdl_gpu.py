@@ -29,20 +29,30 @@ pytestmark = [
         reason="PDL needs Hopper or newer",
     ),
 ]
+# no optional library where a measurement would pick it in one process and not the other
+PINS = dict(DLMRT_FA4="off", DLMRT_DEEPGEMM="off")
 # FP8 cases: the Triton kernels in every linear, whatever tiny shapes would measure faster
 FP8_ENV = dict(DLMRT_FP8_GEMMS="all", DLMRT_FP8_GEMM_KERNEL="triton", DLMRT_FP8_EXPERTS="w8a8")
+FP8_ENV |= dict(DLMRT_FP8_GLU="on")  # gate|up + SwiGLU in one kernel
 WIDE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, head_dim=64)  # FP8 widths
 MARK = "PDL_TOKENS "
-# the child: one LLM in block_graph, its requests' tokens and the switch as the kernels saw it
+# the child: one LLM in block_graph; its requests' tokens, the switch as the kernels saw it, and
+# what every start-up choice picked. FP8: one config per FP8 kernel, so that no measurement can
+# give the two processes different tiles or K splits (different sums, not a PDL effect)
 CHILD = f"""
 import json, sys
 import dlmrt._kernels.pdl as pdl
 from dlmrt import LLM
+from dlmrt.ops import choices, fp8_choice, fp8_glu_choice
 args = json.loads(sys.argv[1])
+many, glu = fp8_choice.candidates, fp8_glu_choice.glu_configs
+fp8_choice.candidates = lambda *a: [max(many(*a), key=lambda c: (c[3], c[6]))]  # most K splits
+fp8_glu_choice.glu_configs = lambda rows: glu(rows)[:1]
 llm = LLM(args["path"], device="cuda", dtype="bfloat16", mode="block_graph",
           quantization=args["quant"])
 tokens = [llm.generate(prompt, **kw).token_ids for prompt, kw in args["requests"]]
-print({MARK!r} + json.dumps({{"pdl": pdl.ENABLED, "tokens": tokens}}))
+picks = [[c.what, c.pick] for c in choices.recorded() if c.what != "programmatic dependent launch"]
+print({MARK!r} + json.dumps({{"pdl": pdl.ENABLED, "tokens": tokens, "picks": picks}}))
 """
 
 
@@ -84,7 +94,7 @@ def cases(tmp_path_factory) -> dict:
 
 def _start(flag: str, path, quant, requests, env: dict) -> subprocess.Popen:
     args = json.dumps({"path": str(path), "quant": quant, "requests": requests})
-    child_env = os.environ | env | {"DLMRT_PDL": flag}
+    child_env = os.environ | PINS | env | {"DLMRT_PDL": flag}
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, args], env=child_env, stdout=subprocess.PIPE, text=True
     )
@@ -106,5 +116,6 @@ def test_pdl_gives_the_same_tokens(cases, name):
     procs = {flag: _start(flag, *cases[name]) for flag in ("0", "1")}
     results = {flag: _result(proc, flag) for flag, proc in procs.items()}
     assert results["0"]["pdl"] is False and results["1"]["pdl"] is True
+    assert results["1"]["picks"] == results["0"]["picks"], "the processes chose differently"
     assert all(results["0"]["tokens"]), "a request produced no tokens"
     assert results["1"]["tokens"] == results["0"]["tokens"], name
