@@ -93,9 +93,10 @@ def nvfp4_dense() -> str:
 
 
 def pdl() -> bool:
-    """DLMRT_PDL: "1" launches the round's Triton kernels with programmatic dependent launch
-    (Hopper+, `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer, so
-    its launch overlaps the previous kernel's tail. Default "0" (off) until measured on vs off."""
+    """DLMRT_PDL: "1" launches every Triton kernel with programmatic dependent launch (Hopper+,
+    `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer before touching memory,
+    then lets its successor launch, so launches overlap the previous kernel's tail. Default "0"
+    (off) until measured on vs off."""
     value = os.environ.get("DLMRT_PDL", "0")
     if value not in ("0", "1"):
         raise ValueError(f"DLMRT_PDL={value!r}: expected '0' or '1'")

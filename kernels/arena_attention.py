@@ -61,8 +61,7 @@ def _arena_attention_kernel(
     IEEE: tl.constexpr, WHILE: tl.constexpr = False, PDL: tl.constexpr = False,
     WS: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:  # programmatic dependent launch: wait for the producer of q/k/v before reading them
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     pid_m, head = tl.program_id(0), tl.program_id(1)
     kv_head = head // GROUPS
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

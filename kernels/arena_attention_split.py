@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .online_softmax import LOG2E, key_range
 
 
@@ -35,8 +36,9 @@ def _split_kernel(
     stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn,
     rows, heads,
     GROUPS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, IEEE: tl.constexpr, WHILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, IEEE: tl.constexpr, WHILE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     pid_m, head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -70,8 +72,10 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(acc_ptr, ml_ptr, o_ptr, stride_oh, stride_om, rows, heads,
-                    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+                    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    PDL: tl.constexpr = False):  # fmt: skip
     """One program per (row, head): merge the splits' partial softmaxes."""
+    pdl.enter(PDL)
     row, head = tl.program_id(0), tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -110,9 +114,10 @@ def arena_attention_split(
     if q.is_cuda:
         block_n, warps, stages = _launch_tile(head_dim, ieee)
         _split_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=block_n, WHILE=False,
-                            num_warps=warps, num_stages=stages)  # fmt: skip
+                            num_warps=warps, num_stages=stages, **pdl.launch())  # fmt: skip
     else:  # TRITON_INTERPRET=1: the interpreter's loop form
-        _split_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=16, WHILE=True)
+        _split_kernel[grid](*args, **consts, BLOCK_M=block_m, BLOCK_N=16, WHILE=True,
+                            **pdl.launch())  # fmt: skip
     return combine_splits(acc, ml, out)
 
 
@@ -123,7 +128,7 @@ def combine_splits(acc: torch.Tensor, ml: torch.Tensor, out: torch.Tensor) -> to
     splits, heads, rows, head_dim = acc.shape
     _combine_kernel[(rows, heads)](
         acc, ml, out, out.stride(0), out.stride(1), rows, heads,
-        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim,
+        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HEAD_DIM=head_dim, **pdl.launch(),
     )  # fmt: skip
     return out
 

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import online_softmax
+from . import online_softmax, pdl  # relative: kernels/ imports nothing from dlmrt
 from .arena_attention_split import combine_splits
 
 _FAR = tl.constexpr(1 << 30)  # a padded row's range start: never the tile's minimum
@@ -134,8 +134,9 @@ def _canvas_attention_kernel(
     rows,
     GROUPS: tl.constexpr, DECODER: tl.constexpr, SLIDING: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    SPLITS: tl.constexpr, IEEE: tl.constexpr, WHILE: tl.constexpr,
+    SPLITS: tl.constexpr, IEEE: tl.constexpr, WHILE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     pid_m, head = tl.program_id(0), tl.program_id(1)
     slices = HEAD_DIM // BLOCK_DV  # V / output columns per program: program_id(2) = split, slice
     pid_v, split = tl.program_id(2) % slices, tl.program_id(2) // slices
@@ -240,6 +241,6 @@ def canvas_attention(
         out.stride(0), out.stride(1), rows,
         GROUPS=heads // k.shape[0], DECODER=bool(decoder), SLIDING=window > 0, BLOCK_M=block_m,
         BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_DV=block_dv, SPLITS=splits,
-        IEEE=ieee, **launch,
+        IEEE=ieee, **launch, **pdl.launch(),
     )  # fmt: skip
     return combine_splits(acc, ml, out) if splits > 1 else out

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 BLOCK = 2048
 _BIG = tl.constexpr(1 << 30)
 
@@ -126,8 +128,9 @@ def _sample_pass(r_row, sc_row, start, t, cap, big_m, log_z_y, target, running,
 @triton.jit
 def _canvas_vocab_kernel(r_ptr, t_ptr, u_ptr, sc_ptr, argmax_ptr, entropy_ptr, sample_ptr, cap,
                          stride_r, stride_sc, V: tl.constexpr, BLOCK: tl.constexpr,
-                         SOFTCAP: tl.constexpr):  # fmt: skip
+                         SOFTCAP: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """V constexpr: one compile per vocabulary (a model constant), static loop bounds."""
+    pdl.enter(PDL)
     row = tl.program_id(0)
     t = tl.load(t_ptr)
     r_row = r_ptr + row.to(tl.int64) * stride_r
@@ -163,6 +166,6 @@ def canvas_vocab(
         raw, temperature.float(), u.float().contiguous(), sc, argmax, entropy, sampled,
         1.0 if softcap is None else float(softcap), raw.stride(0), sc.stride(0), V=vocab,
         BLOCK=BLOCK if raw.is_cuda else 64, SOFTCAP=softcap is not None,
-        num_warps=8 if raw.is_cuda else 1,
+        num_warps=8 if raw.is_cuda else 1, **pdl.launch(),
     )  # fmt: skip
     return argmax, entropy, sampled

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .canvas_vocab import _BIG, BLOCK, _reduce, _sample_pass, _stats_pass
 
 PROGRAMS_PER_SM = 8  # programs the split count aims at per SM: ~4 waves at 2 resident each
@@ -42,8 +43,9 @@ STATS = 6  # the per-split partials in `part`: M, S0, S1, best z, M_y, S_y
 @triton.jit
 def _split_stats_kernel(r_ptr, t_ptr, sc_ptr, part_ptr, arg_ptr, sample_ptr, cap, stride_r,
                         rows, V: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
-                        SOFTCAP: tl.constexpr):  # fmt: skip
+                        SOFTCAP: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """sc_ptr is read for its dtype only (the rounding of the normaliser's z)."""
+    pdl.enter(PDL)
     row = tl.program_id(0)
     sp = tl.program_id(1)
     t = tl.load(t_ptr)
@@ -69,7 +71,9 @@ def _split_stats_kernel(r_ptr, t_ptr, sc_ptr, part_ptr, arg_ptr, sample_ptr, cap
 def _split_finish_kernel(r_ptr, t_ptr, u_ptr, sc_ptr, part_ptr, arg_ptr, argmax_ptr,
                          entropy_ptr, sample_ptr, cap, stride_r, stride_sc, rows, splits,
                          V: tl.constexpr, SPAN: tl.constexpr, BLOCK: tl.constexpr,
-                         SPLITS_P: tl.constexpr, SOFTCAP: tl.constexpr):  # fmt: skip
+                         SPLITS_P: tl.constexpr, SOFTCAP: tl.constexpr,
+                         PDL: tl.constexpr = False):  # fmt: skip
+    pdl.enter(PDL)
     row = tl.program_id(0)
     sp = tl.program_id(1)
     k = tl.arange(0, SPLITS_P)
@@ -148,11 +152,12 @@ def canvas_vocab(
     shape = dict(V=vocab, SPAN=span, BLOCK=block, SOFTCAP=softcap is not None)
     warps = 8 if raw.is_cuda else 1
     _split_stats_kernel[(rows, splits)](
-        raw, t, sc, part, arg, sampled, cap, raw.stride(0), rows, **shape, num_warps=warps
-    )
+        raw, t, sc, part, arg, sampled, cap, raw.stride(0), rows, **shape, num_warps=warps,
+        **pdl.launch(),
+    )  # fmt: skip
     _split_finish_kernel[(rows, splits)](
         raw, t, u.float().contiguous(), sc, part, arg, argmax, entropy, sampled, cap,
         raw.stride(0), sc.stride(0), rows, splits, **shape,
-        SPLITS_P=triton.next_power_of_2(splits), num_warps=warps,
+        SPLITS_P=triton.next_power_of_2(splits), num_warps=warps, **pdl.launch(),
     )  # fmt: skip
     return argmax, entropy, sampled

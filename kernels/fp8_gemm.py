@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .fp8_quant import codes, row_scale  # relative: kernels/ imports nothing from dlmrt
 
 
@@ -35,8 +36,9 @@ def _fp8_gemm_kernel(
     a_ptr, sa_ptr, w_ptr, sw_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, k_slice, split, stride_am, stride_wn, stride_om,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-    AMAX: tl.constexpr = False,
+    AMAX: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     tile = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
     pid_m, pid_n, s = tile % tiles_m, tile // tiles_m, tl.program_id(1)
@@ -85,9 +87,11 @@ def _fp8_gemm_tma_kernel(
     a_desc, sa_ptr, w_desc, sw_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, k_slice, split, stride_om,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, AMAX: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The same GEMM with operands loaded by TMA (tensor descriptors: the copy engine fetches the
     tiles, rows and K past the tensor's end read as zeros, no masks in the loop)."""
+    pdl.enter(PDL)
     tile = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
     pid_m, pid_n, s = tile % tiles_m, tile // tiles_m, tl.program_id(1)
@@ -167,13 +171,13 @@ def fp8_gemm(
             TensorDescriptor.from_tensor(a, [bm, bk]), a_scale,
             TensorDescriptor.from_tensor(w, [bn, bk]), w_scale, out, part, counts,
             m, n, k, k_slice, split, out.stride(0), BM=bm, BN=bn, BK=bk, AMAX=amax,
-            num_stages=stages, num_warps=warps,
+            num_stages=stages, num_warps=warps, **pdl.launch(),
         )  # fmt: skip
         return out
     _fp8_gemm_kernel[(tiles(m, n, bm, bn), split)](
         a, a_scale, w, w_scale, out, part, counts, m, n, k, k_slice, split,
         a.stride(0), w.stride(0), out.stride(0),
         BM=bm, BN=bn, BK=bk, EVEN_K=k % k_slice == 0, AMAX=amax,
-        num_stages=stages, num_warps=warps,
+        num_stages=stages, num_warps=warps, **pdl.launch(),
     )  # fmt: skip
     return out

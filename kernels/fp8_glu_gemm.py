@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .silu_mul import activation  # relative: kernels/ imports nothing from dlmrt
 
 
@@ -32,7 +33,9 @@ from .silu_mul import activation  # relative: kernels/ imports nothing from dlmr
 def _fp8_glu_gemm_kernel(
     a_desc, sa_ptr, w_desc, sw_ptr, y_ptr, amax_ptr, M, N_I, K, stride_ym,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GELU: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     tile = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
     pid_m, pid_n = tile % tiles_m, tile // tiles_m  # m fastest: row tiles share a weight tile
@@ -76,6 +79,6 @@ def fp8_glu_gemm(
     _fp8_glu_gemm_kernel[(triton.cdiv(m, bm) * triton.cdiv(i, bn),)](
         TensorDescriptor.from_tensor(a, [bm, bk]), a_scale,
         TensorDescriptor.from_tensor(w, [bn, bk]), w_scale, y, amax, m, i, k, y.stride(0),
-        BM=bm, BN=bn, BK=bk, GELU=gelu, num_stages=stages, num_warps=warps,
+        BM=bm, BN=bn, BK=bk, GELU=gelu, num_stages=stages, num_warps=warps, **pdl.launch(),
     )  # fmt: skip
     return y, amax

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .silu_mul import activation  # relative: kernels/ imports nothing from dlmrt
 
 FP8_MAX = 448.0
@@ -42,8 +43,9 @@ def _store_fp8_row(y, q_ptr, s_ptr, row, offs, mask, n):
 @triton.jit
 def _rms_norm_fp8_kernel(
     x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, stride_x, stride_r, n, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -60,7 +62,9 @@ def _rms_norm_fp8_kernel(
 
 
 @triton.jit
-def _silu_mul_fp8_kernel(gu_ptr, q_ptr, s_ptr, stride_gu, n, BLOCK: tl.constexpr):
+def _silu_mul_fp8_kernel(gu_ptr, q_ptr, s_ptr, stride_gu, n, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):  # fmt: skip
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -72,7 +76,9 @@ def _silu_mul_fp8_kernel(gu_ptr, q_ptr, s_ptr, stride_gu, n, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, stride_x, n, BLOCK: tl.constexpr):
+def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, stride_x, n, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = False):  # fmt: skip
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -102,6 +108,7 @@ def rms_norm_fp8(
     _rms_norm_fp8_kernel[(rows,)](
         x, res, weight, q, s, res_out, x.stride(0), res.stride(0), n, eps,
         HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n), num_warps=_warps(n),
+        **pdl.launch(),
     )  # fmt: skip
     return q, s, res_out if residual is not None else None
 
@@ -111,8 +118,9 @@ def silu_mul_fp8(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, n = gate_up.shape[0], gate_up.shape[1] // 2
     q, s = _outputs(rows, n, gate_up.device)
     _silu_mul_fp8_kernel[(rows,)](
-        gate_up, q, s, gate_up.stride(0), n, BLOCK=triton.next_power_of_2(n), num_warps=_warps(n)
-    )
+        gate_up, q, s, gate_up.stride(0), n, BLOCK=triton.next_power_of_2(n), num_warps=_warps(n),
+        **pdl.launch(),
+    )  # fmt: skip
     return q, s
 
 
@@ -121,6 +129,7 @@ def quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, n = x.shape
     q, s = _outputs(rows, n, x.device)
     _quant_rows_kernel[(rows,)](
-        x, q, s, x.stride(0), n, BLOCK=triton.next_power_of_2(n), num_warps=_warps(n)
-    )
+        x, q, s, x.stride(0), n, BLOCK=triton.next_power_of_2(n), num_warps=_warps(n),
+        **pdl.launch(),
+    )  # fmt: skip
     return q, s

@@ -45,8 +45,7 @@ def _attn_residual_kernel(
     attn_ptr, h_ptr, w_pa_ptr, w_ff_ptr, w_ff2_ptr, scale_ptr, r_ptr, ff_ptr, ff2_ptr, router_ptr,
     n, eps, root, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64) * n
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -67,8 +66,7 @@ def _layer_out_kernel(
     dense_ptr, moe_ptr, r_ptr, w_pf1_ptr, w_pf2_ptr, w_pf_ptr, canvas_ptr, dec_ptr, enc_ptr,
     out_ptr, n, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     i = tl.program_id(0)
     row = i.to(tl.int64) * n
     offs = tl.arange(0, BLOCK)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
+from . import pdl
 from .moe_mlp import mma
 from .moe_mlp_nvfp4 import _load_w
 
@@ -65,8 +66,9 @@ def _decoded_mma(a, b, s, g, acc, SWAP: tl.constexpr, IEEE: tl.constexpr):
 def _linear_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, M, stride_x, stride_wn, stride_sn, stride_y,
     N: tl.constexpr, K: tl.constexpr, IEEE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     m = tl.program_id(0) * BM + tl.arange(0, BM)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     m_ok, n_ok = m < M, n < N
@@ -120,6 +122,6 @@ def linear_nvfp4(
     _linear_kernel[(triton.cdiv(rows, bm), triton.cdiv(n, bn))](
         x2, packed, block_scale, g, y, rows, x2.stride(0), packed.stride(0), block_scale.stride(0),
         y.stride(0), N=n, K=2 * half, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
-        num_warps=warps,
+        num_warps=warps, **pdl.launch(),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_plan import (  # relative: kernels/ imports nothing from dlmrt
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+from .moe_plan import (
     MAX_CHUNKED_PAIRS,
     MAX_PAIRS,
     plan_chunked,
@@ -94,8 +95,9 @@ def _gate_up_kernel(
     H: tl.constexpr,  # constexpr: static per model, and the loop bounds
     INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     GELU: tl.constexpr, IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SCALED: tl.constexpr = False, SWAP: tl.constexpr = False,
+    SCALED: tl.constexpr = False, SWAP: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -158,7 +160,9 @@ def _down_kernel(
     BK: tl.constexpr,
     SCALED: tl.constexpr = False,
     SWAP: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -258,9 +262,11 @@ def moe_mlp(
         x, gate, up, gs, us, h, order, tile_end, counts, starts,
         x.stride(0), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
         TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
+        **pdl.launch(),
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
+        **pdl.launch(),
     )  # fmt: skip
     return slot_sum(y, x.dtype, add)

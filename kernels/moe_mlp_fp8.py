@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
+from . import pdl
 from .moe_mlp import _tile, acc_zeros, plan, store_weighted, tile_major
 from .silu_mul import activation
 from .slot_sum import slot_sum
@@ -55,8 +56,9 @@ def _e4m3_grid(q):
 
 @triton.jit
 def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, stride_x, K: tl.constexpr, NG: tl.constexpr,
-                         NG_PAD: tl.constexpr, G: tl.constexpr):  # fmt: skip
+                         NG_PAD: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Program r: row r of x as [NG, G] groups -> e4m3 codes [K] and scales [NG]."""
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, NG_PAD)
     k = g[:, None] * G + tl.arange(0, G)[None, :]
@@ -85,8 +87,9 @@ def _gate_up_kernel(
     stride_ge, stride_gn, stride_ue, stride_un,
     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
     E_PAD: tl.constexpr, GELU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    BK: tl.constexpr, SWAP: tl.constexpr, DTYPE: tl.constexpr,
+    BK: tl.constexpr, SWAP: tl.constexpr, DTYPE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -131,9 +134,10 @@ def _down_kernel(
     order_ptr, tile_end_ptr, counts_ptr, starts_ptr, stride_de, stride_dn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SWAP: tl.constexpr,
-    DTYPE: tl.constexpr,
+    DTYPE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """BK: the hidden's scale group (the gate|up kernel's BN)."""
+    pdl.enter(PDL)
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -167,7 +171,7 @@ def quant_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, tor
     s = torch.empty((rows, ng), dtype=torch.float32, device=x.device)
     _quant_groups_kernel[(rows,)](
         x, q, s, x.stride(0), k, ng, triton.next_power_of_2(ng), group,
-        num_warps=8 if k > 2048 else 4,
+        num_warps=8 if k > 2048 else 4, **pdl.launch(),
     )  # fmt: skip
     return q, s
 
@@ -223,9 +227,11 @@ def moe_mlp_fp8(
         xq, xs, gate, up, gs, us, hq, hs, order, tile_end, counts, starts,
         gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
         TOP_K=top_k, GELU=activation == "gelu_tanh", BM=bm, BN=bn, BK=GROUP, **common, **launch,
+        **pdl.launch(),
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn_down))](
         hq, hs, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=bm, BN=bn_down, BK=bn, **common, **launch,
+        **pdl.launch(),
     )  # fmt: skip
     return slot_sum(y, x.dtype, add)

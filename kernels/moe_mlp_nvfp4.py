@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 # relative: kernels/ imports nothing from dlmrt
+from . import pdl
 from .e2m1_decode import expert_halves
 from .moe_mlp import BLOCK_M, _tile, acc_zeros, mma, plan, store_hidden, store_weighted, tile_major
 from .slot_sum import slot_sum
@@ -73,8 +74,9 @@ def _gate_up_kernel(
     H: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, E: tl.constexpr,
     E_PAD: tl.constexpr, GELU: tl.constexpr, IEEE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SWAP: tl.constexpr, ASM: tl.constexpr,
+    SWAP: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -109,8 +111,9 @@ def _down_kernel(
     stride_dwe, stride_dwn, stride_dse, stride_dsn,
     H: tl.constexpr, INTER: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
     IEEE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    SWAP: tl.constexpr, ASM: tl.constexpr,
+    SWAP: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.enter(PDL)
     e, e64, valid, pos = _tile(tile_end_ptr, counts_ptr, starts_ptr, E, E_PAD, BM)
     if e >= E:
         return
@@ -209,12 +212,12 @@ def moe_mlp_nvfp4(
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",
-        BM=bm, BN=bn, BK=bk, **common, **launch,
+        BM=bm, BN=bn, BK=bk, **common, **launch, **pdl.launch(),
     )  # fmt: skip
     if hidden_hook is not None:  # rows of h are (row, expert) pairs; the hook is per row
         h = _evens_first(hidden_hook(_in_k_order(h)))
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
-        hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch,
+        hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch, **pdl.launch(),
     )  # fmt: skip
     return slot_sum(y, x.dtype, add)

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 CHUNK = 64
 # Up to one chunk of pairs (rounds of <= 8 rows at top-8): the single program; above, the chunked
 # plan. On the H200 the single program groups 256 pairs in 14-18 us and 2,048 in 88 us (sort
@@ -41,7 +43,9 @@ def _plan_kernel(
     E_PAD: tl.constexpr,
     CH: tl.constexpr,
     BM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     ids = tl.arange(0, E_PAD)
     lane = tl.arange(0, CH)
     counts = tl.zeros([E_PAD], dtype=tl.int32)
@@ -79,6 +83,7 @@ def plan_small(index: torch.Tensor, experts: int, block_m: int):
     _plan_kernel[(1,)](
         index.reshape(-1), order, tile_end, counts, starts,
         P=pairs, P_PAD=-(-pairs // 256) * 256, E=experts, E_PAD=triton.next_power_of_2(experts), CH=CHUNK, BM=block_m,
+        **pdl.launch(),
     )  # fmt: skip
     return order, tile_end, counts, starts
 
@@ -91,9 +96,11 @@ MAX_CHUNKED_PAIRS = 16384  # 256 chunks x E: the middle program's tile stays sma
 
 @triton.jit
 def _chunk_counts_kernel(
-    index_ptr, chunk_counts_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr, CH: tl.constexpr
-):
+    index_ptr, chunk_counts_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr, CH: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     """Program c: per-expert pair counts of chunk c -> chunk_counts[c, :E]."""
+    pdl.enter(PDL)
     c = tl.program_id(0)
     ids = tl.arange(0, E_PAD)
     p = c * CH + tl.arange(0, CH)
@@ -105,8 +112,9 @@ def _chunk_counts_kernel(
 @triton.jit
 def _chunk_scan_kernel(chunk_counts_ptr, tile_end_ptr, counts_ptr, starts_ptr, NC,
                        NC_PAD: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
-                       BM: tl.constexpr):  # fmt: skip
+                       BM: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """One program: chunk_counts[c, e] -> starts[e] + pairs of e in chunks before c (in place)."""
+    pdl.enter(PDL)
     ch = tl.arange(0, NC_PAD)
     ids = tl.arange(0, E_PAD)
     ok = (ch[:, None] < NC) & (ids[None, :] < E)
@@ -123,9 +131,11 @@ def _chunk_scan_kernel(chunk_counts_ptr, tile_end_ptr, counts_ptr, starts_ptr, N
 
 @triton.jit
 def _chunk_slots_kernel(
-    index_ptr, chunk_base_ptr, order_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr, CH: tl.constexpr
-):
+    index_ptr, chunk_base_ptr, order_ptr, P, E: tl.constexpr, E_PAD: tl.constexpr, CH: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     """Program c: each pair's slot = its expert's base for chunk c + pairs of it earlier in c."""
+    pdl.enter(PDL)
     c = tl.program_id(0)
     lane = tl.arange(0, CH)
     ids = tl.arange(0, E_PAD)
@@ -149,12 +159,14 @@ def plan_chunked(index: torch.Tensor, experts: int, block_m: int):
     order = torch.empty(pairs, dtype=torch.int64, device=dev)
     tile_end, counts, starts = (torch.empty(experts, dtype=torch.int32, device=dev) for _ in "abc")
     chunk_counts = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
-    _chunk_counts_kernel[(chunks,)](flat, chunk_counts, pairs, E=experts, E_PAD=e_pad, CH=CHUNK)
+    _chunk_counts_kernel[(chunks,)](
+        flat, chunk_counts, pairs, E=experts, E_PAD=e_pad, CH=CHUNK, **pdl.launch()
+    )
     _chunk_scan_kernel[(1,)](
         chunk_counts, tile_end, counts, starts, chunks,
-        NC_PAD=triton.next_power_of_2(chunks), E=experts, E_PAD=e_pad, BM=block_m,
+        NC_PAD=triton.next_power_of_2(chunks), E=experts, E_PAD=e_pad, BM=block_m, **pdl.launch(),
     )  # fmt: skip
     _chunk_slots_kernel[(chunks,)](
-        flat, chunk_counts, order, pairs, E=experts, E_PAD=e_pad, CH=CHUNK
+        flat, chunk_counts, order, pairs, E=experts, E_PAD=e_pad, CH=CHUNK, **pdl.launch()
     )
     return order, tile_end, counts, starts

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl  # relative: kernels/ imports nothing from dlmrt
+
 _BIG = tl.constexpr(1 << 30)  # globals read inside @triton.jit must be constexpr
 
 
@@ -41,7 +43,9 @@ def _route_grouped_kernel(
     K_PAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, G_PAD)
     j = tl.arange(0, PER_PAD)
@@ -112,6 +116,7 @@ def moe_route_grouped(
         HAS_BIAS=expert_bias is not None,
         NORM=norm_topk_prob and top_k > 1,
         num_warps=4,
+        **pdl.launch(),
     )
     return weights, index
 
@@ -127,7 +132,9 @@ def _route_softmax_kernel(
     E_PAD: tl.constexpr,
     TOP_K: tl.constexpr,
     K_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E_PAD)
     valid = e < E
@@ -169,5 +176,6 @@ def moe_route_softmax(
         TOP_K=top_k,
         K_PAD=max(2, triton.next_power_of_2(top_k)),  # no 1-wide vectors
         num_warps=4,
+        **pdl.launch(),
     )
     return weights, index

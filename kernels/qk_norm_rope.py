@@ -75,8 +75,7 @@ def _qk_norm_rope_kernel(
     ROPE: tl.constexpr = True,  # False: the norm alone (Gemma's weightless V norm)
     HAS_W: tl.constexpr = True, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * HB + tl.arange(0, HB))[:, None]  # HB heads of one row
     base = x_ptr + row * stride_xr + heads * stride_xh
@@ -97,8 +96,7 @@ def _qkv_norm_rope_kernel(
     H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, ROT: tl.constexpr, HB: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     # HB heads of one row per program; HB divides H and KV, so a program's heads are all q, all
     # k or all v (the branch below is uniform)
     row, first = tl.program_id(0).to(tl.int64), tl.program_id(1) * HB

@@ -33,8 +33,7 @@ def _rms_norm_kernel(
     HAS_W: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n

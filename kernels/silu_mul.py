@@ -26,8 +26,7 @@ def activation(g, GELU: tl.constexpr):
 @triton.jit
 def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
                      GELU: tl.constexpr = False):  # fmt: skip
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

@@ -23,8 +23,7 @@ def _slot_sum_kernel(
     y_ptr, add_ptr, out_ptr, H, stride_add,
     K: tl.constexpr, BLOCK: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < H

@@ -25,8 +25,7 @@ def _softmax_probs_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < vocab

@@ -28,8 +28,7 @@ def _token_stats_kernel(
     BLOCK_V: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0)
     base = logits_ptr + row.to(tl.int64) * stride_row
     offs = tl.arange(0, BLOCK_V)

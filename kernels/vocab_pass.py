@@ -89,8 +89,7 @@ def _vocab_split_kernel(
     BLOCK_D: tl.constexpr, WITH_Z: tl.constexpr, SAME: tl.constexpr,
     ROUND: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:  # programmatic dependent launch: wait for the producer before the first load
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     split = tl.program_id(1)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rm < rows
@@ -144,8 +143,7 @@ def _vocab_combine_kernel(
     SPLITS_P: tl.constexpr, BLOCK_D: tl.constexpr, WITH_Z: tl.constexpr, SAME: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl.enter(PDL)
     row = tl.program_id(0)
     sp = tl.arange(0, SPLITS_P)
     ok = sp < splits

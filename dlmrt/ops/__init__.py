@@ -40,7 +40,11 @@ def implementation(name: str) -> str:
         ok, why = _triton_ok()
         _IMPL[name] = choices.record(f"op {name}", "triton" if ok else "torch", why).pick
         if ok:  # the kernels' PDL switch (kernels/pdl.py), from DLMRT_PDL
-            importlib.import_module("dlmrt._kernels.pdl").ENABLED = envs.pdl()
+            on = envs.pdl()
+            importlib.import_module("dlmrt._kernels.pdl").ENABLED = on
+            choices.record(
+                "programmatic dependent launch", "on" if on else "off", f"DLMRT_PDL={on:d}"
+            )
     return _IMPL[name]
 
 

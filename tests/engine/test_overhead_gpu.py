@@ -103,28 +103,3 @@ def test_runner_captures_only_what_it_replays(checkpoints, mode, fold):
     assert ("fold" in names) == fold and ("commit" in names) != fold
     if mode == "block_graph":  # a block is one launch: copy in .. copy out
         assert any(k.startswith("chain:copy_in+") and k.endswith("+copy_out") for k in replayed)
-
-
-@pytest.mark.skipif(
-    torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
-    reason="PDL needs Hopper or newer",
-)
-def test_pdl_gives_the_same_tokens(checkpoints, monkeypatch):
-    """DLMRT_PDL=1 (every Triton kernel of a round waits for its producer in-kernel): same tokens."""
-    import dlmrt._kernels.pdl as pdl
-
-    from dlmrt import ops
-
-    path, rule = checkpoints["qwen-orl"]
-    outs = {}
-    try:
-        for flag in ("0", "1"):
-            monkeypatch.setenv("DLMRT_PDL", flag)
-            ops.use(None)  # re-resolve: the ops set the kernels' switch from the environment
-            llm = LLM(path, device="cuda", dtype="bfloat16", mode="block_graph")
-            outs[flag] = [_generate(llm, n, rule).token_ids for n in PROMPTS]
-            assert pdl.ENABLED == (flag == "1")
-    finally:
-        pdl.ENABLED = False
-        ops.use(None)
-    assert outs["1"] == outs["0"]
