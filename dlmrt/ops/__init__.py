@@ -20,6 +20,7 @@ _IMPL: dict[str, str] = {}  # the registry's picks, per op: the per-call lookup
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
 OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms", "qkv_norm_rope", "vocab_pass")
+OPS += ("canvas_vocab_pass",)
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -127,6 +128,26 @@ def canvas_vocab(
         module = CANVAS_VOCAB_KERNELS[kernel]
         return _resolve("canvas_vocab", module)(raw, softcap, temperature, u, sc)
     return vocab.canvas_vocab(raw, softcap, temperature, u, sc)
+
+
+def canvas_vocab_pass(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    embed: torch.Tensor,
+    softcap: float | None,
+    temperature: torch.Tensor,
+    u: torch.Tensor,
+    soft: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DiffusionGemma's step vocabulary in one stream from the final normed hidden h: (argmax,
+    entropy, inverse-CDF sample, argmax confidence) of softmax(softcap(h W^T) / T), and the next
+    step's self-conditioning embedding (softmax of z in E's dtype) @ E written into `soft`.
+    Kernel: kernels/canvas_vocab_pass.py (weights of h's dtype); twin: the head,
+    `canvas_vocab` and the GEMM (`dlmrt/ops/vocab.py`)."""
+    fast = h.is_cuda and weight.dtype == h.dtype == embed.dtype
+    if fast and implementation("canvas_vocab_pass") == "triton":
+        return _resolve("canvas_vocab_pass")(h, weight, embed, softcap, temperature, u, soft)
+    return vocab.canvas_vocab_pass(h, weight, embed, softcap, temperature, u, soft)
 
 
 def vocab_pass(
