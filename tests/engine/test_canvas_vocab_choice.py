@@ -165,9 +165,9 @@ def test_onepass_kernel_gives_the_same_tokens(ckpt, monkeypatch):  # noqa: F811
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monkeypatch):  # noqa: F811
     """block_graph, fp32, the tiny and the mid-size model: the same tokens and finish with
-    DLMRT_CANVAS_VOCAB=rows and =split, each decided when the program is built. The split
-    kernel's blocks are cut to 64 entries so vocabularies of 96 and 1,024 make 2 and 16 splits
-    (at 2,048 they would be one; the 262,144-way shape is the kernel tests')."""
+    DLMRT_CANVAS_VOCAB=rows, =split and =onepass, each decided when the program is built. The
+    split kernel's blocks are cut to 64 entries so vocabularies of 96 and 1,024 make 2 and 16
+    splits (at 2,048 they would be one; the 262,144-way shape is the kernel tests')."""
     from dg_helpers import F_, S, mid_checkpoint
     from dlmrt._kernels import canvas_vocab_split
 
@@ -178,7 +178,7 @@ def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monke
     paths = (ckpt[0], mid_checkpoint(tmp_path_factory, [S, F_]))
     for path in paths:
         outs = {}
-        for pin in ("rows", "split"):
+        for pin in ("rows", "split", "onepass"):
             monkeypatch.setenv("DLMRT_CANVAS_VOCAB", pin)
             llm = LLM(path, device="cuda", dtype="float32", mode="block_graph")
             outs[pin] = [
@@ -186,5 +186,6 @@ def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monke
                 for seed in range(3)
             ]
             assert choices.get("canvas vocabulary").pick == pin
-        for a, b in zip(outs["rows"], outs["split"], strict=True):
-            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        for pin in ("split", "onepass"):
+            for a, b in zip(outs["rows"], outs[pin], strict=True):
+                assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
