@@ -27,16 +27,23 @@ _BIG = tl.constexpr(1 << 30)
 
 
 @triton.jit
-def _logits(r_row, offs, ok, cap, SOFTCAP: tl.constexpr):
-    """x = cap * tanh(r / cap) in fp32 (-inf where masked). tanh(a) = sign(a) (1 - e) / (1 + e),
-    e = exp(-2|a|) <= 1: no overflow, and no libdevice (the interpreter runs this too)."""
-    x = tl.load(r_row + offs, mask=ok, other=0.0).to(tl.float32)
+def _softcap(x, cap, SOFTCAP: tl.constexpr):
+    """cap * tanh(x / cap) of fp32 x (SOFTCAP off: x). tanh(a) = sign(a) (1 - e) / (1 + e),
+    e = exp(-2|a|) <= 1: no overflow, and no libdevice (the interpreter runs this too).
+    kernels/canvas_vocab_pass.py applies it to the logits it computes."""
     if SOFTCAP:
         a = x / cap
         e = tl.exp(-2.0 * tl.abs(a))
         th = (1.0 - e) / (1.0 + e)
         x = cap * tl.where(a < 0, -th, th)
-    return tl.where(ok, x, float("-inf"))
+    return x
+
+
+@triton.jit
+def _logits(r_row, offs, ok, cap, SOFTCAP: tl.constexpr):
+    """x = cap * tanh(r / cap) in fp32 (-inf where masked)."""
+    x = tl.load(r_row + offs, mask=ok, other=0.0).to(tl.float32)
+    return tl.where(ok, _softcap(x, cap, SOFTCAP), float("-inf"))
 
 
 @triton.jit

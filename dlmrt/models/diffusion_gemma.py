@@ -27,7 +27,7 @@ from dlmrt.impls.slot import set_slot
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
 from dlmrt.models.diffusion_gemma_context import ArenaContext, ContextCache, GrowingContext, KeyNorm
 from dlmrt.models.experts import Experts
-from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, proportional_rope_cos_sin
+from dlmrt.models.layers import GeGLU, GemmaRMSNorm, fuse_weights, rope_tables
 from dlmrt.models.residual import SelfConditioning
 from dlmrt.ops import branches, gemma
 from dlmrt.parallel import group as tp
@@ -231,13 +231,15 @@ class DiffusionGemma(nn.Module):
             soft = probs.to(self.embed_table.dtype) @ self.embed_table
             return vocab.reduce_sum(soft, tp.active()) * scale
 
-    def _embed(self, ids, canvas: int, sc_logits, sc_temperature: float, first, sc_probs=None):
+    def _embed(self, ids, canvas: int, sc_logits, sc_temperature: float, first, sc_probs, sc_embed):
         scale = self.embed_scale(self.embed_table.dtype)
         h = self.model.embed_tokens(ids) * scale
         if canvas == 0:
             return h
         soft = None
-        if sc_probs is not None:
+        if sc_embed is not None:  # probs @ E made by the step's one pass: `embed_probs`'s scale
+            soft = sc_embed * scale
+        elif sc_probs is not None:
             soft = self.embed_probs(sc_probs)
         elif sc_logits is not None:
             soft = self.soft_embedding(sc_logits, sc_temperature)
@@ -246,15 +248,6 @@ class DiffusionGemma(nn.Module):
 
     def new_cache(self, device: torch.device) -> ContextCache:
         return ContextCache(self.cfg.num_hidden_layers, device)
-
-    def _ropes(self, pos: torch.Tensor, dtype: torch.dtype) -> dict:
-        ropes = {}
-        for kind, spec in self.cfg.rope.items():
-            dim = self.cfg.head_dims[self.cfg.layer_types.index(kind)]
-            ropes[kind] = proportional_rope_cos_sin(
-                pos, dim, spec.theta, spec.rotary_factor, dtype, spec.factor
-            )
-        return ropes
 
     def forward(
         self,
@@ -268,6 +261,8 @@ class DiffusionGemma(nn.Module):
         first: torch.Tensor | None = None,
         sc_probs: torch.Tensor | None = None,  # [canvas, vocab], instead of sc_logits
         softcap: bool = True,
+        sc_embed: torch.Tensor | None = None,  # [canvas, hidden] sc_probs @ E, instead of sc_probs
+        normed: bool = False,
     ) -> torch.Tensor | None:
         """With `cache`, the rows are either new context rows (`canvas=0`: encoded, their K/V
         appended) or the canvas alone (`canvas=rows`: decoded against the cached context). With
@@ -275,7 +270,9 @@ class DiffusionGemma(nn.Module):
         `first` ([] bool on the device, static decoder passes): when set, `sc_logits` is ignored
         (exactly sc_logits=None), so one captured graph serves a canvas's first step too.
         `softcap=False`: the LM head's output as it is (model dtype), for the caller to softcap
-        (`cfg.final_logit_softcapping`) in its own pass over the vocabulary."""
+        (`cfg.final_logit_softcapping`) in its own pass over the vocabulary. `normed`: the final
+        normed hidden instead (the LM head runs in the caller's one pass over the vocabulary,
+        `ops.canvas_vocab_pass`, which also makes the next step's `sc_embed`)."""
         pos, window = ctx.positions, self.cfg.sliding_window
         if ctx.kv is not None:
             if cache is not None or canvas not in (0, pos.shape[0]):
@@ -286,9 +283,10 @@ class DiffusionGemma(nn.Module):
         else:
             view = GrowingContext(cache, pos, canvas, window)
         with label("embed", input_ids):
-            h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first, sc_probs)
+            h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first, sc_probs, sc_embed)
         with label("rope_tables", pos):
-            ropes = self._ropes(pos, h.dtype)
+            dims = {k: self.cfg.head_dims[self.cfg.layer_types.index(k)] for k in self.cfg.rope}
+            ropes = rope_tables(self.cfg.rope, dims, pos, h.dtype)
         for i, (layer, kind) in enumerate(
             zip(self.model.layers, self.cfg.layer_types, strict=True)
         ):
@@ -296,5 +294,7 @@ class DiffusionGemma(nn.Module):
         view.finish()
         if not compute_logits:
             return None
+        if normed:
+            return self.model.norm(h)
         raw = self.lm_head(self.model.norm(h))
         return ops.vocab.softcapped(raw, self.cfg.final_logit_softcapping) if softcap else raw

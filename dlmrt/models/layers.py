@@ -72,6 +72,18 @@ def rope_cos_sin(
     return proportional_rope_cos_sin(positions, head_dim, theta, 1.0, dtype)
 
 
+def rope_tables(specs: dict, head_dims: dict[str, int], pos: torch.Tensor, dtype) -> dict:
+    """(cos, sin) per attention kind, each with its own theta, rotary fraction and scaling
+    (`specs`: kind -> RopeSpec; `head_dims`: kind -> its head width), e.g. DiffusionGemma's sliding
+    and full layers."""
+    return {
+        kind: proportional_rope_cos_sin(
+            pos, head_dims[kind], s.theta, s.rotary_factor, dtype, s.factor
+        )
+        for kind, s in specs.items()
+    }
+
+
 def proportional_rope_cos_sin(
     positions: torch.Tensor,
     head_dim: int,

@@ -1,9 +1,7 @@
 """Custom ops, each resolved ONCE to its Triton kernel or its torch twin (`ops.reference`),
 recorded in the choices registry (`ops/choices.py`: logged once, listed by `choices.report()`).
-
-Triton is used on CUDA tensors when `triton` imports and DLMRT_OPS is not "torch"; the CPU always
-runs the twins. Tests force either implementation with `use(impl)`.
-"""
+Triton runs on CUDA tensors when `triton` imports and DLMRT_OPS is not "torch"; the CPU always
+runs the twins. Tests force either implementation with `use(impl)`."""
 
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ _IMPL: dict[str, str] = {}  # the registry's picks, per op: the per-call lookup
 OPS = ("arena_attention", "token_stats", "rms_norm", "qk_norm_rope", "silu_mul", "softmax_probs")
 OPS += ("moe_mlp", "moe_route_grouped", "moe_route_softmax", "fp8", "canvas_attention")
 OPS += ("canvas_vocab", "linear_nvfp4", "gemma_norms", "qkv_norm_rope", "vocab_pass")
+OPS += ("canvas_vocab_pass",)
 # dtypes the Triton MoE kernels take (fp64 models run the twins everywhere)
 _MOE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -117,11 +116,9 @@ def canvas_vocab(
     kernel: str = "rows",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DiffusionGemma's vocabulary pass: (argmax, entropy, inverse-CDF sample at uniforms `u`) of
-    softmax(z), z = softcap tanh(raw / softcap) / T from the LM head's output `raw`, T a device
-    scalar; writes the next step's self-conditioning probabilities softmax(z) (z rounded to the
-    model dtype) into `sc`. Kernel: `kernel` "rows" (kernels/canvas_vocab.py, one program per
-    row) or "split" (kernels/canvas_vocab_split.py, rows x vocabulary splits); twin
-    `dlmrt/ops/vocab.py`."""
+    softmax(z), z = softcap tanh(raw / softcap) / T (T on the device), from the LM head's output;
+    the next step's softmax(z in the model dtype) into `sc`. `kernel`: "rows" (one program per
+    row) or "split" (rows x vocabulary splits), kernels/canvas_vocab*.py; twin `ops/vocab.py`."""
     if kernel not in CANVAS_VOCAB_KERNELS:
         raise ValueError(
             f"canvas_vocab: kernel {kernel!r}: expected one of {list(CANVAS_VOCAB_KERNELS)}"
@@ -131,6 +128,23 @@ def canvas_vocab(
         module = CANVAS_VOCAB_KERNELS[kernel]
         return _resolve("canvas_vocab", module)(raw, softcap, temperature, u, sc)
     return vocab.canvas_vocab(raw, softcap, temperature, u, sc)
+
+
+def canvas_vocab_pass(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    embed: torch.Tensor,
+    softcap: float | None,
+    temperature: torch.Tensor,
+    u: torch.Tensor,
+    soft: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`canvas_vocab` from the final normed hidden h, the LM head (h's dtype) and the next step's
+    p @ E (into `soft`) in one stream: kernels/canvas_vocab_pass.py; twin `ops/vocab.py`."""
+    fast = h.is_cuda and weight.dtype == h.dtype == embed.dtype
+    if fast and implementation("canvas_vocab_pass") == "triton":
+        return _resolve("canvas_vocab_pass")(h, weight, embed, softcap, temperature, u, soft)
+    return vocab.canvas_vocab_pass(h, weight, embed, softcap, temperature, u, soft)
 
 
 def vocab_pass(

@@ -5,11 +5,14 @@ for op (so CPU tokens do not move): the softcap x = c tanh(r / c) of the LM head
 fp32, z = x / T, softmax in fp32, the counter RNG's inverse-CDF sample
 (`entropy_bound_canvas.counter_sample` with its uniform given), argmax, `token_entropy`, and the
 next step's self-conditioning probabilities softmax(z cast to the model dtype), in the model dtype.
+`canvas_vocab_pass` is the twin of the one pass (kernels/canvas_vocab_pass.py): the LM head, the
+above, and the self-conditioning GEMM p @ E, op for op as the step ran them.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -55,3 +58,30 @@ def canvas_vocab(
     h = entropy(z)
     sc.copy_(sc_probs(z, sc.dtype))
     return argmax, h, sampled
+
+
+def confidence(z: torch.Tensor, argmax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The argmax's self-conditioning probability: softmax of z in `dtype` (the step history's
+    confidence)."""
+    y = z.to(dtype).float()
+    return torch.exp(y.gather(-1, argmax[:, None])[:, 0] - torch.logsumexp(y, dim=-1))
+
+
+def canvas_vocab_pass(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    embed: torch.Tensor,
+    softcap: float | None,
+    temperature: torch.Tensor,
+    u: torch.Tensor,
+    soft: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(argmax, entropy, sampled, confidence) from the final normed hidden h: the head
+    `F.linear(h, weight)`, `canvas_vocab` of its output, and the next step's self-conditioning
+    embedding sc @ embed (before the sqrt(hidden) scale) written into `soft`."""
+    raw = F.linear(h, weight)
+    sc = torch.empty(raw.shape, dtype=embed.dtype, device=raw.device)
+    argmax, entropy_, sampled = canvas_vocab(raw, softcap, temperature, u, sc)
+    soft.copy_(sc @ embed)
+    conf = confidence(softcapped(raw, softcap) / temperature, argmax, embed.dtype)
+    return argmax, entropy_, sampled, conf

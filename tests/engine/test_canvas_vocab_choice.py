@@ -1,14 +1,17 @@
 """Which kernel runs DiffusionGemma's vocabulary pass (DLMRT_CANVAS_VOCAB,
 `engine/encoder_decoder/vocab_choice.py`): decided once per canvas program and recorded; the
-split kernel gives a tiny DiffusionGemma the one-program kernel's tokens (both kernels run under
-TRITON_INTERPRET=1 on the CPU tensors of the eager step)."""
+split kernel and the one pass give a tiny DiffusionGemma the one-program kernel's tokens (the
+kernels run under TRITON_INTERPRET=1 on the CPU tensors of the eager step)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from dg_helpers import STOPS, _prompt, ckpt  # noqa: F401
 from kernel_env import kernel_test
+from torch import nn
 
 from dlmrt import ops
 from dlmrt.decoding import entropy_bound_canvas as ebc
@@ -27,16 +30,35 @@ def _clean():
     choices.forget("canvas vocabulary")
 
 
+def _model(head: nn.Module | None = None, dtype=torch.float32) -> SimpleNamespace:
+    head = nn.Linear(8, 16, bias=False) if head is None else head
+    return SimpleNamespace(lm_head=head, embed_table=torch.zeros(16, 8, dtype=dtype))
+
+
 def test_rows_by_default_a_pin_and_a_bad_value(monkeypatch):
     monkeypatch.delenv("DLMRT_CANVAS_VOCAB", raising=False)
-    assert vocab_choice.canvas_vocab_kernel() == "rows"
+    assert vocab_choice.canvas_vocab_kernel(_model()) == "rows"
     assert choices.get("canvas vocabulary").why.startswith("DLMRT_CANVAS_VOCAB=rows")
     monkeypatch.setenv("DLMRT_CANVAS_VOCAB", "Split")
-    assert vocab_choice.canvas_vocab_kernel() == "split"
+    assert vocab_choice.canvas_vocab_kernel(_model()) == "split"
     assert choices.get("canvas vocabulary").pick == "split"
     monkeypatch.setenv("DLMRT_CANVAS_VOCAB", "maybe")
     with pytest.raises(ValueError, match="DLMRT_CANVAS_VOCAB='maybe'"):
-        vocab_choice.canvas_vocab_kernel()
+        vocab_choice.canvas_vocab_kernel(_model())
+
+
+def test_onepass_pin_needs_a_plain_head_of_the_embedding_dtype(monkeypatch):
+    monkeypatch.setenv("DLMRT_CANVAS_VOCAB", "OnePass")
+    assert vocab_choice.canvas_vocab_kernel(_model()) == "onepass"
+    assert choices.get("canvas vocabulary").why.startswith("DLMRT_CANVAS_VOCAB=onepass: op ")
+    misfits = [
+        (_model(nn.Sequential(nn.Linear(8, 16))), "the LM head is Sequential"),
+        (_model(nn.Linear(8, 16, bias=True)), "the LM head is Linear"),
+        (_model(dtype=torch.bfloat16), "not the embedding's dtype"),
+    ]
+    for model, why in misfits:
+        assert vocab_choice.canvas_vocab_kernel(model) == "rows"
+        assert why in choices.get("canvas vocabulary").why
 
 
 def _kernels_on_cpu(monkeypatch) -> list[str]:
@@ -84,13 +106,68 @@ def test_split_kernel_gives_the_same_tokens(ckpt, monkeypatch):  # noqa: F811
     assert twin.token_ids == results["split"][0].token_ids
 
 
+def _generate(model, monkeypatch, pin: str, settings, trace: bool = False):
+    """One request (seed 0) through an eager engine pinned to `pin`, with its step records."""
+    monkeypatch.setenv("DLMRT_CANVAS_VOCAB", pin)
+    engine = EncoderDecoderEngine(model, CPU, "eager")
+    assert engine.program(settings, 64).spec.vocab_kernel == pin
+    records = []
+    out = engine.generate(
+        _prompt(5, 0), settings, max_new_tokens=8, stop_ids=list(STOPS), seed=0,
+        recorder=records.append if trace else None,
+    )  # fmt: skip
+    return out, records
+
+
+def test_onepass_twin_gives_the_same_tokens_and_history(ckpt, monkeypatch):  # noqa: F811
+    """On the CPU the one pass runs its twin (the head, `canvas_vocab`, the GEMM, op for op):
+    the step keeps p @ E instead of p and the model scales it as `embed_probs` did, so tokens,
+    steps and the step history (argmax, confidence, accepted) are bit for bit the same."""
+    model = load_checkpoint(ckpt[0], torch.float32, CPU).model
+    settings = ebc.CanvasSettings(max_denoising_steps=4, confidence_threshold=50.0)
+    rows, rows_trace = _generate(model, monkeypatch, "rows", settings, trace=True)
+    one, one_trace = _generate(model, monkeypatch, "onepass", settings, trace=True)
+    assert one.token_ids == rows.token_ids and one.finish_reason == rows.finish_reason
+    assert one.denoising_forwards == rows.denoising_forwards
+    assert len(one_trace) == len(rows_trace) > 0
+    for a, b in zip(one_trace, rows_trace, strict=True):
+        assert torch.equal(a.argmax, b.argmax) and torch.equal(a.accepted, b.accepted)
+        assert torch.equal(a.confidence, b.confidence)
+
+
+@kernel_test
+def test_onepass_kernel_gives_the_same_tokens(ckpt, monkeypatch):  # noqa: F811
+    """The one-pass kernel (interpreted on the CPU tensors of the eager step) against the
+    one-program kernel: the same tokens, steps and finish (fp32: the self-conditioning embedding
+    differs from the GEMM's by the order of additions, far from moving a token here)."""
+    from dlmrt._kernels import canvas_vocab_pass
+
+    model = load_checkpoint(ckpt[0], torch.float32, CPU).model
+    called = _kernels_on_cpu(monkeypatch)
+    passes: list[int] = []
+
+    def one_pass(*args):
+        passes.append(1)
+        return canvas_vocab_pass.canvas_vocab_pass(*args)
+
+    monkeypatch.setattr(ops, "canvas_vocab_pass", one_pass)
+    settings = ebc.CanvasSettings(max_denoising_steps=3, confidence_threshold=50.0)
+    rows, _ = _generate(model, monkeypatch, "rows", settings)
+    assert called and not passes
+    before = len(called)
+    one, _ = _generate(model, monkeypatch, "onepass", settings)
+    assert passes and len(called) == before  # the one pass replaces canvas_vocab
+    assert one.token_ids == rows.token_ids and one.finish_reason == rows.finish_reason
+    assert one.denoising_forwards == rows.denoising_forwards
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monkeypatch):  # noqa: F811
     """block_graph, fp32, the tiny and the mid-size model: the same tokens and finish with
-    DLMRT_CANVAS_VOCAB=rows and =split, each decided when the program is built. The split
-    kernel's blocks are cut to 64 entries so vocabularies of 96 and 1,024 make 2 and 16 splits
-    (at 2,048 they would be one; the 262,144-way shape is the kernel tests')."""
+    DLMRT_CANVAS_VOCAB=rows, =split and =onepass, each decided when the program is built. The
+    split kernel's blocks are cut to 64 entries so vocabularies of 96 and 1,024 make 2 and 16
+    splits (at 2,048 they would be one; the 262,144-way shape is the kernel tests')."""
     from dg_helpers import F_, S, mid_checkpoint
     from dlmrt._kernels import canvas_vocab_split
 
@@ -101,7 +178,7 @@ def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monke
     paths = (ckpt[0], mid_checkpoint(tmp_path_factory, [S, F_]))
     for path in paths:
         outs = {}
-        for pin in ("rows", "split"):
+        for pin in ("rows", "split", "onepass"):
             monkeypatch.setenv("DLMRT_CANVAS_VOCAB", pin)
             llm = LLM(path, device="cuda", dtype="float32", mode="block_graph")
             outs[pin] = [
@@ -109,5 +186,6 @@ def test_gpu_block_graph_tokens_with_either_kernel(ckpt, tmp_path_factory, monke
                 for seed in range(3)
             ]
             assert choices.get("canvas vocabulary").pick == pin
-        for a, b in zip(outs["rows"], outs["split"], strict=True):
-            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        for pin in ("split", "onepass"):
+            for a, b in zip(outs["rows"], outs[pin], strict=True):
+                assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason

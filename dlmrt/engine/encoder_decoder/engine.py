@@ -94,7 +94,7 @@ class EncoderDecoderEngine:
         the benchmarks: `program.runner.run(program.steps)` times a canvas's steps). `trace`: a
         program whose steps also write the step history (its own buffers and graphs)."""
         arena = self.workspace.reserve(rows)
-        spec = CanvasSpec(self.model, settings, trace, vocab_choice.canvas_vocab_kernel())
+        spec = CanvasSpec(self.model, settings, trace, vocab_choice.canvas_vocab_kernel(self.model))
         key = settings if not trace else (settings, "trace")
         return self.workspace.program(key, lambda run: CanvasProgram(spec, arena, run, self.device))
 

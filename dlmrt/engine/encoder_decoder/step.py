@@ -36,7 +36,14 @@ class CanvasSpec:
     model: torch.nn.Module
     settings: ebc.CanvasSettings
     trace: bool = False  # keep a device-side history of every step (`CanvasBuffers.trace_*`)
-    vocab_kernel: str = "rows"  # `ops.canvas_vocab`'s kernel on CUDA (`vocab_choice.py`)
+    vocab_kernel: str = (
+        "rows"  # `ops.canvas_vocab`'s kernel on CUDA, or "onepass" (`vocab_choice.py`)
+    )
+
+    @property
+    def one_pass(self) -> bool:
+        """The step's vocabulary runs as `ops.canvas_vocab_pass` from the final normed hidden."""
+        return self.vocab_kernel == "onepass"
 
     @property
     def length(self) -> int:
@@ -54,8 +61,10 @@ class CanvasBuffers:
         self.argmax = torch.zeros(rows, **long)
         vocab = spec.model.lm_head.out_features  # tensor parallel: this rank's vocabulary shard
         # The next step's self-conditioning input: softmax of this step's tempered logits, in
-        # the model dtype (the vocabulary pass writes it; the model's soft embedding is one GEMM).
-        self.sc = torch.zeros(rows, vocab, dtype=dtype, device=device)
+        # the model dtype (the vocabulary pass writes it; the model's soft embedding is one GEMM),
+        # or with the one pass that GEMM's product already (probs @ E [rows, hidden]).
+        width = spec.model.cfg.hidden_size if spec.one_pass else vocab
+        self.sc = torch.zeros(rows, width, dtype=dtype, device=device)
         self.first = torch.ones((), dtype=torch.bool, device=device)  # no self-conditioning yet
         self.history = torch.full((spec.settings.stability_threshold, rows), -1, **long)
         self.step = torch.zeros((), **long)  # steps taken in this canvas
@@ -99,10 +108,17 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     counter sample, entropy, acceptance, re-noise, stability + confidence stop, history, step + 1."""
     s = spec.settings
     ctx = AttnContext(buf.start + buf.offsets, 1, arena)
-    raw = spec.model(buf.canvas, ctx, spec.length, sc_probs=buf.sc, first=buf.first, softcap=False)
-    with label("canvas_vocab", raw, writes=(buf.sc,)):
-        t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
-        sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, raw, t_step)
+    t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
+    if spec.one_pass:
+        h = spec.model(buf.canvas, ctx, spec.length, sc_embed=buf.sc, first=buf.first, normed=True)
+        with label("canvas_vocab_pass", h, writes=(buf.sc,)):
+            sampled, argmax, entropy, confidence = _one_pass(spec, buf, h, t_step)
+    else:
+        raw = spec.model(
+            buf.canvas, ctx, spec.length, sc_probs=buf.sc, first=buf.first, softcap=False
+        )
+        with label("canvas_vocab", raw, writes=(buf.sc,)):
+            sampled, argmax, entropy, confidence = _vocab_pass(spec, buf, raw, t_step)
     with label("rule", buf.canvas):
         _decide(spec, buf, t_step, sampled, argmax, entropy, confidence)
 
@@ -146,6 +162,20 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
         z = ops.vocab.softcapped(raw, cap) / temperature
         z = z.to(buf.sc.dtype).float()  # as before: from z in the model dtype (the old sc buffer)
         confidence = torch.exp(z.gather(-1, argmax[:, None])[:, 0] - torch.logsumexp(z, dim=-1))
+    return sampled, argmax, entropy, confidence
+
+
+def _one_pass(spec: CanvasSpec, buf: CanvasBuffers, h: torch.Tensor, t_step: torch.Tensor):
+    """`_vocab_pass` from the final normed hidden h in one stream over the vocabulary
+    (`ops.canvas_vocab_pass`: the LM head too), writing the next step's self-conditioning
+    embedding probs @ E into `buf.sc`; the argmax probability comes with it."""
+    model = spec.model
+    temperature = ebc.temperature(spec.settings, t_step)
+    u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
+    cap = model.cfg.final_logit_softcapping
+    argmax, entropy, sampled, confidence = ops.canvas_vocab_pass(
+        h, model.lm_head.weight, model.embed_table, cap, temperature, u, buf.sc
+    )
     return sampled, argmax, entropy, confidence
 
 
