@@ -89,6 +89,18 @@ def test_settle_keeps_drafts_and_masks_an_invalid_frontier(tok, grammars):
     assert st2.frontier == 0 and st2.unresolved[0] and st2.canvas[0] == MASK
 
 
+def test_forced_tokens_replace_an_invalid_draft_at_the_frontier_in_the_same_settle(tok, grammars):
+    """A draft the grammar rejects at the frontier goes back to mask, and what the grammar forces
+    there (`{"answer":`) is committed at once: no forward is spent on a forced row."""
+    c = grammars.constraint(FMT, 32)
+    forced = c.forced()
+    x = tok.encode("x")[0]
+    st = _Block([x] + [MASK] * 11, [False] + [True] * 11, 0, 12, MASK, STOP)
+    settle(st, c)
+    assert st.frontier == len(forced) and st.canvas[: len(forced)] == forced
+    assert st.forced == len(forced) and st.unresolved[len(forced)]
+
+
 def test_an_edit_after_the_document_is_complete_rolls_back_only_what_the_grammar_took(
     tok, grammars
 ):

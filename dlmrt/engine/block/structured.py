@@ -122,10 +122,8 @@ def settle(st: _Block, c: Constraint) -> None:
             n = c.take(st.canvas[f:run])
             st.frontier += n
             if n < run - f:  # the first invalid row goes back to mask; drafts after it stay
-                r = st.frontier
+                r = st.frontier  # (and what the grammar forces there is committed next)
                 st.canvas[r], st.unresolved[r] = st.mask_id, True
-            if n == 0:
-                return
             continue
         toks = c.forced()[: st.end - f]
         n = c.take(toks)
