@@ -46,6 +46,8 @@ from dlmrt.engine.graph.loop import Pass
 from dlmrt.errors import NonFiniteError
 
 log = logging.getLogger("dlmrt")
+# The model's candidates per row that a speculated chain picks its token from (`masked`).
+TOP_K = 32
 
 
 class Constraint(Protocol):
@@ -56,6 +58,7 @@ class Constraint(Protocol):
     @property
     def done(self) -> bool: ...
     def allowed(self) -> torch.Tensor: ...
+    def chain(self, rows: list[int | None], pick: Callable) -> list: ...
     def forced(self) -> list[int]: ...
     def take(self, tokens: list[int]) -> int: ...
     def replace(self, k: int, new: list[int]) -> bool: ...
@@ -156,11 +159,7 @@ def run_block(
         runner.once(fwd)
         rounds += 1
         bad = nonfinite.flag(logits).view(1)  # before the mask writes -inf into the frontier row
-        lg = logits
-        if not st.finished() and st.unresolved[st.frontier]:
-            allowed = c.allowed().to(lg.device, non_blocking=True)
-            lg = logits.clone()
-            lg[st.frontier].masked_fill_(~allowed, float("-inf"))
+        lg = logits if st.finished() or not st.unresolved[st.frontier] else masked(st, c, logits)
         d = decide_block(spec, buf, lg)
         store_round(buf, d)
         edited = d.out.edited if d.out.edited is not None else torch.zeros_like(d.out.accepted)
@@ -179,6 +178,23 @@ def run_block(
         settle(st, c)
     _upload(buf, st)
     return rounds, st.canvas
+
+
+def masked(st: _Block, c: Constraint, logits: torch.Tensor) -> torch.Tensor:
+    """The logits with the grammar's chain masked (`Constraint.chain`): the frontier row to what
+    the grammar allows there, each row right of it to what the grammar allows after the rows
+    left of it read as their drafts or their best allowed tokens among the model's `TOP_K`.
+    Rows past the chain (a rejected draft, no allowed token in the top K) keep their logits."""
+    f, end, vocab = st.frontier, st.end, logits.shape[-1]
+    top = logits[f:end].topk(min(TOP_K, vocab), dim=-1).indices.tolist()  # a small read-back
+    rows = [None if st.unresolved[r] else st.canvas[r] for r in range(f, end)]
+    chain = c.chain(rows, lambda i, ok: next((t for t in top[i] if ok[t]), None))
+    allowed = torch.ones(end - f, vocab, dtype=torch.bool)
+    for i, ok in chain:
+        allowed[i] = torch.from_numpy(ok)
+    lg = logits.clone()
+    lg[f:end].masked_fill_(~allowed.to(lg.device, non_blocking=True), float("-inf"))
+    return lg
 
 
 def check_edits_consumed(
