@@ -9,15 +9,18 @@ graph. Per block, with `frontier` = the first generated row the grammar has not 
      fast-forward, e.g. `{"answer":`, or the closing sequence when the budget is tight), they are
      committed with no forward; once the document is complete the remaining rows are stop tokens.
   1. the forward: logits [B, V] of the block's canvas.
-  2. the frontier row's logits are masked to the grammar's allowed tokens (one upload), then the
-     request's rule decides every row as usual (`RoundSpec.decide`): the frontier row's
-     confidence and entropy are those of the masked distribution.
+  2. the chain is masked (`masked`; one read-back of each row's top-K ids, one upload): the
+     frontier row to what the grammar allows there, each row right of it to what the grammar
+     allows after the rows left of it (drafts, or their best allowed tokens); then the request's
+     rule decides every row as usual (`RoundSpec.decide`): a masked row's confidence and entropy
+     are those of its masked distribution.
   3. one read-back, with the non-finite flag of the unmasked logits (NaN / inf raises
      `NonFiniteError`: `engine/nonfinite.py`); the walk: the rows the rule accepted that are
      contiguous from the frontier are offered to the grammar left to right and consumed while
-     valid (and closable in the budget); the first invalid one goes back to mask. A row accepted
-     right of a masked row is a draft: it stays in the canvas (the model sees it) and is checked
-     when the frontier reaches it.
+     valid (and closable in the budget); the first invalid one goes back to mask (and what the
+     grammar forces there is committed, as in 0). A row accepted right of a masked row is a
+     draft: it stays in the canvas (the model sees it) and is checked when the frontier reaches
+     it (the masks right of the frontier hold on a speculated prefix only).
   4. editing rules: an edit of a consumed row is re-checked (the grammar rolls back to it and
      re-reads the rewritten rows); an edit that breaks the grammar is refused (the old token is
      put back). Edits of drafts need no check. After a complete document the stop rows are not
