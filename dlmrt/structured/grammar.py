@@ -6,6 +6,8 @@ the format's text). `Grammars.constraint(fmt, max_new_tokens)` is the request's 
 the block engine drives round by round (`dlmrt/engine/block/structured.py`):
 
     allowed()        [V] bool: the tokens the grammar allows at the frontier (the next row)
+    chain(rows, pick) the allowed tokens of each masked row from the frontier, given the rows left
+                     of it (drafts, or the model's best allowed token): speculative masks
     take(tokens)     consume a run of proposed tokens left to right; how many were valid
     forced()         tokens the grammar (or the budget) forces next: committed without a forward
     replace(k, new)  re-check the last k consumed tokens rewritten as `new` (an editing rule)
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -135,13 +138,42 @@ class Constraint:
     def allowed(self) -> torch.Tensor:
         """[V] bool: what the frontier row may take (only the closing token when tight)."""
         t0 = time.perf_counter()
+        ok = self._frontier_np()
+        self.host_s += time.perf_counter() - t0
+        return torch.from_numpy(ok)
+
+    def _frontier_np(self) -> np.ndarray:
         if self.tight() and self.closing:
             ok = np.zeros(self.g.vocab_size, dtype=bool)
             ok[self.closing[0]] = True
-        else:
-            ok = self._allowed_np()
+            return ok
+        return self._allowed_np()
+
+    def chain(self, rows: list[int | None], pick: Callable[[int, np.ndarray], int | None]):
+        """[(i, allowed)] for the masked rows of a block from the frontier, each conditioned on a
+        speculated prefix. `rows[i]` is a draft's token (None: a masked row). A masked row gets
+        what the grammar allows after the rows left of it, then stands for `pick(i, allowed)`
+        (the model's best allowed token; None ends the chain); a draft stands for itself (one
+        the grammar rejects ends the chain, as does a stop token). Only the first mask is the
+        frontier's own (`allowed`, the budget included); the others hold on the speculated
+        prefix only, so the walk still checks every row it consumes. The grammar is left as it
+        was."""
+        t0, out, taken = time.perf_counter(), [], 0
+        try:
+            for i, tok in enumerate(rows):
+                if tok is None:
+                    ok = self._frontier_np() if i == 0 else self._allowed_np()
+                    out.append((i, ok))
+                    tok = pick(i, ok)
+                if tok is None or tok in self.g.tok.eos_tokens or self.m.is_stopped():
+                    break
+                if self.m.try_consume_tokens([tok]) != 1:
+                    break
+                taken += 1
+        finally:
+            self.m.rollback(taken)
         self.host_s += time.perf_counter() - t0
-        return torch.from_numpy(ok)
+        return out
 
     def forced(self) -> list[int]:
         """Tokens that must come next: the closing sequence when tight, else llguidance's

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 pytest.importorskip("llguidance")
 
 from dlmrt.demo import demo_model_path  # noqa: E402
-from dlmrt.engine.block.structured import _Block, check_edits_consumed, settle  # noqa: E402
+from dlmrt.engine.block.structured import (  # noqa: E402
+    _Block,
+    check_edits_consumed,
+    masked,
+    settle,
+)
 from dlmrt.structured import parse  # noqa: E402
 from dlmrt.structured.grammar import grammars_for  # noqa: E402
 from dlmrt.tokenizer import Tokenizer  # noqa: E402
@@ -89,6 +95,18 @@ def test_settle_keeps_drafts_and_masks_an_invalid_frontier(tok, grammars):
     assert st2.frontier == 0 and st2.unresolved[0] and st2.canvas[0] == MASK
 
 
+def test_forced_tokens_replace_an_invalid_draft_at_the_frontier_in_the_same_settle(tok, grammars):
+    """A draft the grammar rejects at the frontier goes back to mask, and what the grammar forces
+    there (`{"answer":`) is committed at once: no forward is spent on a forced row."""
+    c = grammars.constraint(FMT, 32)
+    forced = c.forced()
+    x = tok.encode("x")[0]
+    st = _Block([x] + [MASK] * 11, [False] + [True] * 11, 0, 12, MASK, STOP)
+    settle(st, c)
+    assert st.frontier == len(forced) and st.canvas[: len(forced)] == forced
+    assert st.forced == len(forced) and st.unresolved[len(forced)]
+
+
 def test_an_edit_after_the_document_is_complete_rolls_back_only_what_the_grammar_took(
     tok, grammars
 ):
@@ -118,3 +136,47 @@ def test_an_edit_after_the_document_is_complete_rolls_back_only_what_the_grammar
     edit({1: yes[1], 4: yes[0]})  # a consumed row and a stop row: both refused
     assert st.canvas == no + [STOP] * 6 and c.history == no and c.done
     assert tok.decode(c.history) == "no" and c.m.is_accepting() and not c.m.is_error()
+
+
+def _logits(tok, rows: list[str]) -> torch.Tensor:
+    """[len(rows), 512] logits whose row i ranks the characters of rows[i] first, in order."""
+    lg = torch.zeros(len(rows), 512)
+    for i, chars in enumerate(rows):
+        for rank, ch in enumerate(chars):
+            lg[i, tok.encode(ch)[0]] = 10.0 - rank
+    return lg
+
+
+def test_rows_right_of_the_frontier_are_masked_on_the_speculated_prefix(tok, grammars):
+    """After `{"answer":` each row's best token is a space (the demo's own format), its second a
+    digit or `}`: every row of the chain is masked to what the grammar allows after the rows
+    left of it read as their best allowed tokens, so each masked argmax is valid in turn (`}`
+    closes the object; the row after it may only stop). The grammar is left as it was."""
+    c = grammars.constraint(FMT, 32)
+    c.take(c.forced())
+    st = _Block([MASK] * 4, [True] * 4, 0, 4, MASK, STOP)
+    lg = masked(st, c, _logits(tok, [" 4", " 2", " }", " 7"]))
+    assert tok.decode(lg.argmax(-1).tolist()[:3]) == "42}"
+    assert lg[3].isfinite().nonzero().flatten().tolist() == [0, 2]  # the stop tokens
+    assert len(c.history) == 7 and c.take(tok.encode("9}")) == 2  # the state as it was
+
+
+def test_the_chain_reads_drafts_and_ends_at_one_the_grammar_rejects(tok, grammars, monkeypatch):
+    """A draft stands for itself; a draft the grammar rejects ends the chain: the rows after it
+    keep their logits (the walk checks them when the frontier reaches them)."""
+    c = grammars.constraint(FMT, 32)
+    c.take(c.forced())
+    one, x = tok.encode("1")[0], tok.encode("x")[0]
+    st = _Block([MASK, one, MASK, x, MASK], [True, False, True, False, True], 0, 5, MASK, STOP)
+    raw = _logits(tok, [" 4", "1", " }", "x", " 5"])
+    lg = masked(st, c, raw)
+    assert tok.decode([int(lg[0].argmax()), int(lg[2].argmax())]) == "4}"
+    assert torch.equal(lg[4], raw[4])  # past the rejected draft: untouched
+    # a row whose top candidate (TOP_K 1 here) is not allowed ends the chain there, masked itself
+    monkeypatch.setattr("dlmrt.engine.block.structured.TOP_K", 1)
+    c2 = grammars.constraint(FMT, 32)
+    c2.take(c2.forced())
+    st2 = _Block([MASK] * 3, [True] * 3, 0, 3, MASK, STOP)
+    lg2 = masked(st2, c2, _logits(tok, ["4", " 5", " 5"]))
+    assert int(lg2[0].argmax()) == tok.encode("4")[0]
+    assert not lg2[1].isfinite().all() and torch.equal(lg2[2], _logits(tok, [" 5"])[0])

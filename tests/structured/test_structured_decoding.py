@@ -205,6 +205,18 @@ def test_forced_tokens_skip_forwards(demo):
     assert res.denoising_forwards < len(res.token_ids)
 
 
+def test_json_rows_right_of_the_frontier_are_judged_under_the_grammar(demo):
+    """The demo never saw JSON: after `{"answer":` its rows lean to its own format (spaces, `=`)
+    with digits behind. Masked on the speculated prefix (`structured.masked`), the rows right of
+    the frontier pass the threshold on their digits: well under one forward per row (64 rows
+    took 63 forwards with the frontier row alone masked)."""
+    fmt = _json_format(SCHEMAS["answer_int"][0])
+    params = dlmrt.params.DecodeParams(max_new_tokens=64, response_format=fmt)
+    res = demo.style.generate(demo.tokenizer.encode(PROMPT), params, dlmrt.styles.Hooks())
+    _assert_valid(demo.tokenizer.decode(res.token_ids), "answer_int")
+    assert res.denoising_forwards <= 0.75 * len(res.token_ids)
+
+
 def test_uncompilable_schema_names_the_part(demo):
     bad = _json_format({"type": "object", "properties": {"a": {"type": "strin"}}})
     with pytest.raises(ValueError, match=r"^response_format\.json_schema\.schema: .*strin"):

@@ -9,15 +9,18 @@ graph. Per block, with `frontier` = the first generated row the grammar has not 
      fast-forward, e.g. `{"answer":`, or the closing sequence when the budget is tight), they are
      committed with no forward; once the document is complete the remaining rows are stop tokens.
   1. the forward: logits [B, V] of the block's canvas.
-  2. the frontier row's logits are masked to the grammar's allowed tokens (one upload), then the
-     request's rule decides every row as usual (`RoundSpec.decide`): the frontier row's
-     confidence and entropy are those of the masked distribution.
+  2. the chain is masked (`masked`; one read-back of each row's top-K ids, one upload): the
+     frontier row to what the grammar allows there, each row right of it to what the grammar
+     allows after the rows left of it (drafts, or their best allowed tokens); then the request's
+     rule decides every row as usual (`RoundSpec.decide`): a masked row's confidence and entropy
+     are those of its masked distribution.
   3. one read-back, with the non-finite flag of the unmasked logits (NaN / inf raises
      `NonFiniteError`: `engine/nonfinite.py`); the walk: the rows the rule accepted that are
      contiguous from the frontier are offered to the grammar left to right and consumed while
-     valid (and closable in the budget); the first invalid one goes back to mask. A row accepted
-     right of a masked row is a draft: it stays in the canvas (the model sees it) and is checked
-     when the frontier reaches it.
+     valid (and closable in the budget); the first invalid one goes back to mask (and what the
+     grammar forces there is committed, as in 0). A row accepted right of a masked row is a
+     draft: it stays in the canvas (the model sees it) and is checked when the frontier reaches
+     it (the masks right of the frontier hold on a speculated prefix only).
   4. editing rules: an edit of a consumed row is re-checked (the grammar rolls back to it and
      re-reads the rewritten rows); an edit that breaks the grammar is refused (the old token is
      put back). Edits of drafts need no check. After a complete document the stop rows are not
@@ -46,6 +49,8 @@ from dlmrt.engine.graph.loop import Pass
 from dlmrt.errors import NonFiniteError
 
 log = logging.getLogger("dlmrt")
+# The model's candidates per row that a speculated chain picks its token from (`masked`).
+TOP_K = 32
 
 
 class Constraint(Protocol):
@@ -56,6 +61,7 @@ class Constraint(Protocol):
     @property
     def done(self) -> bool: ...
     def allowed(self) -> torch.Tensor: ...
+    def chain(self, rows: list[int | None], pick: Callable) -> list: ...
     def forced(self) -> list[int]: ...
     def take(self, tokens: list[int]) -> int: ...
     def replace(self, k: int, new: list[int]) -> bool: ...
@@ -122,10 +128,8 @@ def settle(st: _Block, c: Constraint) -> None:
             n = c.take(st.canvas[f:run])
             st.frontier += n
             if n < run - f:  # the first invalid row goes back to mask; drafts after it stay
-                r = st.frontier
+                r = st.frontier  # (and what the grammar forces there is committed next)
                 st.canvas[r], st.unresolved[r] = st.mask_id, True
-            if n == 0:
-                return
             continue
         toks = c.forced()[: st.end - f]
         n = c.take(toks)
@@ -158,11 +162,7 @@ def run_block(
         runner.once(fwd)
         rounds += 1
         bad = nonfinite.flag(logits).view(1)  # before the mask writes -inf into the frontier row
-        lg = logits
-        if not st.finished() and st.unresolved[st.frontier]:
-            allowed = c.allowed().to(lg.device, non_blocking=True)
-            lg = logits.clone()
-            lg[st.frontier].masked_fill_(~allowed, float("-inf"))
+        lg = logits if st.finished() or not st.unresolved[st.frontier] else masked(st, c, logits)
         d = decide_block(spec, buf, lg)
         store_round(buf, d)
         edited = d.out.edited if d.out.edited is not None else torch.zeros_like(d.out.accepted)
@@ -181,6 +181,23 @@ def run_block(
         settle(st, c)
     _upload(buf, st)
     return rounds, st.canvas
+
+
+def masked(st: _Block, c: Constraint, logits: torch.Tensor) -> torch.Tensor:
+    """The logits with the grammar's chain masked (`Constraint.chain`): the frontier row to what
+    the grammar allows there, each row right of it to what the grammar allows after the rows
+    left of it read as their drafts or their best allowed tokens among the model's `TOP_K`.
+    Rows past the chain (a rejected draft, no allowed token in the top K) keep their logits."""
+    f, end, vocab = st.frontier, st.end, logits.shape[-1]
+    top = logits[f:end].topk(min(TOP_K, vocab), dim=-1).indices.tolist()  # a small read-back
+    rows = [None if st.unresolved[r] else st.canvas[r] for r in range(f, end)]
+    chain = c.chain(rows, lambda i, ok: next((t for t in top[i] if ok[t]), None))
+    allowed = torch.ones(end - f, vocab, dtype=torch.bool)
+    for i, ok in chain:
+        allowed[i] = torch.from_numpy(ok)
+    lg = logits.clone()
+    lg[f:end].masked_fill_(~allowed.to(lg.device, non_blocking=True), float("-inf"))
+    return lg
 
 
 def check_edits_consumed(
