@@ -174,3 +174,15 @@ def test_captured_split_follows_the_device_start():
             pos.copy_(torch.arange(start, start + 256, device=DEV))
             graph.replay()
             assert torch.equal(out, canvas_attention(q, k, v, pos, True, window, 1.0))
+
+
+def test_benchmark_step_totals_weigh_the_layer_counts():
+    """The benchmark's step sum: DiffusionGemma-26B's 25 sliding and 5 full layers."""
+    from benchmark_modules import benchmark
+
+    bench = benchmark("kernels.canvas_attention_split")
+    rows = [
+        {"context": 1024, "kind": "sliding_attention", "floor_us": 1.0, "paths": [{"us": 10}, {"us": 5}]},
+        {"context": 1024, "kind": "full_attention", "floor_us": 2.0, "paths": [{"us": 20}, {"us": 8}]},
+    ]  # fmt: skip
+    assert bench.step_totals(rows) == {"1024": {"whole": 350.0, "split": 165.0, "floor": 35.0}}
