@@ -8,7 +8,8 @@ sliding layers 8 KV heads x 256 with a 1,024 window, full layers 2 x 512) and ea
 a canvas (decoder) pass: `kernels/canvas_attention.py` at its shipped tiles and splits
 (DLMRT_CANVAS_ATTN=whole), `kernels/canvas_attention_split.py` at the split count `pick_splits`
 takes from the SM count (DLMRT_CANVAS_ATTN=split) and at each count of --splits (to retune WAVES
-and MIN_TILES). A case is LAYERS back-to-back calls on distinct arena layers replayed from one
+and MIN_TILES), and the whole kernel at 32-row tiles (twice the programs, K and V read twice,
+no partials). A case is LAYERS back-to-back calls on distinct arena layers replayed from one
 CUDA graph (as a step runs them): µs per layer call. Reports the FLOP floor per layer (4 rows
 keys heads dim at `common.PEAK_FLOPS`), each path's ratio to it, the split kernel's largest
 difference from the whole kernel, and the step's canvas attention (the model's sliding and full
@@ -67,6 +68,10 @@ def case(kind: str, context: int, sweep: list[int], iters: int) -> dict:
             q, k, v, pos, True, window, 1.0
         ),
     }
+    rows32 = (32,) + whole.launch_tile(dim, False)[1:]  # more programs without partials
+    paths["whole, 32-row tiles"] = lambda k, v: whole.canvas_attention(
+        q, k, v, pos, True, window, 1.0, rows32
+    )
     for n in sweep:
         paths[f"split {n}"] = lambda k, v, n=n: split.canvas_attention(
             q, k, v, pos, True, window, 1.0, n
