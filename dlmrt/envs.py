@@ -157,3 +157,15 @@ def canvas_vocab() -> str:
     if value not in ("rows", "split", "onepass"):
         raise ValueError(f"DLMRT_CANVAS_VOCAB={value!r}: expected 'rows', 'split' or 'onepass'")
     return value
+
+
+def canvas_attn() -> str:
+    """DLMRT_CANVAS_ATTN: which kernel runs DiffusionGemma's canvas attention on CUDA
+    (`ops.canvas_attention`): "whole" (default, until measured on the GPU: kernels/canvas_attention.py
+    with its shipped tiles and key splits) or "split" (the key range split over as many programs
+    as fill about two waves of the SMs, kernels/canvas_attention_split.py). Decided once
+    (`dlmrt/ops/canvas_launch.py`); the CPU runs the torch twin."""
+    value = os.environ.get("DLMRT_CANVAS_ATTN", "whole").lower()
+    if value not in ("whole", "split"):
+        raise ValueError(f"DLMRT_CANVAS_ATTN={value!r}: expected 'whole' or 'split'")
+    return value

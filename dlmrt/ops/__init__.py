@@ -12,6 +12,7 @@ import torch
 
 from dlmrt import envs
 from dlmrt.ops import arena_launch, canvas, choices, flash_attn4, one_pass, reference, vocab
+from dlmrt.ops import canvas_launch as canvas_launch  # (the line above is full)
 from dlmrt.ops.reference import select_rows, write_rows  # noqa: F401 (arena writes, any dtype)
 
 _IMPL: dict[str, str] = {}  # the registry's picks, per op: the per-call lookup
@@ -58,6 +59,7 @@ def use(impl: str | None) -> None:
     """Force every op to 'triton' or 'torch' (tests, benchmarks); None re-resolves from the environment."""
     _IMPL.clear()
     choices.forget("op ")
+    canvas_launch.forget()
     if impl is not None:
         for name in OPS:
             _IMPL[name] = choices.record(f"op {name}", impl, "forced by ops.use").pick
@@ -94,12 +96,11 @@ def canvas_attention(
     scale: float,
 ) -> torch.Tensor:
     """DiffusionGemma's attention of a pass (a canvas, or context rows) over one arena layer whose
-    rows at `positions` it has written; `window` 0 = a full layer. Kernel: device-side visible
-    ranges, no mask (kernels/canvas_attention.py); twin: masked SDPA (`dlmrt/ops/canvas.py`), also
-    on CUDA for head dims the kernel's tiles do not take (tiny test models: head_dim 8)."""
+    rows at `positions` it has written; `window` 0 = a full layer. Kernel: whole or key-split
+    (`ops/canvas_launch.py`); twin: masked SDPA (`ops/canvas.py`), also for head dims it cannot tile."""
     fits = canvas.kernel_fits(q.shape[-1])
     if q.is_cuda and fits and implementation("canvas_attention") == "triton":
-        return _resolve("canvas_attention")(q, k, v, positions, decoder, window, scale)
+        return canvas_launch.attention(q, k, v, positions, decoder, window, scale)
     return canvas.canvas_attention(q, k, v, positions, decoder, window, scale)
 
 

@@ -10,9 +10,9 @@ The measurements stay beside what they measure (`ops/fp8_choice.py`, `ops/fp8_gl
 `ops/nvfp4_choice.py`, `ops/moe_fp8_choice.py`, `ops/flash_attn4.py`); they decide through
 `record`. The environment pins (DLMRT_OPS, DLMRT_FA4, DLMRT_FP8_GEMMS, DLMRT_FP8_GEMM_KERNEL,
 DLMRT_FP8_GLU, DLMRT_FP8_EXPERTS, DLMRT_NVFP4_EXPERTS, DLMRT_NVFP4_DENSE, DLMRT_VOCAB_PASS,
-DLMRT_DEEPGEMM, DLMRT_CANVAS_VOCAB) are read by those deciders (DLMRT_VOCAB_PASS and
-DLMRT_CANVAS_VOCAB by `engine/block/vocab_step.py` and `engine/encoder_decoder/vocab_choice.py`),
-and a pinned choice says so in its `why`. DLMRT_PDL, a switch rather than a choice between
+DLMRT_DEEPGEMM, DLMRT_CANVAS_VOCAB, DLMRT_CANVAS_ATTN) are read by those deciders (DLMRT_VOCAB_PASS
+and DLMRT_CANVAS_VOCAB by `engine/block/vocab_step.py` and `engine/encoder_decoder/vocab_choice.py`,
+DLMRT_CANVAS_ATTN by `ops/canvas_launch.py`), and a pinned choice says so in its `why`. DLMRT_PDL, a switch rather than a choice between
 implementations, is recorded by `dlmrt.ops` when it sets the kernels' switch.
 
 A key is recorded once: recording the same pick and reason again is a lookup (nothing logged);
