@@ -87,6 +87,7 @@ def test_a_split_with_no_valid_key(decoder):
 def test_diffusion_gemma_shapes_fill_two_waves(head_dim, kind):
     """DiffusionGemma-26B's canvas (256 rows, 16 heads) at a 1k context on an H100's 132 SMs:
     at least 2 x 132 programs, each split over >= 2 key tiles (the shipped tiles)."""
+    pytest.importorskip("triton")  # the kernels' modules (the CPU wheel has no Triton)
     from dlmrt._kernels import canvas_attention as whole
     from dlmrt._kernels import canvas_attention_split as split
 
@@ -101,6 +102,7 @@ def test_diffusion_gemma_shapes_fill_two_waves(head_dim, kind):
 
 
 def test_pick_splits_bounds():
+    pytest.importorskip("triton")  # the kernel's module (the CPU wheel has no Triton)
     from dlmrt._kernels import canvas_attention_split as split
 
     tiles = (64, 32, 128, 128, 4, 3, 1)
