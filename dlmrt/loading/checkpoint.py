@@ -24,6 +24,7 @@ from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import Fp8Weight
 from dlmrt.formats.nvfp4 import E2M1_MAX, Nvfp4Weight
+from dlmrt.impls.glu_install import install_bf16_glu
 from dlmrt.json_file import read_json
 from dlmrt.loading.deferred import allocate, deferrable, finish
 from dlmrt.loading.placement import (
@@ -129,6 +130,8 @@ def load_checkpoint(
         model.fuse_projections()
     place_quantized(model, quantized, why, device, activations, prefer)
     finish(model, device)  # the deferred parameters emptied by the install onto `device`
+    if hasattr(model, "fuse_projections"):  # the dense MLPs left in the model dtype
+        install_bf16_glu(model)
     _log_loaded(root, arch, config, tied, device, dtype, qcfg)
     return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
 
