@@ -126,14 +126,21 @@ def load_checkpoint(
         finite.raise_if_bad(dtype)
     quantized, why = collect_quantized(qreader, model.state_dict(), quantization)
     model.eval().requires_grad_(False)
+    _implementations(model, quantized, why, device, activations, prefer)
+    _log_loaded(root, arch, config, tied, device, dtype, qcfg)
+    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
+
+
+def _implementations(model, quantized, why, device, activations, prefer) -> None:
+    """The loaded model's implementation objects (dlmrt/impls): projections stacked, the quantized
+    weights on their kernels where they run (the deferred ones placed), then the one-kernel
+    gate|up + activation of the dense MLPs left in the model dtype where it is chosen."""
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
     place_quantized(model, quantized, why, device, activations, prefer)
     finish(model, device)  # the deferred parameters emptied by the install onto `device`
-    if hasattr(model, "fuse_projections"):  # the dense MLPs left in the model dtype
+    if hasattr(model, "fuse_projections"):
         install_bf16_glu(model)
-    _log_loaded(root, arch, config, tied, device, dtype, qcfg)
-    return Checkpoint(root, model, config, raw, gen_cfg, qcfg, quantized)
 
 
 def _log_loaded(root, arch, config, tied, device, dtype, qcfg) -> None:
