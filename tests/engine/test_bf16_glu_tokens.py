@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import residual_config, write_checkpoint
+from conftest import residual_config, write_checkpoint, write_llada2_checkpoint
 
 from dlmrt import LLM
 from dlmrt.impls.dense import FusedGateUp, StackedGateUp
@@ -18,13 +18,15 @@ PROMPTS = tuple([(37 * i + 11) % 256 for i in range(n)] for n in (9, 22))
 WIDE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, head_dim=64)  # TMA rows
 
 
-def _run(monkeypatch, path, pin: str, **how) -> tuple[list, list]:
-    """(each prompt's tokens, each layer's gate_up implementation) with DLMRT_BF16_GLU=pin."""
+def _run(monkeypatch, path, pin: str, rule: str = "threshold", **how) -> tuple[list, list]:
+    """(each prompt's tokens, each dense layer's gate_up implementation) with DLMRT_BF16_GLU=pin."""
     monkeypatch.setenv("DLMRT_BF16_GLU", pin)
     llm = LLM(path, **how)
-    kw = dict(rule="threshold", threshold=0.25, max_new_tokens=16, ignore_eos=True)  # block rows
+    kw = dict(rule=rule, max_new_tokens=16, ignore_eos=True)  # the block's rows
+    kw |= {"threshold": 0.25} if rule == "threshold" else {}
     tokens = [llm.generate(list(p), **kw).token_ids for p in PROMPTS]
-    return tokens, [layer.mlp.gate_up for layer in llm.model.model.layers]
+    mlps = [layer.mlp for layer in llm.model.model.layers]
+    return tokens, [m.gate_up for m in mlps if hasattr(m, "gate_up")]
 
 
 def test_cpu_tokens_are_unchanged_with_the_pin_on(monkeypatch, tmp_path):
@@ -36,21 +38,34 @@ def test_cpu_tokens_are_unchanged_with_the_pin_on(monkeypatch, tmp_path):
     assert on == off
 
 
+def test_llada2_dense_layers_take_it_on_the_cpu(monkeypatch, tmp_path):
+    path = write_llada2_checkpoint(tmp_path / "l", vocab_size=512)
+    off, _ = _run(monkeypatch, path, "off", "llada_editing", device="cpu")
+    on, impls = _run(monkeypatch, path, "on", "llada_editing", device="cpu")
+    assert len(impls) == 1 and isinstance(impls[0], FusedGateUp)  # first_k_dense_replace = 1
+    assert on == off
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_block_graph_fp32_tokens_on_vs_off(monkeypatch, tmp_path):
     import dlmrt._kernels.fp8_glu_gemm as glu_kernel
 
-    calls = []
+    weights = []  # the weight of each kernel call: the model's, or the start-up measurement's
     run = glu_kernel.glu_gemm
-    monkeypatch.setattr(glu_kernel, "glu_gemm", lambda *a, **k: calls.append(1) or run(*a, **k))
+    monkeypatch.setattr(
+        glu_kernel,
+        "glu_gemm",
+        lambda a, w, *r, **k: weights.append(w.data_ptr()) or run(a, w, *r, **k),
+    )
     monkeypatch.setenv("DLMRT_FA4", "off")
     monkeypatch.setenv("DLMRT_DEEPGEMM", "off")
     path = write_checkpoint(tmp_path / "q", residual=residual_config(), **WIDE)
     how = dict(device="cuda", dtype="float32", mode="block_graph")
     off, _ = _run(monkeypatch, path, "off", **how)
-    assert not calls
+    assert not weights
     on, impls = _run(monkeypatch, path, "on", **how)
-    assert all(isinstance(g, FusedGateUp) and g.plan is not None for g in impls)
-    assert calls, "the kernel never ran: the plan's rows are not the rounds' rows"
+    assert impls and all(isinstance(g, FusedGateUp) and g.plan is not None for g in impls)
+    ran = {g.weight.data_ptr() for g in impls} & set(weights)
+    assert ran, "the kernel never ran on the model's weights: the plan's rows are not the rounds'"
     assert on == off
