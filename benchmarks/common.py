@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from dlmrt import capture_guard
+from dlmrt.impls.glu_install import install_bf16_glu
 from dlmrt.model_shapes import layer_widths
 from dlmrt.models.config import ModelConfig
 from dlmrt.models.diffusion_gemma_config import SLIDING, DiffusionGemmaConfig
@@ -43,7 +44,8 @@ def random_model(
 ) -> torch.nn.Module:
     """`cls(cfg)` allocated on the device without initialising, then N(0, 0.02) weights, buffers
     set (names with "bias": 0, e.g. LLaDA2's expert_bias; others 1: scalars and scales), the LM
-    head tied when the config says so, projections fused."""
+    head tied when the config says so, projections fused (and the dense MLPs' gate|up +
+    activation in one kernel where DLMRT_BF16_GLU chooses it)."""
     with torch.device("meta"):
         model = cls(cfg).to(dtype)
     model = model.to_empty(device=device)
@@ -56,6 +58,7 @@ def random_model(
     if getattr(cfg, "tie_word_embeddings", False):
         model.tie_lm_head()
     model.fuse_projections()
+    install_bf16_glu(model)  # as the loader does: DLMRT_BF16_GLU's one-kernel gate|up
     return model
 
 

@@ -60,6 +60,17 @@ def fp8_glu() -> str:
     return value
 
 
+def bf16_glu() -> str:
+    """DLMRT_BF16_GLU: whether a dense gated MLP in the model dtype (bf16) runs gate|up and its
+    activation as one kernel (kernels/fp8_glu_gemm.py's unscaled form, `ops/bf16_glu_choice.py`):
+    "off" (default, until measured on an H100), "auto" (on CUDA, where it times faster than
+    cuBLAS's GEMM and the activation kernel, per shape) or "on" (always; the CPU runs its twin)."""
+    value = os.environ.get("DLMRT_BF16_GLU", "off").lower()
+    if value not in ("off", "auto", "on"):
+        raise ValueError(f"DLMRT_BF16_GLU={value!r}: expected 'off', 'auto' or 'on'")
+    return value
+
+
 def fp8_experts() -> str:
     """DLMRT_FP8_EXPERTS: how FP8 routed experts run on CUDA: "measured" (default: W8A8, the
     activations quantized too, unless weight-only W8A16 times faster at the block rows), "w8a8"

@@ -1,5 +1,6 @@
-"""A gated MLP's first half in one kernel: y = act(x @ gate^T) * (x @ up^T), FP8 in, bf16 out,
-with each row's amax gathered for the down projection's FP8 input.
+"""A gated MLP's first half in one kernel: y = act(x @ gate^T) * (x @ up^T), in two forms of
+one kernel (the constexpr SCALED): FP8 in with scales, each row's amax gathered for the down
+projection's FP8 input (`fp8_glu_gemm`); or the model dtype in, no scales, no amax (`glu_gemm`).
 
 x [M, K] e4m3 x row scale [M]; w = gate|up [2I, K] e4m3 x channel scale [2I] (gate rows first);
 y [M, I] in the model dtype; amax [M] fp32 (zeroed by the caller) = max |y| over the row.
@@ -17,6 +18,12 @@ A program owns a BM x BN tile of y: the gate tile and the matching up tile (rows
 two fp32 accumulators over all of K (K is the model's hidden size: a few thousand, no split).
 Operands by TMA (rows and K past the end read as zeros; a gate tile past I reads up rows, whose
 columns are masked at the store).
+
+The unscaled form (bf16: QwenDLM's / LLaDA2's dense SwiGLU, DiffusionGemma's GeGLU) replaces
+cuBLAS's gate|up GEMM storing [M, 2I] and kernels/silu_mul.py reading it back. Its epilogue rounds
+as that path does (the fp32 accumulators to the dtype, act(gate) to the dtype, the product), so
+it differs from it only where cuBLAS's fp32 summation order rounds gate or up to the neighbouring
+bf16 value: one ulp of gate or up, at most ~2 ulps of y (tests/ops/test_bf16_glu.py).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from .silu_mul import activation  # relative: kernels/ imports nothing from dlmr
 def _fp8_glu_gemm_kernel(
     a_desc, sa_ptr, w_desc, sw_ptr, y_ptr, amax_ptr, M, N_I, K, stride_ym,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GELU: tl.constexpr,
+    SCALED: tl.constexpr = True, IEEE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl.enter(PDL)
@@ -43,20 +51,30 @@ def _fp8_glu_gemm_kernel(
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     for kk in range(0, K, BK):
         a = a_desc.load([pid_m * BM, kk])
-        acc_g = tl.dot(a, w_desc.load([pid_n * BN, kk]).T, acc_g)
-        acc_u = tl.dot(a, w_desc.load([N_I + pid_n * BN, kk]).T, acc_u)
+        wg = w_desc.load([pid_n * BN, kk]).T
+        wu = w_desc.load([N_I + pid_n * BN, kk]).T
+        if IEEE:  # fp32 operands: full-precision products, as cuBLAS's fp32 GEMM (no TF32)
+            acc_g = tl.dot(a, wg, acc_g, input_precision="ieee")
+            acc_u = tl.dot(a, wu, acc_u, input_precision="ieee")
+        else:
+            acc_g = tl.dot(a, wg, acc_g)
+            acc_u = tl.dot(a, wu, acc_u)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
     dtype = y_ptr.dtype.element_ty
-    g = (acc_g * sa * tl.load(sw_ptr + rn, mask=rn < N_I, other=0.0)[None, :]).to(dtype)
-    u = (acc_u * sa * tl.load(sw_ptr + N_I + rn, mask=rn < N_I, other=0.0)[None, :]).to(dtype)
+    if SCALED:  # dequantize: x's row scale times the weight's channel scale
+        sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)[:, None]
+        acc_g = acc_g * sa * tl.load(sw_ptr + rn, mask=rn < N_I, other=0.0)[None, :]
+        acc_u = acc_u * sa * tl.load(sw_ptr + N_I + rn, mask=rn < N_I, other=0.0)[None, :]
+    g = acc_g.to(dtype)  # the unfused path's gate|up tensor, rounded
+    u = acc_u.to(dtype)
     act = activation(g.to(tl.float32), GELU).to(dtype).to(tl.float32)
     y = (act * u.to(tl.float32)).to(dtype)
     mask = (rm[:, None] < M) & (rn[None, :] < N_I)
     tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], y, mask=mask)
-    row_max = tl.max(tl.where(mask, tl.abs(y.to(tl.float32)), 0.0), axis=1)
-    tl.atomic_max(amax_ptr + rm, row_max, mask=rm < M, sem="relaxed")
+    if SCALED:  # the down projection's FP8 input: its rows' amax
+        row_max = tl.max(tl.where(mask, tl.abs(y.to(tl.float32)), 0.0), axis=1)
+        tl.atomic_max(amax_ptr + rm, row_max, mask=rm < M, sem="relaxed")
 
 
 def fp8_glu_gemm(
@@ -82,3 +100,24 @@ def fp8_glu_gemm(
         BM=bm, BN=bn, BK=bk, GELU=gelu, num_stages=stages, num_warps=warps, **pdl.launch(),
     )  # fmt: skip
     return y, amax
+
+
+def glu_gemm(
+    a: torch.Tensor,  # [M, K] bf16 / fp16 / fp32, unit stride in K, 16-byte aligned rows
+    w: torch.Tensor,  # [2I, K] in a's dtype (gate rows, then up rows)
+    config: tuple[int, ...] = (128, 64, 64, 4, 8),  # bm, bn, bk, stages, warps
+    gelu: bool = False,
+) -> torch.Tensor:
+    """y [M, I] = act(a @ gate^T) * (a @ up^T) in a's dtype, unscaled (see above)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = a.shape
+    i = w.shape[0] // 2
+    bm, bn, bk, stages, warps = config
+    y = torch.empty((m, i), dtype=a.dtype, device=a.device)
+    _fp8_glu_gemm_kernel[(triton.cdiv(m, bm) * triton.cdiv(i, bn),)](
+        TensorDescriptor.from_tensor(a, [bm, bk]), y, TensorDescriptor.from_tensor(w, [bn, bk]),
+        y, y, y, m, i, k, y.stride(0), BM=bm, BN=bn, BK=bk, GELU=gelu, SCALED=False,
+        IEEE=a.dtype == torch.float32, num_stages=stages, num_warps=warps, **pdl.launch(),
+    )  # fmt: skip
+    return y

@@ -6,7 +6,8 @@ A model's forward calls a slot and never asks how its weights are stored. The sl
                 projections as one GEMM (`Attention.qkv`: `dense.ProjectionConcat` before fusing,
                 `dense.StackedProjection` after, or one quantized linear)
     gated MLP   `mlp.gate_up`: x -> act(gate x) * up x, the down projection's input
-                (`dense.SeparateGateUp` / `StackedGateUp`, `gate_up.QuantGateUp`, `gate_up.FusedGlu`);
+                (`dense.SeparateGateUp` / `StackedGateUp` / `FusedGateUp`, `gate_up.QuantGateUp`,
+                `gate_up.FusedGlu`);
                 `mlp.down_proj` a linear as above
     experts     `experts.impl(experts, x, weights, index, sum_dtype, add)`: `experts.DenseExperts`
                 (bf16, or FP8 codes weight-only), `W8A8Experts`, `Nvfp4Experts`

@@ -14,6 +14,8 @@ from torch import nn
 
 from dlmrt.account import label
 from dlmrt.impls.activation import act, act_mul
+from dlmrt.ops.bf16_glu import glu_bf16
+from dlmrt.ops.fp8 import GluPlan
 
 
 class ProjectionConcat:
@@ -57,10 +59,24 @@ class StackedGateUp:
     """act(gate) * up from one GEMM over the fused [2I, H] weight and one fused activation."""
 
     def __init__(self, weight: torch.Tensor, activation: str) -> None:
-        self.weight, self.act_mul = weight, act_mul(activation)
+        self.weight, self.activation, self.act_mul = weight, activation, act_mul(activation)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         with label("gate_up", x, self.weight):
             g = F.linear(x, self.weight)
         with label("act_mul", g):
             return self.act_mul(g)
+
+
+class FusedGateUp:
+    """The same in one kernel at the plan's rows (kernels/fp8_glu_gemm.py's unscaled form, chosen
+    by `ops/bf16_glu_choice.py`: `glu_install.install_bf16_glu`); other rows, a CPU, or no plan
+    run `StackedGateUp`'s two steps (`ops.bf16_glu.twin`)."""
+
+    def __init__(self, weight: torch.Tensor, activation: str, plan: GluPlan | None) -> None:
+        act(activation)  # checks the name
+        self.weight, self.activation, self.plan = weight, activation, plan
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        with label("gate_up_act", x, self.weight):
+            return glu_bf16(x, self.weight, self.activation == "gelu_tanh", self.plan)

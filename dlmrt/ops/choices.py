@@ -1,18 +1,19 @@
 """The one registry of implementation choices: every start-up decision of which implementation
 runs (an op's Triton kernel or torch twin, FlashAttention-4 or our arena kernel, an attention
-tile, FP8 or bf16 GEMMs, the fused FP8 GLU, NVFP4 kernels, W8A8 or W8A16 experts, whether a
-model's quantized weights run on its kernels, one or two streams for independent branches:
-`ops/branches.py`, DLMRT_BRANCH_STREAMS) is recorded here under a key saying what was
+tile, FP8 or bf16 GEMMs, the fused FP8 and bf16 GLUs, NVFP4 kernels, W8A8 or W8A16 experts,
+whether a model's quantized weights run on its kernels, one or two streams for independent
+branches: `ops/branches.py`, DLMRT_BRANCH_STREAMS) is recorded here under a key saying what was
 decided, logged once at INFO, and can be read back (`report()`: `dlmrt generate -v`, the
 benchmarks, the tests).
 
 The measurements stay beside what they measure (`ops/fp8_choice.py`, `ops/fp8_glu_choice.py`,
-`ops/nvfp4_choice.py`, `ops/moe_fp8_choice.py`, `ops/flash_attn4.py`); they decide through
-`record`. The environment pins (DLMRT_OPS, DLMRT_FA4, DLMRT_FP8_GEMMS, DLMRT_FP8_GEMM_KERNEL,
-DLMRT_FP8_GLU, DLMRT_FP8_EXPERTS, DLMRT_NVFP4_EXPERTS, DLMRT_NVFP4_DENSE, DLMRT_VOCAB_PASS,
-DLMRT_DEEPGEMM, DLMRT_CANVAS_VOCAB, DLMRT_CANVAS_ATTN) are read by those deciders (DLMRT_VOCAB_PASS
-and DLMRT_CANVAS_VOCAB by `engine/block/vocab_step.py` and `engine/encoder_decoder/vocab_choice.py`,
-DLMRT_CANVAS_ATTN by `ops/canvas_launch.py`), and a pinned choice says so in its `why`. DLMRT_PDL, a switch rather than a choice between
+`ops/bf16_glu_choice.py`, `ops/nvfp4_choice.py`, `ops/moe_fp8_choice.py`, `ops/flash_attn4.py`);
+they decide through `record`. The environment pins (DLMRT_OPS, DLMRT_FA4, DLMRT_FP8_GEMMS,
+DLMRT_FP8_GEMM_KERNEL, DLMRT_FP8_GLU, DLMRT_BF16_GLU, DLMRT_FP8_EXPERTS, DLMRT_NVFP4_EXPERTS,
+DLMRT_NVFP4_DENSE, DLMRT_VOCAB_PASS, DLMRT_DEEPGEMM, DLMRT_CANVAS_VOCAB, DLMRT_CANVAS_ATTN) are
+read by those deciders (DLMRT_VOCAB_PASS and DLMRT_CANVAS_VOCAB by `engine/block/vocab_step.py`
+and `engine/encoder_decoder/vocab_choice.py`, DLMRT_CANVAS_ATTN by `ops/canvas_launch.py`), and a
+pinned choice says so in its `why`. DLMRT_PDL, a switch rather than a choice between
 implementations, is recorded by `dlmrt.ops` when it sets the kernels' switch.
 
 A key is recorded once: recording the same pick and reason again is a lookup (nothing logged);

@@ -15,7 +15,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 pytest.importorskip("triton.backends.nvidia")
-from dlmrt._kernels import fp8_gemm, moe_mlp, moe_plan, silu_mul  # noqa: E402
+from dlmrt._kernels import fp8_gemm, fp8_glu_gemm, moe_mlp, moe_plan, silu_mul  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 DESC = "tensordesc<fp8e4nv[128, 128]>"
@@ -40,6 +40,13 @@ CASES = {
         | {"part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
         | {"k_slice": "i32", "split": "i32", "stride_om": "i32"},
         {"BM": 128, "BN": 128, "BK": 128, "AMAX": False},
+    ),
+    "bf16_glu": (  # the unscaled form: two accumulators over TMA tiles, no atomics
+        fp8_glu_gemm._fp8_glu_gemm_kernel,
+        {"a_desc": "tensordesc<bf16[128, 64]>", "sa_ptr": "*bf16"}
+        | {"w_desc": "tensordesc<bf16[64, 64]>", "sw_ptr": "*bf16", "y_ptr": "*bf16"}
+        | {"amax_ptr": "*bf16", "M": "i32", "N_I": "i32", "K": "i32", "stride_ym": "i32"},
+        {"BM": 128, "BN": 64, "BK": 64, "GELU": False, "SCALED": False, "IEEE": False},
     ),
     "moe_plan": (
         moe_plan._plan_kernel,
