@@ -148,7 +148,11 @@ def cost(rec: Record) -> Cost | None:
         return _gemm(*rec.reads[:2])
     if rec.name == "attention":
         return _attention(*rec.reads)
-    if rec.name == "vocab_pass":
-        return _vocab_pass(*rec.reads)
+    if rec.name in ("vocab_pass", "canvas_vocab_pass"):  # (h, head weight, embedding)
+        return _vocab_pass(*rec.reads[:3])
+    if rec.name == "gate_up_act":  # the fused GLU: the GEMM, writing act(gate) * up [rows, N/2]
+        x, w = rec.reads[:2]
+        gemm, n_out = _gemm(x, w), w.numel() // tensors(x)[0].shape[-1]
+        return Cost(gemm.flops, gemm.nbytes - rows(x) * n_out, gemm.fp8)  # half of N, 2 bytes
     scale = 2.0 if rec.name in ROW_OPS else 1.5 if rec.name == "act_mul" else 1.0
     return Cost(0, scale * nbytes(*rec.reads) + nbytes(*rec.writes))

@@ -15,7 +15,9 @@ Per turn: `ttft_ms`, the host time from `generate` to the first `on_tokens` call
 final tokens a streaming client sees: every round with `--stream on`, docs/streaming.md); `prefill_ms`, the prefill's device time
 (CUDA events, the engine's `prefill_timer`, `dlmrt/engine/prefill_timer.py`) and `prefill_rows`,
 the rows it ran; `request_ms`, the whole request; `cached_tokens`; `ms_per_round`, (request -
-prefill) / denoising forwards. Each is the median of `--repeats` conversations (fresh random ids,
+prefill) / denoising forwards: an upper bound on a round (the host clock's request minus the
+prefill's device time leaves the prefill's host launches in the rounds; the round time proper is
+`benchmarks/rounds/round_latency.py`'s). Each is the median of `--repeats` conversations (fresh random ids,
 the engine's prefix cleared first), after `--warmups` conversations of the same lengths (graphs
 captured, the arena at its final size). `--stream on|off` passes `stream_rounds` to `LLM`
 (tokens every round, also out of the block graph, or once per block); the round time with

@@ -92,6 +92,11 @@ def test_floors_count_bytes_and_flops_of_the_shapes_that_ran():
     tied = floors.cost(account.Record(0, "vocab_pass", None, (_bf16(8, 64), embed, embed)))
     assert tied.nbytes == 2 * (8 * 64 + 500 * 64)  # a tied weight is read once
     assert tied.flops == 2 * 8 * 500 * 64 * 2
+    h, head = _bf16(8, 64), _bf16(500, 64)  # DiffusionGemma's one pass: head and E, untied
+    one = floors.cost(account.Record(0, "canvas_vocab_pass", None, (h, head, embed), (h,)))
+    assert one.flops == 2 * 8 * 500 * 64 * 2 and one.nbytes == 2 * (8 * 64 + 2 * 500 * 64)
+    glu = floors.cost(account.Record(0, "gate_up_act", None, (x, w)))  # act(gate) * up: N / 2
+    assert glu.flops == gemm.flops and glu.nbytes == (256 * 64 + 96 * 64 + 256 * 48) * 2
 
 
 def test_attention_floor_reads_the_visible_keys_only():

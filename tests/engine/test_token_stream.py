@@ -271,3 +271,81 @@ def test_live_drafts_are_the_drafts_built_from_records(checkpoints, rule):
     assert out.token_ids == ref.token_ids and live == traced
     assert len(live) == sum(out.rounds_per_block) and live[-1].final
     assert out.num_commit_forwards > 0  # drafts run unfolded, live or not
+
+
+class _Replay:
+    """A captured body, emulated on the CPU: replaying it runs the body 'inside the graph'."""
+
+    capturing = False
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        _Replay.capturing = True
+        try:
+            self.fn()
+        finally:
+            _Replay.capturing = False
+
+
+def _emulated_capture(fn, stream, pool) -> _Replay:
+    for _ in range(2):  # capture.warm_up's real runs, before the buffers of the block are loaded
+        fn()
+    return _Replay(fn)
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_round_graph_streams_only_what_its_graphs_publish(checkpoints, fold, monkeypatch):
+    """round_graph captures each body at its first run; the warm-up runs come out of order (the
+    rounds' before the block is loaded) and must neither publish nor change the tokens."""
+    import dlmrt.engine.block.row_stream as row_stream
+    import dlmrt.engine.graph.loop as loop
+    import dlmrt.engine.graph.workspace as workspace
+
+    class CpuRoundGraph(loop.RoundGraphRunner):
+        def __init__(self, pool) -> None:
+            self.pool, self.stream, self.graphs = pool, None, {}
+
+    prompt, opts = list(range(3, 14)), dict(fold_commits=fold, prefix_reuse=False)
+    eager = LLM(checkpoints["qwen-orl"], device="cpu", **opts).generate(prompt, **KW, **SLOW)
+    monkeypatch.setattr(loop, "capture", _emulated_capture)
+    monkeypatch.setattr(workspace, "make_runner", lambda mode, pool: CpuRoundGraph(pool))
+    monkeypatch.setattr(
+        row_stream.torch.cuda, "is_current_stream_capturing", lambda: _Replay.capturing
+    )
+    llm = LLM(checkpoints["qwen-orl"], device="cpu", **opts)
+    calls, out, marks = _stream(llm, prompt, **KW, **SLOW)
+    assert out.token_ids == eager.token_ids
+    _check_stream(calls, out)
+    assert any(m > i for i, m in enumerate(marks))  # rounds read inside the block
+
+
+def test_a_listener_error_mid_block_is_raised_after_should_stop_is_called(checkpoints):
+    """A stop string found mid-block (the server raises from on_tokens): should_stop is still
+    called that round (under tensor parallelism a collective), then the error surfaces."""
+    llm = LLM(checkpoints["qwen-orl"], device="cpu", prefix_reuse=False)
+    seen: list[str] = []
+
+    def on_tokens(tokens: list[int]) -> None:
+        seen.append("tokens")
+        raise KeyError("stop string")
+
+    def should_stop() -> bool:
+        seen.append("stop")
+        return False
+
+    with pytest.raises(KeyError, match="stop string"):
+        llm.generate(list(range(3, 14)), on_tokens=on_tokens, should_stop=should_stop, **KW, **SLOW)
+    assert seen[-2:] == ["tokens", "stop"] and seen.count("tokens") == 1
+    calls, out, _ = _stream(llm, list(range(3, 14)), **KW, **SLOW)  # the engine serves the next
+    _check_stream(calls, out)
+
+
+def test_a_structured_request_streams_by_blocks_without_stream_rounds():
+    pytest.importorskip("llguidance")
+    llm = LLM(device="cpu", stream_rounds=False)
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    calls, out, marks = _stream(llm, "What is 3 + 4?", max_new_tokens=48, response_format=fmt)
+    _check_stream(calls, out)
+    assert marks == list(range(len(marks)))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from dlmrt.config import EAGER
 from dlmrt.engine.block.block_io import BlockIO
 from dlmrt.engine.block.fold import FoldBuffers, joint_pass, max_passes
 from dlmrt.engine.block.round import BlockBuffers, RoundSpec, commit_pass, denoise_round
@@ -53,7 +54,10 @@ class BlockProgram:
         trace = self.trace
         if stream not in (None, "rows", "drafts"):
             raise ValueError(f"stream: expected None, 'rows' or 'drafts', got {stream!r}")
-        rows_out = None if stream is None else RowStream(rows, device, stream == "drafts")
+        graphs = runner.name != EAGER  # publish from the captured graphs only (`row_stream.py`)
+        rows_out = (
+            None if stream is None else RowStream(rows, device, stream == "drafts", None, graphs)
+        )
         self.rows_out = rows_out
 
         def round_body() -> None:

@@ -49,9 +49,8 @@ def emit(res: EngineResult, req: BlockRequest, index: int, rounds: int, tokens: 
 
 
 def launch(prog: BlockProgram, parts: tuple, req: BlockRequest, index: int, before: list[int]):
-    """Run block `index`'s chain; a streamed request first captures its graphs (their warm-ups
-    publish too) and clears the round stream (`row_stream.py`)."""
+    """Run block `index`'s chain; a streamed request first clears the round stream
+    (`row_stream.py`) and reads block `index`'s rounds from then on."""
     if req.feed is not None and req.feed.streams_rounds:
-        prog.runner.prepare(parts)
         req.feed.start_block(index, before)
     prog.runner.chain(parts, req.between_rounds)

@@ -26,9 +26,13 @@ the rounds it missed (`overruns`); the writer never waits for it. The final rows
 which rounds were read (resolved rows never change for a rule that does not edit), so skipping
 loses intermediate updates only (and, with drafts, the drafts of the skipped rounds).
 
-The ring is cleared before each block's launch, when the device is idle and after any capture of
-the block's graphs (`Runner.prepare`): a capture's warm-up runs the round body once, and what it
-published must not be read as the block's round 1.
+The ring is cleared before each block's launch, when the device is idle. In the graph modes the
+publish is part of the captured graphs only: a capture's warm-up runs the bodies for real (out of
+order in round_graph, before the block's buffers are loaded), and what a warm-up published could
+be read as the block's round 1; so outside a capture a graph mode's publish does nothing.
+
+The host reads slots with plain loads in order: the seqlock relies on x86's load ordering (an
+aarch64 host would need an acquire load between the round number and the payload).
 """
 
 from __future__ import annotations
@@ -83,9 +87,16 @@ def payload(buf: BlockBuffers, d: Decision | None = None) -> torch.Tensor:
 
 class RowStream:
     def __init__(
-        self, rows: int, device: torch.device, drafts: bool = False, slots: int | None = None
+        self,
+        rows: int,
+        device: torch.device,
+        drafts: bool = False,
+        slots: int | None = None,
+        graphs: bool = False,
     ) -> None:
+        """graphs: the program runs as CUDA graphs (publish only while being captured)."""
         self.rows, self.drafts, self.slots = rows, drafts, slots or SLOTS
+        self.graphs = graphs
         self.cuda = device.type == "cuda"
         self.width = 3 + rows * (4 if drafts else 1)
         self.ring = torch.zeros(self.slots, self.width, dtype=torch.long, pin_memory=self.cuda)
@@ -96,6 +107,8 @@ class RowStream:
 
     def publish(self, buf: BlockBuffers, d: Decision | None = None) -> None:
         """Device side, capturable: this round's row (with drafts: needs the round's `d`)."""
+        if self.graphs and not torch.cuda.is_current_stream_capturing():
+            return  # a warm-up run: its rows are not the block's (see above)
         row = payload(buf, d if self.drafts else None)
         if not self.cuda:
             self.ring.index_copy_(0, (buf.step % self.slots).view(1), row.view(1, -1))
@@ -109,7 +122,7 @@ class RowStream:
 
     def clear(self) -> None:
         """Host side: forget every slot; the next round read is 1. Waits for the stream first
-        (idle between blocks: a few µs), so no publish (a warm-up's) lands after the clear."""
+        (idle between blocks: a few µs), so no earlier publish lands after the clear."""
         if self.cuda:
             torch.cuda.current_stream().synchronize()
         self._host[:, 0] = 0

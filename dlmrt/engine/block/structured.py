@@ -239,7 +239,8 @@ def run_blocks(engine, prog, prompt_ids, mask_id, seed, req, res, c: Constraint,
     res.mode, why = mode_of(runner.name)
     log.info("structured request: mode %s (%s)", res.mode, why)
 
-    feed = req.feed if not getattr(prog.spec.rule, "edits", False) else None
+    by_rounds = engine.stream_rounds and not getattr(prog.spec.rule, "edits", False)
+    feed = req.feed if by_rounds else None
     shown: list = []  # (block start, output before it, the block's host state) for the feed
 
     def poll() -> None:  # before every round: hand over the rows the grammar consumed so far

@@ -44,6 +44,7 @@ class TokenFeed:
         self._cut = (stop_ids, max_new_tokens, ignore_eos)
         self._sent = 0  # tokens handed over so far
         self._block: tuple[int, list[int]] | None = None  # (block start, output before it)
+        self._held: BaseException | None = None  # a listener's error from a poll, raised later
 
     @property
     def streams_rounds(self) -> bool:
@@ -64,10 +65,25 @@ class TokenFeed:
         self._block = (index * self._lay.block_length, list(before))
 
     def poll(self) -> None:
-        """Read the ring; hand over the block's newly final rows, if any."""
-        if self._rows is None or self._block is None:
+        """Read the ring; hand over the block's newly final rows, if any. A listener's error is
+        held, and nothing more is handed over in this block, until `end_block` or the
+        between-rounds check raises it: after the block's read-back (where `on_progress` may
+        raise too), or after the caller's `should_stop` has been called (a collective under
+        tensor parallelism: every rank still calls it once per round)."""
+        if self._rows is None or self._block is None or self._held is not None:
             return
-        start, before = self._block
+        try:
+            self._poll(*self._block)
+        except Exception as e:
+            self._held = e
+
+    def _raise_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._block = None
+            raise held
+
+    def _poll(self, start: int, before: list[int]) -> None:
         slots = [s for s in self._rows.poll() if s.block_start == start]
         bad = next((i for i, s in enumerate(slots) if s.nonfinite), None)
         if bad is not None:  # nothing from this round on: the engine raises after the block
@@ -98,8 +114,10 @@ class TokenFeed:
         self.offer(tokens)
 
     def end_block(self) -> None:
-        """The block was read back: a last poll (its final rounds), then no more ring reads."""
+        """The block was read back: a last poll (its final rounds), then no more ring reads; a
+        listener's error held during the block is raised now."""
         self.poll()
+        self._raise_held()
         self._block = None
 
     def between(self, should_stop: StopCheck | None) -> Callable[[], bool]:
@@ -108,6 +126,8 @@ class TokenFeed:
 
         def check() -> bool:
             self.poll()
-            return should_stop is not None and bool(should_stop())
+            stop = should_stop is not None and bool(should_stop())
+            self._raise_held()
+            return stop
 
         return check

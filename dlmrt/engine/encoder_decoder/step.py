@@ -111,7 +111,8 @@ def canvas_step(spec: CanvasSpec, buf: CanvasBuffers, arena: ContextArena) -> No
     t_step = s.max_denoising_steps - buf.step  # the reference's `step`: N, N - 1, ..., 1
     if spec.one_pass:
         h = spec.model(buf.canvas, ctx, spec.length, sc_embed=buf.sc, first=buf.first, normed=True)
-        with label("canvas_vocab_pass", h, writes=(buf.sc,)):
+        head, table = spec.model.lm_head.weight, spec.model.embed_table
+        with label("canvas_vocab_pass", h, head, table, writes=(buf.sc,)):
             sampled, argmax, entropy, confidence = _one_pass(spec, buf, h, t_step)
     else:
         raw = spec.model(

@@ -85,11 +85,6 @@ class EagerRunner:
         for p in parts:
             self.run(p, should_stop) if isinstance(p, Loop) else self.once(p)
 
-    def prepare(self, parts: tuple[Program, ...]) -> None:
-        """Capture what `chain(parts)` will replay, now (eager: nothing to capture). A capture's
-        warm-up runs the bodies for real; a caller that must not see those runs (the round
-        stream) prepares first, then resets what they touched."""
-
 
 class RoundGraphRunner:
     """One CUDA graph per body, replayed from the host loop."""
@@ -114,10 +109,6 @@ class RoundGraphRunner:
         self._graph(program).replay()
 
     chain = EagerRunner.chain
-
-    def prepare(self, parts: tuple[Program, ...]) -> None:
-        for p in parts:
-            self._graph(p)
 
 
 class BlockGraphRunner(RoundGraphRunner):
@@ -157,16 +148,10 @@ class BlockGraphRunner(RoundGraphRunner):
     def run(self, loop: Loop, should_stop: StopCheck | None = None) -> None:
         self.chain((loop,), should_stop)
 
-    @staticmethod
-    def _key(parts: tuple[Program, ...]) -> str:
-        names = [p.name for p in parts]
-        return "while:" + names[0] if len(parts) == 1 else "chain:" + "+".join(names)
-
-    def prepare(self, parts: tuple[Program, ...]) -> None:
-        self._chain_graph(self._key(parts), parts)
-
     def chain(self, parts: tuple[Program, ...], should_stop: StopCheck | None = None) -> None:
-        graph = self._chain_graph(self._key(parts), parts)
+        names = [p.name for p in parts]
+        key = "while:" + names[0] if len(parts) == 1 else "chain:" + "+".join(names)
+        graph = self._chain_graph(key, parts)
         check_stop(should_stop)  # the graph runs every part with no host in between: check first
         graph.launch()
 
