@@ -17,8 +17,9 @@ ignore_eos, the fixed_steps rule forced to the ttft benchmark's rounds per block
                          round by round, the commit unfolded)
 
 Formats, both binding every row (a random model picks among the allowed tokens only):
-regex `[a-z ]+` (the budget ends it), json `{"text": <string of [a-z ]>}`. On the CPU every run is
-eager. ms per round = the median request time / its rounds (denoising forwards) (commit passes and host
+regex `[a-z ]+` (the budget ends it), json `{"text": <string of [a-z ]>}` (the random model may
+close the string early: the rows after the document are stop fill, decided with no round, so the
+run has fewer rounds; `tokens` counts them, `ignore_eos`). On the CPU every run is eager. ms per round = the median request time / its rounds (denoising forwards) (commit passes and host
 work included); grammar ms per round = the grammar's host time / rounds.
 """
 
