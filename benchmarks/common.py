@@ -58,7 +58,9 @@ def random_model(
     if getattr(cfg, "tie_word_embeddings", False):
         model.tie_lm_head()
     model.fuse_projections()
-    install_bf16_glu(model)  # as the loader does: DLMRT_BF16_GLU's one-kernel gate|up
+    # as the loader does: DLMRT_BF16_GLU's one-kernel gate|up (off by default: nothing done); a
+    # benchmark that quantizes to FP8 afterwards replaces it, though its choices stay recorded
+    install_bf16_glu(model)
     return model
 
 

@@ -50,7 +50,7 @@ FORMATS = {
     "regex": ({"type": "regex", "regex": "[a-z ]+"}, re.compile(r"[a-z ]+")),
     "json": (
         {"type": "json_schema", "json_schema": {"schema": TEXT_SCHEMA}},
-        re.compile(r'\{"text":"[a-z ]*"\}'),
+        re.compile(r'\{"text":"[a-z ]+"\}'),
     ),
 }
 

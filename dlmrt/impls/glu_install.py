@@ -18,6 +18,7 @@ import logging
 
 from torch import nn
 
+from dlmrt import envs
 from dlmrt.impls.dense import FusedGateUp, StackedGateUp
 from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.impls.gate_up import FusedGlu
@@ -61,7 +62,10 @@ def block_rows(model: nn.Module) -> int:
 def install_bf16_glu(model: nn.Module, rows: int | None = None) -> int:
     """Give each layer's dense gated MLP of `model` (`model.model.layers[i].mlp`, its `gate_up` a
     `StackedGateUp`) the one-kernel first half where it is chosen at `rows` (default: the block
-    rows); returns how many were installed. Shared experts and adapters keep theirs."""
+    rows); returns how many were installed. Shared experts and adapters keep theirs. With
+    DLMRT_BF16_GLU=off (the default) nothing is looked at or recorded: the load is as before."""
+    if envs.bf16_glu() == "off":
+        return 0
     done = 0
     for i, layer in enumerate(getattr(getattr(model, "model", None), "layers", ())):
         mlp = getattr(layer, "mlp", None)

@@ -58,14 +58,22 @@ def test_kernel_matches_the_unfused_path(rows, i, k, gelu):
     assert same > 0.97, f"only {same:.3f} of y bit-equal to the unfused path's"
 
 
-@kernel_test
-def test_the_op_runs_the_kernel_only_at_the_plan_rows():
-    """Other row counts (a prefill) take the twin; the plan's rows the kernel, same values."""
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the op takes the kernel on CUDA only")
+def test_the_op_runs_the_kernel_only_at_the_plan_rows(monkeypatch):
+    """Other row counts (a prefill) take the twin; the plan's rows the kernel, same values (the
+    CPU always runs the twin: `test_cpu_runs_the_twin_bit_for_bit`)."""
+    import dlmrt._kernels.fp8_glu_gemm as kernel
+
+    calls: list[int] = []
+    real = kernel.glu_gemm
+    monkeypatch.setattr(kernel, "glu_gemm", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
     x, w = _case(7, 72, 200)
     plan = GluPlan(7, CONFIG)
     want = twin(x, w, False)
     torch.testing.assert_close(glu_bf16(x, w, False, plan), want, rtol=1e-2, atol=1e-2)
     assert torch.equal(glu_bf16(x[:5], w, False, plan), twin(x[:5], w, False))
+    assert calls == [7]  # the kernel ran at the plan's rows, not at 5
 
 
 def test_cpu_runs_the_twin_bit_for_bit():
