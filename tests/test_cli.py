@@ -187,3 +187,15 @@ def test_help_imports_no_torch():
 
     code = "import sys, dlmrt.cli; dlmrt.cli.build_parser(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_generate_prints_exactly_the_text_while_it_streams(env):
+    """`dlmrt generate` writes the text as its tokens become final (many writes, one per round
+    with new final rows): stdout is still exactly the request's text and one newline."""
+    from dlmrt import LLM
+
+    prompt = "Tom has 12 apples and buys 7 more, then gives away 5. How many now?"
+    want = LLM(device="cpu").generate(prompt, chat=True, threshold=0.999).text
+    res = _run(["generate", "--chat", "--threshold", "0.999", prompt], env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == want + "\n"
