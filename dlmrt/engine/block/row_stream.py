@@ -26,7 +26,9 @@ the rounds it missed (`overruns`); the writer never waits for it. The final rows
 which rounds were read (resolved rows never change for a rule that does not edit), so skipping
 loses intermediate updates only (and, with drafts, the drafts of the skipped rounds).
 
-The ring is cleared before each block's launch, when the device is idle. In the graph modes the
+The ring is cleared before each block's launch, when no publish is in flight (the previous
+block's read-back waited for its rounds; after a cancelled block `BlockIO.stage` waits for the
+stream before the next launch), so the clear needs no sync of its own. In the graph modes the
 publish is part of the captured graphs only: a capture's warm-up runs the bodies for real (out of
 order in round_graph, before the block's buffers are loaded), and what a warm-up published could
 be read as the block's round 1; so outside a capture a graph mode's publish does nothing.
@@ -121,10 +123,8 @@ class RowStream:
         nvrtc.launch(fn, 128, (values, types))
 
     def clear(self) -> None:
-        """Host side: forget every slot; the next round read is 1. Waits for the stream first
-        (idle between blocks: a few µs), so no earlier publish lands after the clear."""
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
+        """Host side, with no publish in flight (see above): forget every slot; the next round
+        read is 1."""
         self._host[:, 0] = 0
         self._next = 1
 

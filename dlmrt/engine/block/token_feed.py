@@ -57,8 +57,8 @@ class TokenFeed:
             self._on_tokens(list(tokens))
 
     def start_block(self, index: int, before: list[int]) -> None:
-        """Block `index` is about to launch after the output `before`: clear the ring (the
-        device is idle, the block's graphs captured) and read its rounds from now on."""
+        """Block `index` is about to launch after the output `before`: clear the ring (no
+        publish in flight: `row_stream.py`) and read its rounds from now on."""
         if self._rows is None:
             return
         self._rows.clear()

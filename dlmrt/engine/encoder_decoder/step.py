@@ -159,10 +159,9 @@ def _vocab_pass(spec: CanvasSpec, buf: CanvasBuffers, raw: torch.Tensor, t_step:
     u = counter_uniform(buf.seed, buf.index, 2 * t_step, spec.length)
     argmax, entropy, sampled = ops.canvas_vocab(raw, cap, temperature, u, buf.sc, spec.vocab_kernel)
     confidence = None
-    if buf.trace_argmax is not None:
+    if buf.trace_argmax is not None:  # from z in the model dtype (the old sc buffer)
         z = ops.vocab.softcapped(raw, cap) / temperature
-        z = z.to(buf.sc.dtype).float()  # as before: from z in the model dtype (the old sc buffer)
-        confidence = torch.exp(z.gather(-1, argmax[:, None])[:, 0] - torch.logsumexp(z, dim=-1))
+        confidence = ops.vocab.confidence(z, argmax, buf.sc.dtype)
     return sampled, argmax, entropy, confidence
 
 
