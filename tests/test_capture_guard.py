@@ -167,3 +167,19 @@ def test_an_arena_growth_drops_programs_after_the_capture():
         assert not ws.programs and not ws.extras
         assert all(r() is not None for r in refs)
     assert all(r() is None for r in refs)
+
+
+def test_an_arena_growth_gives_the_graphs_a_fresh_pool(monkeypatch):
+    """torch's allocator asserts when a capture goes into a pool whose graphs all died while a
+    tensor it lent lives on: so the graphs over a grown arena capture into a new pool."""
+    handles = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
+    monkeypatch.setattr("dlmrt.engine.graph.workspace.use_expandable_segments", lambda device: None)
+    arena = lambda rows: type("Arena", (), {"max_len": rows})()  # noqa: E731
+    ws = Workspace("block_graph", arena, torch.device("cpu"))
+    ws.reserve(1)
+    first = ws.pool
+    ws.reserve(ws.arena.max_len)
+    assert ws.pool == first  # no growth, no new pool
+    ws.reserve(ws.arena.max_len + 1)
+    assert ws.pool not in (None, first)

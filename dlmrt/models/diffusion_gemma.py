@@ -285,7 +285,7 @@ class DiffusionGemma(nn.Module):
         with label("embed", input_ids):
             h = self._embed(input_ids, canvas, sc_logits, sc_temperature, first, sc_probs, sc_embed)
         with label("rope_tables", pos):
-            dims = {k: self.cfg.head_dims[self.cfg.layer_types.index(k)] for k in self.cfg.rope}
+            dims = dict(zip(self.cfg.layer_types, self.cfg.head_dims))  # kind -> head width
             ropes = rope_tables(self.cfg.rope, dims, pos, h.dtype)
         for i, (layer, kind) in enumerate(
             zip(self.model.layers, self.cfg.layer_types, strict=True)

@@ -75,12 +75,13 @@ def rope_cos_sin(
 def rope_tables(specs: dict, head_dims: dict[str, int], pos: torch.Tensor, dtype) -> dict:
     """(cos, sin) per attention kind, each with its own theta, rotary fraction and scaling
     (`specs`: kind -> RopeSpec; `head_dims`: kind -> its head width), e.g. DiffusionGemma's sliding
-    and full layers."""
+    and full layers; a kind no layer has, as in a model cut to fewer layers, is left out)."""
     return {
         kind: proportional_rope_cos_sin(
             pos, head_dims[kind], s.theta, s.rotary_factor, dtype, s.factor
         )
         for kind, s in specs.items()
+        if kind in head_dims
     }
 
 

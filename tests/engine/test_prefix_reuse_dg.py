@@ -20,7 +20,6 @@ from dg_helpers import CANVAS, VOCAB, ckpt  # noqa: F401
 
 from dlmrt import LLM
 from dlmrt.decoding import entropy_bound_canvas as ebc
-from dlmrt.server.worker import _cached_tokens
 
 NEW = 20  # max_new_tokens: three canvases of 8, the last one never committed
 KW = dict(
@@ -65,8 +64,8 @@ def test_a_conversation_decodes_as_cold_and_reuses_the_committed_canvases(pair):
         ids = ids + new
         out, ref = llm.generate(ids, **KW), cold.generate(ids, **KW)
         assert out.token_ids == ref.token_ids, turn
-        assert ref.num_cached_tokens == 0 and _cached_tokens(cold) == 0
-        assert out.num_cached_tokens == _cached_tokens(llm) == held, turn
+        assert ref.num_cached_tokens == 0 and cold.engine.prefix.reused == 0
+        assert out.num_cached_tokens == llm.engine.prefix.reused == held, turn
         assert out.num_prefill_forwards == 1  # each turn adds tokens after the held rows
         held = _committed(len(ids))
         ids = ids + out.token_ids
@@ -130,7 +129,7 @@ def test_torch_noise_reuses_nothing_and_keeps_the_held_rows(pair):
     llm.generate(prompt, **KW)
     held = list(llm.engine.prefix.ids)
     assert llm.generate(prompt, **{**KW, "rng": "torch"}).num_cached_tokens == 0
-    assert _cached_tokens(llm) == 0 and llm.engine.prefix.ids == held
+    assert llm.engine.prefix.reused == 0 and llm.engine.prefix.ids == held
     assert llm.generate(prompt, **KW).num_cached_tokens == len(prompt)
 
 

@@ -36,14 +36,22 @@ def checkpoints(tmp_path_factory):
     }
 
 
-def _conversation(llm: LLM, turns: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+def _conversation(llm: LLM, cold: LLM, turns: list[list[int]]):
+    """Both engines answer the same prompts (each built from the cold engine's answers); after
+    each turn the rows it reused hold the same K/V in both arenas up to kernel rounding.
+    Returns per turn: (reused tokens, cold tokens), and the reused engine's cached tokens."""
     ids, tokens, cached = [], [], []
     for new in turns:
         ids = ids + new
-        out = llm.generate(ids, **KW)
-        tokens.append(out.token_ids)
+        out, ref = llm.generate(ids, **KW), cold.generate(ids, **KW)
+        assert ref.num_cached_tokens == 0
+        a, c = llm.engine.workspace.arena, cold.engine.workspace.arena
+        rows = out.num_cached_tokens  # the rows served from the arena: as cold prefilled them
+        for mine, theirs in ((a.k, c.k), (a.v, c.v)):
+            torch.testing.assert_close(mine[:, :, :rows], theirs[:, :, :rows], rtol=1e-4, atol=1e-4)
+        tokens.append((out.token_ids, ref.token_ids))
         cached.append(out.num_cached_tokens)
-        ids = ids + out.token_ids
+        ids = ids + ref.token_ids
     return tokens, cached
 
 
@@ -52,15 +60,19 @@ def _conversation(llm: LLM, turns: list[list[int]]) -> tuple[list[list[int]], li
 def test_every_mode_reuses_the_same_rows_and_decodes_as_cold(
     checkpoints, name, max_rows, monkeypatch
 ):
+    """Reuse is exact up to kernel rounding: the reused rows' K/V equal a cold prefill's to 1e-4
+    (fp32). Tokens: the first turn (nothing reused) as cold's; a later turn's may differ from
+    cold's where two logits are within that rounding of each other (docs/prefix-reuse.md,
+    "Exactness"), so they are compared between the modes, which run the same kernels."""
     monkeypatch.setattr(prefill, "MAX_GRAPH_ROWS", max_rows)
     turns = [_ids(21), _ids(9, 1), _ids(30, 2)]
-    cached = {}
+    cached, tokens = {}, {}
     for mode in MODES:
         llm = LLM(checkpoints[name], device="cuda", dtype="float32", mode=mode)
         cold = LLM(checkpoints[name], device="cuda", dtype="float32", mode=mode, prefix_reuse=False)
         assert llm.mode == mode
-        tokens, cached[mode] = _conversation(llm, turns)
-        cold_tokens, cold_cached = _conversation(cold, turns)
-        assert tokens == cold_tokens, mode
-        assert cold_cached == [0, 0, 0] and cached[mode][0] == 0 and min(cached[mode][1:]) > 0
+        tokens[mode], cached[mode] = _conversation(llm, cold, turns)
+        assert tokens[mode][0][0] == tokens[mode][0][1], mode
+        assert cached[mode][0] == 0 and min(cached[mode][1:]) > 0
     assert cached["round_graph"] == cached["block_graph"] == cached["eager"]
+    assert tokens["round_graph"] == tokens["block_graph"] == tokens["eager"]

@@ -4,6 +4,7 @@
   `ARENA_QUANTUM` rows; a growth drops every program (their graphs hold pointers into the old
   arena), so the next request recaptures;
 - one CUDA graph memory pool shared by every graph of the engine (they never run concurrently),
+  a fresh one with each arena (the old one goes once the last tensor it lent is freed),
   over an allocator with expandable segments (`dlmrt/engine/allocator.py`: reserved memory stays
   near allocated memory);
 - `extras`: other graphs over the arena (the block style's prefill graphs), dropped with it;
@@ -48,6 +49,9 @@ class Workspace(Generic[A]):
             capture_guard.release((list(self.programs.values()), list(self.extras.values())))
             self.programs.clear()
             self.extras.clear()
+            if self.pool is not None:  # a fresh pool: a capture into one whose graphs all died
+                # while tensors it lent are alive asserts in torch's allocator (use_count 0)
+                self.pool = torch.cuda.graph_pool_handle()
             self.arena = self._new_arena(-(-rows // ARENA_QUANTUM) * ARENA_QUANTUM)
         return self.arena
 
