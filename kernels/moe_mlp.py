@@ -22,8 +22,8 @@ import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .moe_plan import (
-    MAX_CHUNKED_PAIRS,
     MAX_PAIRS,
+    chunked_fits,
     plan_chunked,
     plan_small,
 )
@@ -204,7 +204,7 @@ def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
     max_tiles = triton.cdiv(pairs, block_m) + min(experts, pairs)
     if pairs <= MAX_PAIRS:  # decode passes: one single-program launch instead of a sort
         return (*plan_small(index, experts, block_m), max_tiles)
-    if pairs <= MAX_CHUNKED_PAIRS:  # DiffusionGemma's canvas, short prefills: three launches
+    if chunked_fits(pairs, experts):  # DiffusionGemma's canvas, short prefills: three launches
         return (*plan_chunked(index, experts, block_m), max_tiles)
     flat = index.reshape(-1).to(torch.int64)
     key = flat * pairs + torch.arange(pairs, device=index.device)  # unique: any sort is stable

@@ -92,6 +92,16 @@ def plan_small(index: torch.Tensor, experts: int, block_m: int):
 # the same grouping over many programs, three launches: per-chunk counts; one program for the
 # exclusive cumsums over chunks and over experts; per-chunk slots. Above: the torch sort.
 MAX_CHUNKED_PAIRS = 16384  # 256 chunks x E: the middle program's tile stays small
+# The scan program holds chunks x experts int32 (both padded to powers of two) in shared memory:
+# 65,536 (256 chunks x LLaDA2's 256 experts, a 2,048-row prefill) asked for 256 KiB on an H100,
+# over its 227 KiB; 32,768 fits.
+MAX_SCAN_TILE = 32768
+
+
+def chunked_fits(pairs: int, experts: int) -> bool:
+    """Whether `plan_chunked` takes `pairs` pairs over `experts` experts (else: the torch sort)."""
+    tile = triton.next_power_of_2(triton.cdiv(pairs, CHUNK)) * triton.next_power_of_2(experts)
+    return MAX_PAIRS < pairs <= MAX_CHUNKED_PAIRS and tile <= MAX_SCAN_TILE
 
 
 @triton.jit
@@ -151,7 +161,7 @@ def _chunk_slots_kernel(
 
 
 def plan_chunked(index: torch.Tensor, experts: int, block_m: int):
-    """Same outputs as `moe_mlp.plan` for MAX_PAIRS < index.numel() <= MAX_CHUNKED_PAIRS."""
+    """Same outputs as `moe_mlp.plan` where `chunked_fits(index.numel(), experts)`."""
     pairs, dev = index.numel(), index.device
     flat = index.reshape(-1)
     chunks = triton.cdiv(pairs, CHUNK)

@@ -196,6 +196,8 @@ def test_moe_layer_captured_in_a_cuda_graph_replays_eager_bits(family, dtype):
         (600, 6, 64),
         (256, 8, 128),
         (2100, 8, 128),
+        (1024, 8, 256),  # LLaDA2's 1,024-row prefill: the chunked plan's largest scan tile
+        (2048, 8, 256),  # a 2,048-row one: the sort (the scan tile would overflow shared memory)
     ],
 )
 @pytest.mark.parametrize("hits", ["random", "one", "spread"])
@@ -218,8 +220,8 @@ def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, mo
     fast = moe_mlp.plan(index, experts)
     single = moe_plan.plan_small(index, experts, moe_mlp.BLOCK_M)  # at every size it may serve
     monkeypatch.setattr(moe_mlp, "MAX_PAIRS", 0)
-    chunked = moe_mlp.plan(index, experts)  # the chunked plan up to MAX_CHUNKED_PAIRS
-    monkeypatch.setattr(moe_mlp, "MAX_CHUNKED_PAIRS", 0)
+    chunked = moe_mlp.plan(index, experts)  # the chunked plan where it fits
+    monkeypatch.setattr(moe_mlp, "chunked_fits", lambda pairs, experts: False)
     slow = moe_mlp.plan(index, experts)
     for got in (fast, chunked):
         assert got[4] == slow[4]

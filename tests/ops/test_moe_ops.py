@@ -124,3 +124,16 @@ def test_moe_mlp_adds_the_shared_output_as_the_separate_add_did():
     shared = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     want = ops.moe_mlp(x, weights, index, gate_up, down, "silu") + shared
     assert torch.equal(ops.moe_mlp(x, weights, index, gate_up, down, "silu", add=shared), want)
+
+
+def test_the_chunked_plan_only_where_its_scan_tile_fits():
+    """kernels/moe_plan.py: the chunked plan's scan program holds chunks x experts int32 in
+    shared memory; past 32,768 (LLaDA2's 256 experts at a 2,048-row prefill) the sort runs."""
+    pytest.importorskip("triton")
+    from dlmrt._kernels.moe_plan import MAX_PAIRS, chunked_fits
+
+    assert not chunked_fits(MAX_PAIRS, 256)  # the single program's
+    assert chunked_fits(MAX_PAIRS + 1, 256)
+    assert chunked_fits(1024 * 8, 256) and not chunked_fits(2048 * 8, 256)
+    assert chunked_fits(2048 * 8, 128)  # DiffusionGemma's 128 experts: 256 x 128
+    assert not chunked_fits(2048 * 8 + 1, 2)  # above MAX_CHUNKED_PAIRS

@@ -72,10 +72,10 @@ def _check(got, want) -> None:
     for a, b in zip(got[1:4:2], want[1:4:2]):  # confidence, log_z
         torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-6 * scale)
     # entropy = log_z - E[x]: the difference of two numbers of a row's |log_z|, E[x] summed over
-    # the vocabulary in another order (chunks, splits); on a GPU at hidden 2560 the tie row's
-    # logits are 320 and its entropy moved by 1e-5 of that
+    # the vocabulary in another order (chunks, splits); on an H100 at hidden 2560 the tie row's
+    # log_z is 321 (641 at temperature 0.5) and its entropy moved by 1e-5 (2.1e-5) of that
     err = (got[2] - want[2]).abs()
-    assert (err <= 1e-4 * want[2].abs() + 2e-5 * (1.0 + want[3].abs())).all(), err.max()
+    assert (err <= 1e-4 * want[2].abs() + 5e-5 * (1.0 + want[3].abs())).all(), err.max()
     if want[4] is None:
         assert got[4] is None
         return
