@@ -38,13 +38,13 @@ def _model(head: nn.Module | None = None, dtype=torch.float32) -> SimpleNamespac
     return SimpleNamespace(lm_head=head, embed_table=torch.zeros(16, 8, dtype=dtype))
 
 
-def test_rows_by_default_a_pin_and_a_bad_value(monkeypatch):
+def test_split_by_default_a_pin_and_a_bad_value(monkeypatch):
     monkeypatch.delenv("DLMRT_CANVAS_VOCAB", raising=False)
-    assert vocab_choice.canvas_vocab_kernel(_model()) == "rows"
-    assert choices.get("canvas vocabulary").why.startswith("DLMRT_CANVAS_VOCAB=rows")
-    monkeypatch.setenv("DLMRT_CANVAS_VOCAB", "Split")
     assert vocab_choice.canvas_vocab_kernel(_model()) == "split"
-    assert choices.get("canvas vocabulary").pick == "split"
+    assert choices.get("canvas vocabulary").why.startswith("DLMRT_CANVAS_VOCAB=split")
+    monkeypatch.setenv("DLMRT_CANVAS_VOCAB", "Rows")
+    assert vocab_choice.canvas_vocab_kernel(_model()) == "rows"
+    assert choices.get("canvas vocabulary").pick == "rows"
     monkeypatch.setenv("DLMRT_CANVAS_VOCAB", "maybe")
     with pytest.raises(ValueError, match="DLMRT_CANVAS_VOCAB='maybe'"):
         vocab_choice.canvas_vocab_kernel(_model())
@@ -60,7 +60,7 @@ def test_onepass_pin_needs_a_plain_head_of_the_embedding_dtype(monkeypatch):
         (_model(dtype=torch.bfloat16), "not the embedding's dtype"),
     ]
     for model, why in misfits:
-        assert vocab_choice.canvas_vocab_kernel(model) == "rows"
+        assert vocab_choice.canvas_vocab_kernel(model) == "split"
         assert why in choices.get("canvas vocabulary").why
 
 

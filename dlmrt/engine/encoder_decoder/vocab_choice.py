@@ -9,10 +9,11 @@ the cumulative sum). "onepass": the LM head, the pass and the self-conditioning 
 stream over the vocabulary from the final normed hidden (`ops.canvas_vocab_pass`,
 kernels/canvas_vocab_pass.py; the step then keeps p @ E [rows, hidden] instead of p [rows,
 vocab]), for a plain floating-point head whose weight has the embedding's dtype (an FP8 or
-NVFP4 head keeps its own GEMM and "rows"). DLMRT_CANVAS_VOCAB pins it; "rows" by default until
-the three are measured on the GPU (`benchmarks/kernels/canvas_vocab_split.py`,
-`benchmarks/kernels/canvas_vocab_pass.py`). Tensor parallelism uses none of them (the step
-combines its statistics across the vocabulary shards).
+NVFP4 head keeps its own GEMM and "split"). DLMRT_CANVAS_VOCAB pins it; "split" by default, as
+measured on an H100 (`benchmarks/kernels/canvas_vocab_split.py`, `canvas_vocab_pass.py`:
+benchmarks/results/canvas_vocab_split_h100_2026-12-05.json, canvas_vocab_pass_h100_2026-12-05.json:
+split 0.445 ms, rows 0.506, the one pass 8.9 ms against 1.6 for the head + pass + GEMM). Tensor
+parallelism uses none of them (the step combines its statistics across the vocabulary shards).
 """
 
 from __future__ import annotations
@@ -45,5 +46,5 @@ def canvas_vocab_kernel(model: nn.Module) -> str:
     why = f"DLMRT_CANVAS_VOCAB={pick}: op {ops.implementation(op)}"
     misfit = _one_pass_misfit(model) if pick == "onepass" else None
     if misfit is not None:
-        pick, why = "rows", f"DLMRT_CANVAS_VOCAB=onepass, but {misfit}"
+        pick, why = "split", f"DLMRT_CANVAS_VOCAB=onepass, but {misfit}"
     return choices.record("canvas vocabulary", pick, why).pick
