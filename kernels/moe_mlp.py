@@ -204,7 +204,9 @@ def plan(index: torch.Tensor, experts: int, block_m: int = BLOCK_M):
     max_tiles = triton.cdiv(pairs, block_m) + min(experts, pairs)
     if pairs <= MAX_PAIRS:  # decode passes: one single-program launch instead of a sort
         return (*plan_small(index, experts, block_m), max_tiles)
-    if chunked_fits(pairs, experts):  # DiffusionGemma's canvas, short prefills: three launches
+    if chunked_fits(
+        pairs, experts, index.device
+    ):  # DiffusionGemma's canvas, short prefills: three launches
         return (*plan_chunked(index, experts, block_m), max_tiles)
     flat = index.reshape(-1).to(torch.int64)
     key = flat * pairs + torch.arange(pairs, device=index.device)  # unique: any sort is stable

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
+from .arena_attention import _smem
 
 CHUNK = 64
 # Up to one chunk of pairs (rounds of <= 8 rows at top-8): the single program; above, the chunked
@@ -92,16 +93,17 @@ def plan_small(index: torch.Tensor, experts: int, block_m: int):
 # the same grouping over many programs, three launches: per-chunk counts; one program for the
 # exclusive cumsums over chunks and over experts; per-chunk slots. Above: the torch sort.
 MAX_CHUNKED_PAIRS = 16384  # 256 chunks x E: the middle program's tile stays small
-# The scan program holds chunks x experts int32 (both padded to powers of two) in shared memory:
-# 65,536 (256 chunks x LLaDA2's 256 experts, a 2,048-row prefill) asked for 256 KiB on an H100,
-# over its 227 KiB; 32,768 fits.
-MAX_SCAN_TILE = 32768
+# The scan program holds chunks x experts int32 (both padded to powers of two) in shared memory,
+# 4 bytes an entry: 65,536 (256 chunks x LLaDA2's 256 experts, a 2,048-row prefill) asked an H100
+# for 256 KiB, over its 227 KiB.
 
 
-def chunked_fits(pairs: int, experts: int) -> bool:
-    """Whether `plan_chunked` takes `pairs` pairs over `experts` experts (else: the torch sort)."""
+def chunked_fits(pairs: int, experts: int, device: torch.device | None = None) -> bool:
+    """Whether `plan_chunked` takes `pairs` pairs over `experts` experts on `device` (its shared
+    memory per block; None or the CPU: Hopper's); else the torch sort."""
     tile = triton.next_power_of_2(triton.cdiv(pairs, CHUNK)) * triton.next_power_of_2(experts)
-    return MAX_PAIRS < pairs <= MAX_CHUNKED_PAIRS and tile <= MAX_SCAN_TILE
+    smem = _smem(device if device is not None else torch.device("cpu"))
+    return MAX_PAIRS < pairs <= MAX_CHUNKED_PAIRS and 4 * tile <= smem
 
 
 @triton.jit
@@ -161,7 +163,7 @@ def _chunk_slots_kernel(
 
 
 def plan_chunked(index: torch.Tensor, experts: int, block_m: int):
-    """Same outputs as `moe_mlp.plan` where `chunked_fits(index.numel(), experts)`."""
+    """Same outputs as `moe_mlp.plan` where `chunked_fits(index.numel(), experts, device)`."""
     pairs, dev = index.numel(), index.device
     flat = index.reshape(-1)
     chunks = triton.cdiv(pairs, CHUNK)

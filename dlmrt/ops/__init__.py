@@ -114,12 +114,12 @@ def canvas_vocab(
     temperature: torch.Tensor,
     u: torch.Tensor,
     sc: torch.Tensor,
-    kernel: str = "rows",
+    kernel: str = "split",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DiffusionGemma's vocabulary pass: (argmax, entropy, inverse-CDF sample at uniforms `u`) of
     softmax(z), z = softcap tanh(raw / softcap) / T (T on the device), from the LM head's output;
-    the next step's softmax(z in the model dtype) into `sc`. `kernel`: "rows" (one program per
-    row) or "split" (rows x vocabulary splits), kernels/canvas_vocab*.py; twin `ops/vocab.py`."""
+    the next step's softmax(z in the model dtype) into `sc`. `kernel`: "split" (rows x vocabulary
+    splits) or "rows" (one program per row), kernels/canvas_vocab*.py; twin `ops/vocab.py`."""
     if kernel not in CANVAS_VOCAB_KERNELS:
         raise ValueError(
             f"canvas_vocab: kernel {kernel!r}: expected one of {list(CANVAS_VOCAB_KERNELS)}"

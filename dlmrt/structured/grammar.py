@@ -41,6 +41,7 @@ _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # or a regex step adds far fewer than 4 closing tokens; a grammar where one token opens more could
 # reach the budget before the search resumes (docs/structured-output.md: limits).
 SLACK, STALE_GROWTH = 8, 4
+FIRST_CLOSINGS = 1024  # (grammar, budget) start-state closing searches kept per tokenizer
 
 
 def engine() -> Any:
@@ -72,6 +73,21 @@ class Grammars:
         self.vocab_size, self.stop_id = vocab_size, stops[0]
         self.order = byte_tokens(lambda b: self.tok.tokenize_bytes(b))
         self._compiled: dict[str, str] = {}
+        # (grammar, budget) -> the closing search's result from the grammar's start state
+        self._first_closing: dict[tuple[str, int], tuple[int, ...] | None] = {}
+
+    def first_closing(self, matcher, grammar: str, budget: int, allowed) -> list[int] | None:
+        """The closing search from `matcher`, a fresh matcher of `grammar`, within `budget`. Every
+        request of a grammar starts in the same state, and the search is deterministic (it
+        costs hundreds of grammar masks), so its result is kept per (grammar, budget)."""
+        key = (grammar, budget)
+        if key not in self._first_closing:
+            found = closing(matcher, self.order, allowed, budget)
+            self._first_closing[key] = None if found is None else tuple(found)
+            if len(self._first_closing) > FIRST_CLOSINGS:  # the oldest goes
+                del self._first_closing[next(iter(self._first_closing))]
+        found = self._first_closing[key]
+        return None if found is None else list(found)
 
     def grammar(self, fmt: ResponseFormat) -> str:
         """The checked llguidance grammar of `fmt`; a ValueError naming the part it cannot compile."""
@@ -112,7 +128,7 @@ class Constraint:
         self.history: list[int] = []  # the consumed tokens (an edit rolls back into them)
         self.stale = 0  # tokens taken since `closing` was last searched (it is then an estimate)
         t0 = time.perf_counter()
-        found = closing(self.m, grammars.order, self._allowed_np, budget)
+        found = grammars.first_closing(self.m, grammar, budget, self._allowed_np)
         self.host_s += time.perf_counter() - t0
         if found is None:
             raise ValueError(

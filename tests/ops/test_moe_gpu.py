@@ -219,14 +219,17 @@ def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, mo
 
     fast = moe_mlp.plan(index, experts)
     single = moe_plan.plan_small(index, experts, moe_mlp.BLOCK_M)  # at every size it may serve
+    plans = [fast[:4], single]
+    if index.numel() <= moe_plan.MAX_CHUNKED_PAIRS and moe_plan.chunked_fits(
+        max(index.numel(), moe_plan.MAX_PAIRS + 1), experts, index.device
+    ):  # the chunked plan at every size it may serve (its scan tile fits)
+        plans.append(moe_plan.plan_chunked(index, experts, moe_mlp.BLOCK_M))
     monkeypatch.setattr(moe_mlp, "MAX_PAIRS", 0)
-    chunked = moe_mlp.plan(index, experts)  # the chunked plan where it fits
-    monkeypatch.setattr(moe_mlp, "chunked_fits", lambda pairs, experts: False)
+    monkeypatch.setattr(moe_mlp, "chunked_fits", lambda *args: False)
     slow = moe_mlp.plan(index, experts)
-    for got in (fast, chunked):
-        assert got[4] == slow[4]
-    for got in (fast, single, chunked):
-        for a, b in zip(got[:4], slow[:4], strict=True):
+    assert fast[4] == slow[4]
+    for got in plans:
+        for a, b in zip(got, slow[:4], strict=True):
             assert torch.equal(a, b)
 
 

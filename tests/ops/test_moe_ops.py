@@ -128,7 +128,8 @@ def test_moe_mlp_adds_the_shared_output_as_the_separate_add_did():
 
 def test_the_chunked_plan_only_where_its_scan_tile_fits():
     """kernels/moe_plan.py: the chunked plan's scan program holds chunks x experts int32 in
-    shared memory; past 32,768 (LLaDA2's 256 experts at a 2,048-row prefill) the sort runs."""
+    shared memory; past the device's (Hopper's 227 KiB: LLaDA2's 256 experts at a 2,048-row
+    prefill) the sort runs."""
     pytest.importorskip("triton")
     from dlmrt._kernels.moe_plan import MAX_PAIRS, chunked_fits
 
@@ -137,3 +138,5 @@ def test_the_chunked_plan_only_where_its_scan_tile_fits():
     assert chunked_fits(1024 * 8, 256) and not chunked_fits(2048 * 8, 256)
     assert chunked_fits(2048 * 8, 128)  # DiffusionGemma's 128 experts: 256 x 128
     assert not chunked_fits(2048 * 8 + 1, 2)  # above MAX_CHUNKED_PAIRS
+    cpu = torch.device("cpu")  # the interpreter: Hopper's shared memory
+    assert chunked_fits(1024 * 8, 256, cpu) and not chunked_fits(2048 * 8, 256, cpu)

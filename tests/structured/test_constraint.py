@@ -180,3 +180,31 @@ def test_the_chain_reads_drafts_and_ends_at_one_the_grammar_rejects(tok, grammar
     lg2 = masked(st2, c2, _logits(tok, ["4", " 5", " 5"]))
     assert int(lg2[0].argmax()) == tok.encode("4")[0]
     assert not lg2[1].isfinite().all() and torch.equal(lg2[2], _logits(tok, [" 5"])[0])
+
+
+def test_the_start_states_closing_is_searched_once_per_grammar_and_budget(
+    tok, grammars, monkeypatch
+):
+    """Every request of a grammar starts in the same state: `Grammars.first_closing` searches
+    its closing once per (grammar, budget) and hands each request the same sequence."""
+    from dlmrt.structured import grammar
+
+    searches = []
+    search = grammar.closing
+    monkeypatch.setattr(grammar, "closing", lambda *a: searches.append(1) or search(*a))
+    fmt = parse({"type": "regex", "regex": r"(ab )*done"})
+    first = grammars.constraint(fmt, 40)
+    assert len(searches) == 1 and tok.decode(first.closing).endswith("done")
+    again = grammars.constraint(fmt, 40)
+    assert len(searches) == 1 and again.closing == first.closing
+    again.take(again.closing[:1])
+    assert (
+        again.closing == first.closing[1:] and first.closing == grammars.constraint(fmt, 40).closing
+    )
+    other = grammars.constraint(fmt, 41)  # another budget: its own search
+    assert len(searches) == 2 and other.closing == first.closing
+    with pytest.raises(ValueError, match="cannot hold any document"):
+        grammars.constraint(fmt, 1)
+    with pytest.raises(ValueError, match="cannot hold any document"):
+        grammars.constraint(fmt, 1)  # a failed search is remembered too
+    assert len(searches) == 3

@@ -37,7 +37,7 @@ class CanvasSpec:
     settings: ebc.CanvasSettings
     trace: bool = False  # keep a device-side history of every step (`CanvasBuffers.trace_*`)
     vocab_kernel: str = (
-        "rows"  # `ops.canvas_vocab`'s kernel on CUDA, or "onepass" (`vocab_choice.py`)
+        "split"  # `ops.canvas_vocab`'s kernel on CUDA, or "onepass" (`vocab_choice.py`)
     )
 
     @property

@@ -4,7 +4,8 @@
   `ARENA_QUANTUM` rows; a growth drops every program (their graphs hold pointers into the old
   arena), so the next request recaptures;
 - one CUDA graph memory pool shared by every graph of the engine (they never run concurrently),
-  a fresh one with each arena (the old one goes once the last tensor it lent is freed),
+  a fresh one with each arena (torch releases the old one's cached memory, once its graphs and
+  tensors are gone, at an allocation that would otherwise fail or at `empty_cache`),
   over an allocator with expandable segments (`dlmrt/engine/allocator.py`: reserved memory stays
   near allocated memory);
 - `extras`: other graphs over the arena (the block style's prefill graphs), dropped with it;
