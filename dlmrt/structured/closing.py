@@ -13,7 +13,7 @@ tokens), so reserving it for `max_tokens` is safe but can be conservative by a f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -34,17 +34,51 @@ def byte_tokens(tokenize: Callable[[bytes], list[int]]) -> list[int]:
     return ids
 
 
+class Mask:
+    """A grammar's allowed-set as llguidance computes it: packed bits, token t at bit t % 32 of
+    word t // 32 (`size` tokens). The search reads a few dozen bits of each and compares whole
+    sets, so it never unpacks one to a [vocab] array (at 152k tokens that was most of its time)."""
+
+    __slots__ = ("words", "size")
+
+    def __init__(self, words: np.ndarray, size: int) -> None:
+        self.words, self.size = words.view(np.uint32), size
+
+    def key(self) -> bytes:
+        return self.words.tobytes()
+
+    def allows(self, ids: np.ndarray) -> np.ndarray:
+        """[len(ids)] bool: which of the token ids `ids` (int64) the set holds."""
+        return ((self.words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)
+
+    def first(self, count: int) -> list[int]:
+        """The `count` smallest token ids the set holds (from its first non-zero words)."""
+        out: list[int] = []
+        for w in np.flatnonzero(self.words):
+            bits, base = int(self.words[w]), int(w) * 32
+            while bits and len(out) < count:
+                low = bits & -bits
+                t = base + low.bit_length() - 1
+                if t >= self.size:
+                    return out
+                out.append(t)
+                bits ^= low
+            if len(out) >= count:
+                break
+        return out
+
+
 def closing(
     matcher,
     order: list[int],
-    allowed: Callable[[], Sequence[bool] | None],
+    allowed: Callable[[], Mask | None],
     limit: int,
     max_nodes: int = MAX_NODES,
 ) -> list[int] | None:
     """Tokens (at most `limit`) from the matcher's state to an accepting one; None if not found.
 
-    `matcher` has llguidance's `is_accepting`, `try_consume_tokens`, `rollback`; `allowed()` a
-    per-token-id flag array of what the grammar allows now. Iterative deepening (depth 4, 8, ...,
+    `matcher` has llguidance's `is_accepting`, `try_consume_tokens`, `rollback`; `allowed()` the
+    `Mask` of what the grammar allows now (None: every token of `order`). Iterative deepening (depth 4, 8, ...,
     `limit`), so a short completion is found before a long one (a repetition such as `(step )*`
     is left, not unrolled); within a depth, a node whose allowed-set already found nothing at the
     same depth is not searched again, and of the candidates that leave the allowed-set as it was
@@ -63,6 +97,7 @@ def closing(
 
 
 def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
+    order_ids = np.asarray(order, dtype=np.int64)
     path: list[int] = []
     dead: set[tuple[bytes, int]] = set()  # (allowed-set, depth) that found nothing
     nodes = [max_nodes]
@@ -81,18 +116,18 @@ def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
             return True
         if len(path) >= limit:
             return False
-        sig = np.asarray(ok).tobytes()
+        sig = None if ok is None else ok.key()
         if memo and (sig, len(path)) in dead:
             return False
         stay = None  # the first candidate that leaves the allowed-set as it was: tried last
-        for t in _candidates(order, ok):
+        for t in _candidates(order, order_ids, ok):
             if nodes[0] <= 0:
                 break
             nodes[0] -= 1
             if matcher.try_consume_tokens([t]) != 1:
                 continue
             child = allowed()
-            if memo and np.asarray(child).tobytes() == sig:  # a string character, a digit
+            if memo and (None if child is None else child.key()) == sig:  # a string char, a digit
                 matcher.rollback(1)
                 stay = t if stay is None else stay
                 continue
@@ -111,12 +146,15 @@ def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
     return list(path) if found else None
 
 
-def _candidates(order: list[int], ok: Sequence[bool] | None) -> list[int]:
+def _candidates(order: list[int], order_ids: np.ndarray, ok: Mask | None) -> Iterator[int]:
     """The allowed tokens of `order`, then (a grammar may allow only a multi-byte token, e.g.
-    the canonical first token of a forced key) the first `FALLBACK` other allowed ids."""
+    the canonical first token of a forced key) the first `FALLBACK` other allowed ids: those
+    are looked up only if the search gets to them."""
     if ok is None:
-        return order
-    first = [t for t in order if ok[t]]
+        yield from order
+        return
+    first = [order[i] for i in np.flatnonzero(ok.allows(order_ids))]
+    yield from first
     seen = set(first)
-    rest = [int(t) for t in np.flatnonzero(ok)[: FALLBACK + len(first)] if int(t) not in seen]
-    return first + rest[:FALLBACK]
+    rest = [int(t) for t in ok.first(FALLBACK + len(first)) if int(t) not in seen]
+    yield from rest[:FALLBACK]

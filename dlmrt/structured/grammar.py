@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlmrt.structured.closing import byte_tokens, closing
+from dlmrt.structured.closing import Mask, byte_tokens, closing
 from dlmrt.structured.formats import ResponseFormat, choices_regex
 
 EXTRA = "pip install 'dlmrt[structured]'"
@@ -128,7 +128,7 @@ class Constraint:
         self.history: list[int] = []  # the consumed tokens (an edit rolls back into them)
         self.stale = 0  # tokens taken since `closing` was last searched (it is then an estimate)
         t0 = time.perf_counter()
-        found = grammars.first_closing(self.m, grammar, budget, self._allowed_np)
+        found = grammars.first_closing(self.m, grammar, budget, self._mask)
         self.host_s += time.perf_counter() - t0
         if found is None:
             raise ValueError(
@@ -141,6 +141,11 @@ class Constraint:
     def done(self) -> bool:
         """Nothing but stop tokens may follow (the grammar stopped, or the budget is spent)."""
         return self.m.is_stopped() or (self.budget == 0 and self.m.is_accepting())
+
+    def _mask(self) -> Mask:
+        """The allowed-set now, packed (its own copy: the search keeps one per node)."""
+        self.m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+        return Mask(self._words.copy(), self.g.vocab_size)
 
     def _allowed_np(self) -> np.ndarray:
         self.m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
@@ -233,12 +238,12 @@ class Constraint:
         self.stale += 1
         if self.budget > len(self.closing) + STALE_GROWTH * self.stale + SLACK:
             return True  # far from the budget: the search waits (see STALE_GROWTH)
-        found = closing(self.m, self.g.order, self._allowed_np, self.budget)
+        found = closing(self.m, self.g.order, self._mask, self.budget)
         if found is None:  # the document could not close in time after t: refuse it, close now
             self._rollback(1)
             self.closing_mode = True
             if self.stale:  # the closing sequence is an estimate: search it from here
-                found = closing(self.m, self.g.order, self._allowed_np, self.budget)
+                found = closing(self.m, self.g.order, self._mask, self.budget)
                 self.closing, self.stale = found or [], 0  # [] only past STALE_GROWTH's bound
             return False
         self.closing, self.stale = found, 0

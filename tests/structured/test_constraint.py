@@ -208,3 +208,29 @@ def test_the_start_states_closing_is_searched_once_per_grammar_and_budget(
     with pytest.raises(ValueError, match="cannot hold any document"):
         grammars.constraint(fmt, 1)  # a failed search is remembered too
     assert len(searches) == 3
+
+
+def test_the_packed_mask_reads_as_the_unpacked_one():
+    """closing.Mask (the search's view of llguidance's packed words) against the [vocab] bool
+    array the words unpack to: the same members, the same first ids, past the last word too."""
+    import numpy as np
+
+    from dlmrt.structured.closing import Mask
+
+    rng = np.random.default_rng(0)
+    for size, density in ((37, 0.3), (512, 0.01), (151_936, 0.0001), (70, 0.0)):
+        words = rng.integers(0, 2**31, (size + 31) // 32, dtype=np.int64).astype(np.int32)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:size].astype(bool)
+        keep = rng.random(size) < density
+        words = np.packbits(bits & keep, bitorder="little")
+        words = np.pad(words, (0, (-len(words)) % 4)).view(np.int32)
+        want = np.unpackbits(words.view(np.uint8), bitorder="little")[:size].astype(bool)
+        mask = Mask(words, size)
+        ids = np.arange(size, dtype=np.int64)
+        assert np.array_equal(mask.allows(ids), want)
+        assert mask.first(9) == np.flatnonzero(want)[:9].tolist()
+        assert mask.key() == Mask(words.copy(), size).key()
+        if size % 32:  # a bit set past the last token is not a member
+            extra = words.copy()
+            extra.view(np.uint32)[-1] |= np.uint32(1 << 31)
+            assert Mask(extra, size).first(size) == np.flatnonzero(want).tolist()
