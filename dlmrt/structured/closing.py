@@ -81,7 +81,7 @@ def closing(
     `Mask` of what the grammar allows now (None: every token of `order`). Iterative deepening (depth 4, 8, ...,
     `limit`), so a short completion is found before a long one (a repetition such as `(step )*`
     is left, not unrolled); within a depth, a node whose allowed-set already found nothing at the
-    same depth is not searched again, and of the candidates that leave the allowed-set as it was
+    same or a shallower depth (as many tokens left, or more) is not searched again, and of the candidates that leave the allowed-set as it was
     (another character of a string, another digit) only the first is followed, after the others
     (leaving a repetition is preferred): allowed-sets stand
     in for grammar states, which llguidance does not expose. If that finds nothing, one plain depth-first pass follows."""
@@ -99,7 +99,7 @@ def closing(
 def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
     order_ids = np.asarray(order, dtype=np.int64)
     path: list[int] = []
-    dead: set[tuple[bytes, int]] = set()  # (allowed-set, depth) that found nothing
+    dead: dict[bytes | None, int] = {}  # allowed-set -> the shallowest depth it found nothing at
     nodes = [max_nodes]
 
     def _follow(t: int, child) -> bool:
@@ -117,7 +117,7 @@ def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
         if len(path) >= limit:
             return False
         sig = None if ok is None else ok.key()
-        if memo and (sig, len(path)) in dead:
+        if memo and dead.get(sig, limit) <= len(path):  # deeper: fewer tokens left, nothing either
             return False
         stay = None  # the first candidate that leaves the allowed-set as it was: tried last
         for t in _candidates(order, order_ids, ok):
@@ -137,7 +137,7 @@ def _search(matcher, order, allowed, limit: int, max_nodes: int, memo: bool):
             if _follow(stay, allowed()):
                 return True
         if memo:
-            dead.add((sig, len(path)))
+            dead[sig] = min(dead.get(sig, limit), len(path))
         return False
 
     found = dfs(allowed())

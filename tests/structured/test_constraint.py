@@ -234,3 +234,31 @@ def test_the_packed_mask_reads_as_the_unpacked_one():
             extra = words.copy()
             extra.view(np.uint32)[-1] |= np.uint32(1 << 31)
             assert Mask(extra, size).first(size) == np.flatnonzero(want).tolist()
+
+
+@pytest.mark.parametrize(
+    "schema,prefix,want",
+    [
+        ({"type": "array", "items": {"type": "string"}, "minItems": 3}, '["x', '","",""]'),
+        ({"type": "array", "items": {"type": "string"}, "minItems": 3}, '["x","y","z', '"]'),
+        (
+            {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+                "minItems": 2,
+            },  # fmt: skip
+            '[["a',
+            '",""],["",""]]',
+        ),
+    ],
+)
+def test_the_closing_search_finds_the_shortest_completion(tok, grammars, schema, prefix, want):
+    """States inside strings share one allowed-set at every nesting depth and item count; the
+    search's memo of allowed-sets that found nothing (at a depth and any deeper one) must not
+    cut the shortest completion off."""
+    from dlmrt.structured.closing import closing
+
+    c = grammars.constraint(parse({"type": "json_schema", "json_schema": {"schema": schema}}), 64)
+    ids = tok.encode(prefix)
+    assert c.take(ids) == len(ids)
+    assert tok.decode(closing(c.m, grammars.order, c._mask, 40)) == want
