@@ -62,3 +62,24 @@ def test_the_full_size_models_are_the_model_shapes():
     assert models.full_config("qwen_dlm", None) == qwen_dlm_4b()
     assert models.full_config("llada2", 4) == llada21_mini(4)
     assert models.full_config("diffusion_gemma", None) == diffusion_gemma_26b()
+
+
+def test_a_diffusion_gemma_without_full_layers_generates():
+    """`--layers 2` cuts DiffusionGemma-26B to two sliding layers: the model builds RoPE tables
+    only for the layer kinds it has (a full layer's table failed its lookup on such a model)."""
+    from dataclasses import replace
+
+    import torch
+
+    from dlmrt.models.diffusion_gemma import DiffusionGemma
+
+    models = benchmark("rounds.ttft_models")
+    cfg = models.tiny_config("diffusion_gemma")
+    cfg = replace(cfg, layer_types=cfg.layer_types[:1],
+                  head_dims=cfg.head_dims[:1], kv_heads=cfg.kv_heads[:1])  # fmt: skip
+    assert set(cfg.layer_types) != set(cfg.rope)  # a rope kind without a layer
+    bench = models.Bench("diffusion_gemma", models.random_model(
+        cfg, torch.device("cpu"), torch.float32, cls=DiffusionGemma), 4)  # fmt: skip
+    llm = models.make_llm(bench, "eager", True, {})
+    out = llm.generate([5, 6, 7, 8, 9], **bench.request(8))
+    assert len(out.token_ids) == 8
