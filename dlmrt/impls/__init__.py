@@ -18,3 +18,5 @@ The bf16 defaults are set when a model is built; `install.install_quantized` rep
 quantized checkpoint, one format at a time through the table in `formats.py` (a format = one row).
 This package never imports `dlmrt.models`: it sees modules by the slots above.
 """
+
+import dlmrt.impls.builtin_formats  # noqa: E402, F401  (registers the FP8 and NVFP4 rows)

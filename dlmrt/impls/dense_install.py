@@ -10,14 +10,12 @@ a gated MLP's `gate_up` and `down_proj`.
 - NVFP4 (`nvfp4_gated_mlp`): a dense gated MLP whose gate, up and down are all NVFP4, as
   `Nvfp4Linear`s on the dense W4A16 kernel where it is faster (`ops/nvfp4_choice.py`; all of them
   under W4A4 emulation and with prefer="memory").
-- Any other format with a `linear` builder (`generic_gated_mlp`): gate|up as one of its linears,
-  then the fused activation; down as another.
+Any other format with a `linear` builder gets `install.generic_gated_mlp`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,28 +26,13 @@ from dlmrt.impls.activation import act_mul
 from dlmrt.impls.fp8_linear import Fp8Linear
 from dlmrt.impls.gate_up import QuantGateUp
 from dlmrt.impls.glu_install import install_glu
+from dlmrt.impls.install import PROJS, Installer, set_gate_up
 from dlmrt.impls.nvfp4_linear import Nvfp4Linear
-from dlmrt.impls.slot import set_slot
 from dlmrt.ops import fp8 as fp8_ops
 from dlmrt.ops.fp8_choice import use_fp8_gemm
 from dlmrt.ops.nvfp4_choice import use_nvfp4_dense
 
-if TYPE_CHECKING:
-    from dlmrt.impls.install import Installer
-
 log = logging.getLogger("dlmrt")
-PROJS = ("gate_proj", "up_proj", "down_proj")
-
-
-def free(*linears: nn.Linear) -> None:
-    for lin in linears:  # the bf16 copy is never read again: give its memory back
-        lin.weight = nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
-
-
-def set_gate_up(mlp: nn.Module, gate_up: nn.Module) -> None:
-    """Install `gate_up` as the MLP's first half and free its bf16 gate and up weights."""
-    set_slot(mlp, "gate_up", gate_up)
-    free(mlp.gate_proj, mlp.up_proj)
 
 
 def fp8_linear(
@@ -65,24 +48,6 @@ def fp8_linear(
     plan = None if config is None else fp8_ops.GemmPlan.new(ins.rows, n_out, config, ins.device)
     placed = Fp8Weight(w.qweight.to(ins.device), w.scale.to(ins.device))
     return Fp8Linear(placed, ins.dtype, plan)
-
-
-def generic_gated_mlp(
-    ins: Installer, prefix: str, mlp: nn.Module, producer: nn.Module | None
-) -> list[str]:
-    """gate|up as one linear of the weights' format, the fused activation after it; down as
-    another linear. Returns the names installed."""
-    names = [f"{prefix}.{p}.weight" for p in PROJS]
-    done: list[str] = []
-    gate_up = ins.linear(names[:2], fused_input=producer is not None, norm=producer)
-    if gate_up is not None:
-        set_gate_up(mlp, QuantGateUp(gate_up, act_mul(mlp.activation)))
-        done += names[:2]
-    down = ins.linear(names[2:], fused_input=False)
-    if down is not None:
-        ins.swap(mlp, "down_proj", down)
-        done += names[2:]
-    return done
 
 
 def fp8_gated_mlp(

@@ -7,7 +7,6 @@ same names; NVFP4 stacks live in the `Nvfp4Experts` object and the bf16 stacks a
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -15,11 +14,9 @@ from torch import nn
 from dlmrt import envs
 from dlmrt.formats.fp8 import quantize_per_channel
 from dlmrt.impls.experts import DenseExperts, Nvfp4Experts, W8A8Experts
+from dlmrt.impls.install import Installer
 from dlmrt.ops.moe_fp8_choice import HALF, keep_nvfp4, use_fp8_for_nvfp4, use_w8a8
 from dlmrt.ops.nvfp4 import split_gate_up
-
-if TYPE_CHECKING:
-    from dlmrt.impls.install import Installer
 
 log = logging.getLogger("dlmrt")
 

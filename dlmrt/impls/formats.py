@@ -14,7 +14,7 @@ A row's builders (each may decline by returning None / []):
                                                            format's linears their input
     tied_copy(weight) -> weight                            a tied LM head's copy in this format
 
-Adding a format: its container (`dlmrt/formats/`), its reader, its implementation objects and
+The built-in rows (FP8, NVFP4) are registered by `builtin_formats.py`. Adding a format: its container (`dlmrt/formats/`), its reader, its implementation objects and
 kernels, and `register_format(WeightType, FormatRow(...))` — no model file changes
 (docs/quantized-layers.md walks through one; tests/quant/test_toy_format.py registers one).
 """
@@ -24,9 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-from dlmrt.formats.fp8 import Fp8Weight
-from dlmrt.formats.nvfp4 import Nvfp4Weight
 
 
 @dataclass(frozen=True)
@@ -49,30 +46,3 @@ def register_format(weight_type: type, row: FormatRow) -> None:
 
 def unregister_format(weight_type: type) -> None:
     TABLE.pop(weight_type, None)
-
-
-def _builtin_rows() -> None:
-    from dlmrt.formats.fp8 import quantize_per_channel
-    from dlmrt.impls import dense_install, expert_install
-    from dlmrt.impls.norms import fp8_out_norm
-
-    register_format(
-        Fp8Weight,
-        FormatRow(
-            "fp8",
-            linear=dense_install.fp8_linear,
-            gated_mlp=dense_install.fp8_gated_mlp,
-            experts=expert_install.fp8_experts,
-            norm_out=fp8_out_norm,
-            tied_copy=quantize_per_channel,
-        ),
-    )
-    register_format(
-        Nvfp4Weight,
-        FormatRow(
-            "nvfp4", gated_mlp=dense_install.nvfp4_gated_mlp, experts=expert_install.nvfp4_experts
-        ),
-    )
-
-
-_builtin_rows()

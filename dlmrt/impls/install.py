@@ -13,7 +13,9 @@ sites (`block_layers`: QwenDLM, LLaDA2; `gemma_layers`: DiffusionGemma), named b
   GEMMs it feeds are of that format (FP8: the norm quantizes its own output).
 `prefer="memory"` (the user's `prefer`) makes the NVFP4 builders keep the weights 4-bit: the
 W4A16 kernels for experts and dense MLPs, whatever the speed measurement says.
-What the FP8 and NVFP4 rows choose, and why: `dense_install.py`, `expert_install.py`.
+What the FP8 and NVFP4 rows choose, and why: `dense_install.py`, `expert_install.py` (their rows
+are registered by `builtin_formats.py`, which the package imports). A row without a `gated_mlp`
+gets `generic_gated_mlp` (below) from its `linear`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ from collections.abc import Callable
 
 from torch import nn
 
-from dlmrt.impls.dense_install import PROJS, free, generic_gated_mlp
+from dlmrt.impls.activation import act_mul
 from dlmrt.impls.formats import TABLE, FormatRow
+from dlmrt.impls.gate_up import QuantGateUp
 from dlmrt.impls.slot import set_slot
+
+PROJS = ("gate_proj", "up_proj", "down_proj")
+
+
+def free(*linears: nn.Linear) -> None:
+    for lin in linears:  # the bf16 copy is never read again: give its memory back
+        lin.weight = nn.Parameter(lin.weight.new_empty(0), requires_grad=False)
+
+
+def set_gate_up(mlp: nn.Module, gate_up: nn.Module) -> None:
+    """Install `gate_up` as the MLP's first half and free its bf16 gate and up weights."""
+    set_slot(mlp, "gate_up", gate_up)
+    free(mlp.gate_proj, mlp.up_proj)
 
 
 class Installer:
@@ -179,3 +195,21 @@ def install_quantized(
     walk(ins)
     done = set(ins.done)
     return [n for n in weights if n not in done]
+
+
+def generic_gated_mlp(
+    ins: Installer, prefix: str, mlp: nn.Module, producer: nn.Module | None
+) -> list[str]:
+    """gate|up as one linear of the weights' format, the fused activation after it; down as
+    another linear. Returns the names installed."""
+    names = [f"{prefix}.{p}.weight" for p in PROJS]
+    done: list[str] = []
+    gate_up = ins.linear(names[:2], fused_input=producer is not None, norm=producer)
+    if gate_up is not None:
+        set_gate_up(mlp, QuantGateUp(gate_up, act_mul(mlp.activation)))
+        done += names[:2]
+    down = ins.linear(names[2:], fused_input=False)
+    if down is not None:
+        ins.swap(mlp, "down_proj", down)
+        done += names[2:]
+    return done
