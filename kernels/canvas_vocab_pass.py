@@ -34,14 +34,13 @@ probability, so |soft - twin| <= 2^-7 (p @ |E|) + soft's own rounding).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl
 from .canvas_vocab import _BIG, _reduce, _softcap
+from .device import sm_count
 from .vocab_pass import BLOCK_D, BLOCK_K, BLOCK_V, _logits_chunk, _z_update, launch_shape
 
 GROUP = 32  # entries per sample partial (the entries the sample recomputes a row)
@@ -187,13 +186,6 @@ def _pass_combine_kernel(
     tl.store(out, soft.to(soft_ptr.dtype.element_ty), mask=d_ok)
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few splits, so the combine is exercised
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _check(h: torch.Tensor, weight: torch.Tensor, embed: torch.Tensor, soft: torch.Tensor) -> None:
     rows, hidden = h.shape
     if weight.shape != embed.shape or weight.shape[1] != hidden:
@@ -223,7 +215,7 @@ def canvas_vocab_pass(
     rows, hidden = h.shape
     vocab, dev = weight.shape[0], h.device
     h, weight, embed = h.contiguous(), weight.contiguous(), embed.contiguous()
-    block_m, splits, split_len = launch_shape(rows, vocab, _sms(dev))
+    block_m, splits, split_len = launch_shape(rows, vocab, sm_count(dev))
     n_chunks = triton.cdiv(vocab, BLOCK_V)
     f32 = dict(dtype=torch.float32, device=dev)
     part = torch.empty(PARTS, splits, rows, **f32)

@@ -27,14 +27,13 @@ blocks (a split spans whole blocks), so the in-block cumulative sums are the sam
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .canvas_vocab import _BIG, BLOCK, _reduce, _sample_pass, _stats_pass
+from .device import sm_count
 
 PROGRAMS_PER_SM = 8  # programs the split count aims at per SM: ~4 waves at 2 resident each
 STATS = 6  # the per-split partials in `part`: M, S0, S1, best z, M_y, S_y
@@ -114,13 +113,6 @@ def launch_shape(rows: int, vocab: int, sms: int, block: int) -> tuple[int, int]
     return triton.cdiv(blocks, per_split), per_split * block
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few splits, so the merge and the prefixes are exercised
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def canvas_vocab(
     raw: torch.Tensor,  # [rows, V] the LM head's output (any float dtype)
     softcap: float | None,  # the final logit softcap (None: none)
@@ -137,7 +129,7 @@ def canvas_vocab(
         raise ValueError(f"canvas_vocab: splits must be >= 1, got {splits}")
     block = BLOCK if raw.is_cuda else 64
     if splits is None:
-        splits, span = launch_shape(rows, vocab, _sms(raw.device), block)
+        splits, span = launch_shape(rows, vocab, sm_count(raw.device), block)
     else:
         span = triton.cdiv(triton.cdiv(vocab, block), splits) * block
         splits = triton.cdiv(vocab, span)  # every split holds at least one entry

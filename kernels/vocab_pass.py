@@ -25,13 +25,12 @@ and the p @ E GEMM).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
+from .device import sm_count
 
 BLOCK_V = 128  # vocabulary rows per chunk (the z scratch is read and written once per chunk)
 BLOCK_K = 64  # hidden columns per step of the logits dot
@@ -189,13 +188,6 @@ def launch_shape(rows: int, vocab: int, sms: int) -> tuple[int, int, int]:
     return block_m, triton.cdiv(chunks, per_split), per_split * BLOCK_V
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few splits, so the combine is exercised
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def vocab_pass(
     h: torch.Tensor,
     weight: torch.Tensor,
@@ -214,7 +206,7 @@ def vocab_pass(
     dev = h.device
     inv_t = 1.0 / temperature if temperature > 0 else 1.0
     inv_tz = 1.0 / z_temperature
-    block_m, splits, split_len = launch_shape(rows, vocab, _sms(dev))
+    block_m, splits, split_len = launch_shape(rows, vocab, sm_count(dev))
     part = [torch.empty(splits, rows, dtype=torch.float32, device=dev) for _ in range(4)]
     arg = torch.empty(splits, rows, dtype=torch.int32, device=dev)
     zshape = (splits, rows, hidden) if with_z else (1,)  # no z: the scratch is never touched
