@@ -63,7 +63,8 @@ def fp8_glu() -> str:
 def bf16_glu() -> str:
     """DLMRT_BF16_GLU: whether a dense gated MLP in the model dtype (bf16) runs gate|up and its
     activation as one kernel (kernels/fp8_glu_gemm.py's unscaled form, `ops/bf16_glu_choice.py`):
-    "off" (default, until measured on an H100), "auto" (on CUDA, where it times faster than
+    "off" (default: on an H100 it lost to cuBLAS at every block shape, docs/kernels.md), "auto"
+    (on CUDA, where it times faster than
     cuBLAS's GEMM and the activation kernel, per shape) or "on" (always; the CPU runs its twin)."""
     value = os.environ.get("DLMRT_BF16_GLU", "off").lower()
     if value not in ("off", "auto", "on"):
@@ -107,7 +108,7 @@ def pdl() -> bool:
     """DLMRT_PDL: "1" launches every Triton kernel with programmatic dependent launch (Hopper+,
     `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer before touching memory,
     then lets its successor launch, so launches overlap the previous kernel's tail. Default "0"
-    (off) until measured on vs off."""
+    (off): on an H100 it sped the bf16 rounds up but slowed the FP8 round (docs/kernels.md)."""
     value = os.environ.get("DLMRT_PDL", "0")
     if value not in ("0", "1"):
         raise ValueError(f"DLMRT_PDL={value!r}: expected '0' or '1'")
@@ -137,7 +138,7 @@ def branch_streams() -> bool:
 def vocab_pass() -> bool:
     """DLMRT_VOCAB_PASS: "on" runs a greedy round's vocabulary work of QwenDLM / LLaDA2 (LM head,
     the decoder's statistics, the residual z) as one pass from the final hidden (`ops.vocab_pass`:
-    kernels/vocab_pass.py on CUDA); "off" (default, until measured on vs off on the GPU) keeps
+    kernels/vocab_pass.py on CUDA); "off" (default: the one pass is slower on an H100) keeps
     the logits and the three separate steps. See `engine/block/vocab_step.py`."""
     value = os.environ.get("DLMRT_VOCAB_PASS", "off").lower()
     if value not in ("on", "off"):
@@ -173,7 +174,7 @@ def canvas_vocab() -> str:
 
 def canvas_attn() -> str:
     """DLMRT_CANVAS_ATTN: which kernel runs DiffusionGemma's canvas attention on CUDA
-    (`ops.canvas_attention`): "whole" (default, until measured on the GPU: kernels/canvas_attention.py
+    (`ops.canvas_attention`): "whole" (default, faster on an H100: kernels/canvas_attention.py
     with its shipped tiles and key splits) or "split" (the key range split over as many programs
     as fill about two waves of the SMs, kernels/canvas_attention_split.py). Decided once
     (`dlmrt/ops/canvas_launch.py`); the CPU runs the torch twin."""

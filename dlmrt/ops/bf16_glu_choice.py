@@ -5,7 +5,8 @@ The two forms (`ops/bf16_glu.py`): separate, cuBLAS's gate|up GEMM storing [rows
 activation kernel reading it back (kernels/silu_mul.py); fused, kernels/fp8_glu_gemm.py's
 unscaled form storing y [rows, I]. Each is timed as the rounds run it (`fp8_choice.cold_time_us`:
 graph replay, the weights cycling past the L2), the fused one over a few tile configs; the faster
-form is kept. DLMRT_BF16_GLU pins it: "off" (the default until measured on an H100), "auto" (the
+form is kept. DLMRT_BF16_GLU pins it: "off" (the default: slower than
+cuBLAS at every block shape on an H100), "auto" (the
 measurement decides; the CPU keeps the separate form), "on" (always; on CUDA still measured for
 its tile config, on the CPU the twin runs). Each shape's choice is recorded in the choices
 registry (`ops/choices.py`: logged once).

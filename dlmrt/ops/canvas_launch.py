@@ -3,8 +3,8 @@
 "whole": kernels/canvas_attention.py at its shipped tiles and key splits (`launch_tile`).
 "split": kernels/canvas_attention_split.py, the same kernel with its key range cut into as many
 splits as fill about two waves of the device's SMs (`pick_splits`), merged by the split arena
-kernel's combine pass. DLMRT_CANVAS_ATTN pins it ("whole" by default until both are measured on
-the GPU: `python -m benchmarks.kernels.canvas_attention_split`). The kernel is decided once, on
+kernel's combine pass. DLMRT_CANVAS_ATTN pins it ("whole" by default: faster on an H100,
+`python -m benchmarks.kernels.canvas_attention_split`). The kernel is decided once, on
 the first CUDA call (again after `forget`: `ops.use`, tests), and recorded in the choices
 registry (`ops/choices.py`) under "canvas attention kernel"; the split count once per shape,
 under "canvas attention launch: ...". The CPU runs the torch twin and decides nothing here.
@@ -30,7 +30,7 @@ def kernel() -> str:
         pick = envs.canvas_attn()
         why = f"DLMRT_CANVAS_ATTN={pick}"
         if pick == "whole":
-            why += " (the default until the split kernel is measured faster on the GPU)"
+            why += " (the default: faster than the split kernel on an H100)"
         _KERNEL["pick"] = choices.record(KERNEL_KEY, pick, why).pick
     return _KERNEL["pick"]
 
