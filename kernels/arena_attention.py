@@ -13,14 +13,13 @@ Torch twin: `dlmrt.ops.reference.arena_attention`.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
 from .arena_attention_split import arena_attention_split, pick_splits
+from .device import HOPPER_SMEM, shared_memory, sm_count
 from .online_softmax import LOG2E, key_range
 
 # No autotuner: a first request of a new prompt length must not stop to benchmark configs (issue
@@ -35,7 +34,6 @@ SMALL_ROWS = 32
 # Shared memory per block a 128-key tile needs (3 stages of bf16 K and V at head dim 128 and a
 # 64-row Q: ~208 KB; H100 / H200 give 227 KB); GPUs with less (A100 164 KB, Ada 99 KB) keep 64.
 BIG_TILE_SMEM = 210_000
-HOPPER_SMEM = 232_448
 
 
 def tile_config(
@@ -99,20 +97,6 @@ def _arena_attention_kernel(
     )
 
 
-@functools.cache
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@functools.cache
-def _smem(device: torch.device) -> int:
-    """Shared memory per block (opt-in bytes); the interpreter (CPU tensors): Hopper's."""
-    if device.type != "cuda":
-        return HOPPER_SMEM
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", 49_152)
-
-
 def arena_attention(
     q: torch.Tensor,  # [heads, rows, head_dim]
     k: torch.Tensor,  # [kv_heads, arena, head_dim] (one layer of the arena)
@@ -130,7 +114,7 @@ def arena_attention(
     `ws`: Triton's warp-specialized key loop (benchmarks/kernels/attention_peers.py)."""
     heads, rows, head_dim = q.shape
     if splits is None:
-        splits = pick_splits(rows, heads, k.shape[1], _sms(q.device) if q.is_cuda else 132)
+        splits = pick_splits(rows, heads, k.shape[1], sm_count(q.device) if q.is_cuda else 132)
     if splits > 1:
         return arena_attention_split(q, k, v, positions, block_size, scale, splits)
     # Written row-major [rows, heads, head_dim], returned as a [heads, rows, head_dim] view: the
@@ -138,7 +122,9 @@ def arena_attention(
     out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
 
     ieee = q.dtype == torch.float32
-    block_m, block_n, warps, stages = tiles or tile_config(rows, head_dim, ieee, _smem(q.device))
+    block_m, block_n, warps, stages = tiles or tile_config(
+        rows, head_dim, ieee, shared_memory(q.device)
+    )
     grid = (triton.cdiv(rows, block_m), heads)
     _arena_attention_kernel[grid](
         q, k, v, out, positions, block_size, scale * LOG2E,

@@ -27,6 +27,7 @@ import torch
 import triton
 
 from . import canvas_attention as whole  # relative: kernels/ imports nothing from dlmrt
+from .device import sm_count
 
 WAVES = 2  # programs per SM the split count aims at (one resident program per SM at these tiles)
 MIN_TILES = 2  # key tiles per split at the longest range: thinner slices cost more in partials
@@ -70,11 +71,7 @@ def default_splits(q: torch.Tensor, k: torch.Tensor, window: int) -> int:
     """`pick_splits` for q [heads, rows, head_dim] over the arena layer k [kv_heads, arena,
     head_dim], on q's device (NOMINAL_SMS on the CPU), with the whole kernel's tiles."""
     heads, rows, head_dim = q.shape
-    sms = (
-        torch.cuda.get_device_properties(q.device).multi_processor_count
-        if q.is_cuda
-        else NOMINAL_SMS
-    )
+    sms = sm_count(q.device) if q.is_cuda else NOMINAL_SMS
     tiles = whole.launch_tile(head_dim, q.dtype == torch.float32)
     return pick_splits(rows, heads, head_dim, key_span(k.shape[1], rows, window), sms, tiles)
 

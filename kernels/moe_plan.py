@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import pdl  # relative: kernels/ imports nothing from dlmrt
-from .arena_attention import _smem
+from .device import shared_memory
 
 CHUNK = 64
 # Up to one chunk of pairs (rounds of <= 8 rows at top-8): the single program; above, the chunked
@@ -102,7 +102,7 @@ def chunked_fits(pairs: int, experts: int, device: torch.device | None = None) -
     """Whether `plan_chunked` takes `pairs` pairs over `experts` experts on `device` (its shared
     memory per block; None or the CPU: Hopper's); else the torch sort."""
     tile = triton.next_power_of_2(triton.cdiv(pairs, CHUNK)) * triton.next_power_of_2(experts)
-    smem = _smem(device if device is not None else torch.device("cpu"))
+    smem = shared_memory(device if device is not None else torch.device("cpu"))
     return MAX_PAIRS < pairs <= MAX_CHUNKED_PAIRS and 4 * tile <= smem
 
 

@@ -48,8 +48,9 @@ def _per_call_us(fn, iters: int) -> float:
 
 
 def case(name: str, context: int, iters: int) -> dict:
-    from dlmrt._kernels.arena_attention import _sms, arena_attention, tile_config
+    from dlmrt._kernels.arena_attention import arena_attention, tile_config
     from dlmrt._kernels.arena_attention_split import pick_splits
+    from dlmrt._kernels.device import sm_count
 
     rows, heads, kv_heads = SHAPES[name]
     gen = torch.Generator("cuda").manual_seed(context)
@@ -78,7 +79,7 @@ def case(name: str, context: int, iters: int) -> dict:
     row = {
         "case": name, "context": context,
         "shipped_tiles": list(tile_config(rows, 128, False)),
-        "shipped_splits": pick_splits(rows, heads, ARENA, _sms(q.device)),
+        "shipped_splits": pick_splits(rows, heads, ARENA, sm_count(q.device)),
         "floor_flops_us": round(4 * rows * keys * heads * 128 / PEAK_FLOPS * 1e6, 2),
         "floor_bytes_us": round(2 * kv_heads * keys * 128 * 2 / PEAK_BYTES * 1e6, 2),
         "tiles_us": {}, "splits_us": {}, "max_abs_diff": 0.0,

@@ -77,12 +77,13 @@ def canvas_case(kind: str, context: int, iters: int) -> dict:
 
 
 def arena_case(name: str, rows: int, heads: int, kv_heads: int, context: int, iters: int) -> dict:
-    from dlmrt._kernels.arena_attention import _sms, arena_attention
+    from dlmrt._kernels.arena_attention import arena_attention
     from dlmrt._kernels.arena_attention_split import pick_splits
+    from dlmrt._kernels.device import sm_count
 
     q, k, v = _tensors(heads, kv_heads, 128, rows, torch.Generator("cuda").manual_seed(rows))
     pos = torch.arange(context, context + rows, device="cuda")
-    splits = pick_splits(rows, heads, ARENA, _sms(q.device))
+    splits = pick_splits(rows, heads, ARENA, sm_count(q.device))
     split_ms, split = _graph_ms(lambda: arena_attention(q, k, v, pos, rows, 0.088), iters)
     one_ms, one = _graph_ms(lambda: arena_attention(q, k, v, pos, rows, 0.088, splits=1), iters)
     sdpa_ms, _ = _graph_ms(lambda: reference.arena_attention(q, k, v, pos, rows, 0.088), iters)

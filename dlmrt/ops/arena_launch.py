@@ -25,10 +25,11 @@ def launch(q: torch.Tensor, k: torch.Tensor) -> Launch:
     key = (heads, rows, head_dim, k.shape[1], q.dtype, q.device)
     if key not in _LAUNCH:
         kernel = importlib.import_module("dlmrt._kernels.arena_attention")
-        sms = kernel._sms(q.device) if q.is_cuda else 132
+        device = importlib.import_module("dlmrt._kernels.device")
+        sms = device.sm_count(q.device) if q.is_cuda else 132
         splits = kernel.pick_splits(rows, heads, k.shape[1], sms)
         ieee = q.dtype == torch.float32
-        tiles = kernel.tile_config(rows, head_dim, ieee, kernel._smem(q.device))
+        tiles = kernel.tile_config(rows, head_dim, ieee, device.shared_memory(q.device))
         bm, bn, warps, stages = tiles
         pick = (
             f"split-KV kernel, {splits} key splits"
