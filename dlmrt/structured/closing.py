@@ -39,13 +39,18 @@ class Mask:
     word t // 32 (`size` tokens). The search reads a few dozen bits of each and compares whole
     sets, so it never unpacks one to a [vocab] array (at 152k tokens that was most of its time)."""
 
-    __slots__ = ("words", "size")
+    __slots__ = ("words", "size", "_key")
 
     def __init__(self, words: np.ndarray, size: int) -> None:
         self.words, self.size = words.view(np.uint32), size
+        self._key: bytes | None = None
 
     def key(self) -> bytes:
-        return self.words.tobytes()
+        """The set as bytes (computed once: the search compares a child's set with its parent's,
+        then keys the child's own node by it)."""
+        if self._key is None:
+            self._key = self.words.tobytes()
+        return self._key
 
     def allows(self, ids: np.ndarray) -> np.ndarray:
         """[len(ids)] bool: which of the token ids `ids` (int64) the set holds."""
