@@ -98,12 +98,11 @@ MAX_CHUNKED_PAIRS = 16384  # 256 chunks x E: the middle program's tile stays sma
 # for 256 KiB, over its 227 KiB.
 
 
-def chunked_fits(pairs: int, experts: int, device: torch.device | None = None) -> bool:
+def chunked_fits(pairs: int, experts: int, device: torch.device) -> bool:
     """Whether `plan_chunked` takes `pairs` pairs over `experts` experts on `device` (its shared
-    memory per block; None or the CPU: Hopper's); else the torch sort."""
+    memory per block; the CPU: Hopper's); else the torch sort."""
     tile = triton.next_power_of_2(triton.cdiv(pairs, CHUNK)) * triton.next_power_of_2(experts)
-    smem = shared_memory(device if device is not None else torch.device("cpu"))
-    return MAX_PAIRS < pairs <= MAX_CHUNKED_PAIRS and 4 * tile <= smem
+    return MAX_PAIRS < pairs <= MAX_CHUNKED_PAIRS and 4 * tile <= shared_memory(device)
 
 
 @triton.jit

@@ -220,9 +220,8 @@ def test_single_program_plan_equals_the_sort_plan(rows, top_k, experts, hits, mo
     fast = moe_mlp.plan(index, experts)
     single = moe_plan.plan_small(index, experts, moe_mlp.BLOCK_M)  # at every size it may serve
     plans = [fast[:4], single]
-    if index.numel() <= moe_plan.MAX_CHUNKED_PAIRS and moe_plan.chunked_fits(
-        max(index.numel(), moe_plan.MAX_PAIRS + 1), experts, index.device
-    ):  # the chunked plan at every size it may serve (its scan tile fits)
+    # the chunked plan at every size it may serve: also below MAX_PAIRS, where its tile fits
+    if moe_plan.chunked_fits(max(index.numel(), moe_plan.MAX_PAIRS + 1), experts, index.device):
         plans.append(moe_plan.plan_chunked(index, experts, moe_mlp.BLOCK_M))
     monkeypatch.setattr(moe_mlp, "MAX_PAIRS", 0)
     monkeypatch.setattr(moe_mlp, "chunked_fits", lambda *args: False)

@@ -133,10 +133,9 @@ def test_the_chunked_plan_only_where_its_scan_tile_fits():
     pytest.importorskip("triton")
     from dlmrt._kernels.moe_plan import MAX_PAIRS, chunked_fits
 
-    assert not chunked_fits(MAX_PAIRS, 256)  # the single program's
-    assert chunked_fits(MAX_PAIRS + 1, 256)
-    assert chunked_fits(1024 * 8, 256) and not chunked_fits(2048 * 8, 256)
-    assert chunked_fits(2048 * 8, 128)  # DiffusionGemma's 128 experts: 256 x 128
-    assert not chunked_fits(2048 * 8 + 1, 2)  # above MAX_CHUNKED_PAIRS
     cpu = torch.device("cpu")  # the interpreter: Hopper's shared memory
+    assert not chunked_fits(MAX_PAIRS, 256, cpu)  # the single program's
+    assert chunked_fits(MAX_PAIRS + 1, 256, cpu)
     assert chunked_fits(1024 * 8, 256, cpu) and not chunked_fits(2048 * 8, 256, cpu)
+    assert chunked_fits(2048 * 8, 128, cpu)  # DiffusionGemma's 128 experts: 256 x 128
+    assert not chunked_fits(2048 * 8 + 1, 2, cpu)  # above MAX_CHUNKED_PAIRS
