@@ -104,15 +104,17 @@ def nvfp4_dense() -> str:
     return value
 
 
-def pdl() -> bool:
-    """DLMRT_PDL: "1" launches every Triton kernel with programmatic dependent launch (Hopper+,
-    `kernels/pdl.py`): each waits in-kernel (gdc_wait) for its producer before touching memory,
-    then lets its successor launch, so launches overlap the previous kernel's tail. Default "0"
-    (off): on an H100 it sped the bf16 rounds up but slowed the FP8 round (docs/kernels.md)."""
+def pdl() -> str:
+    """DLMRT_PDL: programmatic dependent launch for our Triton kernels (Hopper+, `kernels/pdl.py`):
+    each waits in-kernel (gdc_wait) for its producer before touching memory, then lets its
+    successor launch, so launches overlap the previous kernel's tail. "1": every kernel;
+    "nogemm": every kernel but the GEMM main loops (dense / GLU / NVFP4 / expert GEMMs); "0"
+    (default, off): on an H100 "1" sped the bf16 rounds up but slowed the FP8 round
+    (docs/kernels.md). Returns "0", "1" or "nogemm"."""
     value = os.environ.get("DLMRT_PDL", "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"DLMRT_PDL={value!r}: expected '0' or '1'")
-    return value == "1"
+    if value not in ("0", "1", "nogemm"):
+        raise ValueError(f"DLMRT_PDL={value!r}: expected '0', '1' or 'nogemm'")
+    return value
 
 
 def fa4() -> str:

@@ -171,13 +171,13 @@ def fp8_gemm(
             TensorDescriptor.from_tensor(a, [bm, bk]), a_scale,
             TensorDescriptor.from_tensor(w, [bn, bk]), w_scale, out, part, counts,
             m, n, k, k_slice, split, out.stride(0), BM=bm, BN=bn, BK=bk, AMAX=amax,
-            num_stages=stages, num_warps=warps, **pdl.launch(),
+            num_stages=stages, num_warps=warps, **pdl.launch(gemm=True),
         )  # fmt: skip
         return out
     _fp8_gemm_kernel[(tiles(m, n, bm, bn), split)](
         a, a_scale, w, w_scale, out, part, counts, m, n, k, k_slice, split,
         a.stride(0), w.stride(0), out.stride(0),
         BM=bm, BN=bn, BK=bk, EVEN_K=k % k_slice == 0, AMAX=amax,
-        num_stages=stages, num_warps=warps, **pdl.launch(),
+        num_stages=stages, num_warps=warps, **pdl.launch(gemm=True),
     )  # fmt: skip
     return out

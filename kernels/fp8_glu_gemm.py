@@ -97,7 +97,7 @@ def fp8_glu_gemm(
     _fp8_glu_gemm_kernel[(triton.cdiv(m, bm) * triton.cdiv(i, bn),)](
         TensorDescriptor.from_tensor(a, [bm, bk]), a_scale,
         TensorDescriptor.from_tensor(w, [bn, bk]), w_scale, y, amax, m, i, k, y.stride(0),
-        BM=bm, BN=bn, BK=bk, GELU=gelu, num_stages=stages, num_warps=warps, **pdl.launch(),
+        BM=bm, BN=bn, BK=bk, GELU=gelu, num_stages=stages, num_warps=warps, **pdl.launch(gemm=True),
     )  # fmt: skip
     return y, amax
 
@@ -118,6 +118,6 @@ def glu_gemm(
     _fp8_glu_gemm_kernel[(triton.cdiv(m, bm) * triton.cdiv(i, bn),)](
         TensorDescriptor.from_tensor(a, [bm, bk]), y, TensorDescriptor.from_tensor(w, [bn, bk]),
         y, y, y, m, i, k, y.stride(0), BM=bm, BN=bn, BK=bk, GELU=gelu, SCALED=False,
-        IEEE=a.dtype == torch.float32, num_stages=stages, num_warps=warps, **pdl.launch(),
+        IEEE=a.dtype == torch.float32, num_stages=stages, num_warps=warps, **pdl.launch(gemm=True),
     )  # fmt: skip
     return y

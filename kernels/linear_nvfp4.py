@@ -122,6 +122,6 @@ def linear_nvfp4(
     _linear_kernel[(triton.cdiv(rows, bm), triton.cdiv(n, bn))](
         x2, packed, block_scale, g, y, rows, x2.stride(0), packed.stride(0), block_scale.stride(0),
         y.stride(0), N=n, K=2 * half, IEEE=x.dtype == torch.float32, BM=bm, BN=bn, BK=bk,
-        num_warps=warps, **pdl.launch(),
+        num_warps=warps, **pdl.launch(gemm=True),
     )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)

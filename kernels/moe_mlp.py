@@ -264,11 +264,11 @@ def moe_mlp(
         x, gate, up, gs, us, h, order, tile_end, counts, starts,
         x.stride(0), gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
         TOP_K=top_k, GELU=activation == "gelu_tanh", BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
-        **pdl.launch(),
+        **pdl.launch(gemm=True),
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=BLOCK_M, BN=bn, BK=bk, **common, **launch,
-        **pdl.launch(),
+        **pdl.launch(gemm=True),
     )  # fmt: skip
     return slot_sum(y, x.dtype, add)

@@ -227,11 +227,11 @@ def moe_mlp_fp8(
         xq, xs, gate, up, gs, us, hq, hs, order, tile_end, counts, starts,
         gate.stride(0), gate.stride(1), up.stride(0), up.stride(1), hidden, inter,
         TOP_K=top_k, GELU=activation == "gelu_tanh", BM=bm, BN=bn, BK=GROUP, **common, **launch,
-        **pdl.launch(),
+        **pdl.launch(gemm=True),
     )  # fmt: skip
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn_down))](
         hq, hs, down, ds, weights.contiguous(), y, order, tile_end, counts, starts,
         down.stride(0), down.stride(1), hidden, inter, BM=bm, BN=bn_down, BK=bn, **common, **launch,
-        **pdl.launch(),
+        **pdl.launch(gemm=True),
     )  # fmt: skip
     return slot_sum(y, x.dtype, add)

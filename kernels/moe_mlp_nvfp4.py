@@ -212,12 +212,12 @@ def moe_mlp_nvfp4(
     _gate_up_kernel[(max_tiles, triton.cdiv(inter, bn))](
         x, *gate, *up, h, order, tile_end, counts, starts, x.stride(0), *_strides(gate),
         *_strides(up), hidden, inter, TOP_K=top_k, GELU=activation == "gelu_tanh",
-        BM=bm, BN=bn, BK=bk, **common, **launch, **pdl.launch(),
+        BM=bm, BN=bn, BK=bk, **common, **launch, **pdl.launch(gemm=True),
     )  # fmt: skip
     if hidden_hook is not None:  # rows of h are (row, expert) pairs; the hook is per row
         h = _evens_first(hidden_hook(_in_k_order(h)))
     _down_kernel[(max_tiles, triton.cdiv(hidden, bn))](
         h, *down, weights.contiguous(), y, order, tile_end, counts, starts, *_strides(down),
-        hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch, **pdl.launch(),
+        hidden, inter, BM=bm, BN=bn, BK=bk, **common, **launch, **pdl.launch(gemm=True),
     )  # fmt: skip
     return slot_sum(y, x.dtype, add)

@@ -13,11 +13,17 @@ import triton
 import triton.language as tl
 
 ENABLED = False
+# The GEMM kernels (`launch(gemm=True)`: dense, GLU, NVFP4 and expert GEMMs) take part only when
+# this is set too (DLMRT_PDL=1). DLMRT_PDL=nogemm leaves them out: a GEMM's last wave then keeps
+# its SMs to itself instead of sharing them with the next grid's waiting programs.
+GEMMS = False
 
 
-def launch() -> dict[str, bool]:
-    """Keyword arguments of a kernel launch: the kernel's PDL constexpr and Triton's launch flag."""
-    return {"PDL": ENABLED, "launch_pdl": ENABLED}
+def launch(gemm: bool = False) -> dict[str, bool]:
+    """Keyword arguments of a kernel launch: the kernel's PDL constexpr and Triton's launch flag
+    (`gemm`: the kernel is a GEMM main loop, governed by `GEMMS` as well)."""
+    on = ENABLED and (GEMMS or not gemm)
+    return {"PDL": on, "launch_pdl": on}
 
 
 @triton.jit

@@ -40,11 +40,11 @@ def implementation(name: str) -> str:
         ok, why = _triton_ok()
         _IMPL[name] = choices.record(f"op {name}", "triton" if ok else "torch", why).pick
         if ok:  # the kernels' PDL switch (kernels/pdl.py), from DLMRT_PDL
-            on = envs.pdl()
-            importlib.import_module("dlmrt._kernels.pdl").ENABLED = on
-            choices.record(
-                "programmatic dependent launch", "on" if on else "off", f"DLMRT_PDL={on:d}"
-            )
+            mode = envs.pdl()
+            switch = importlib.import_module("dlmrt._kernels.pdl")
+            switch.ENABLED, switch.GEMMS = mode != "0", mode == "1"
+            pick = {"0": "off", "1": "on", "nogemm": "on but the GEMMs"}[mode]
+            choices.record("programmatic dependent launch", pick, f"DLMRT_PDL={mode}")
     return _IMPL[name]
 
 

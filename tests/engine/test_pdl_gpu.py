@@ -1,4 +1,4 @@
-"""GPU (Hopper or newer): DLMRT_PDL=1 gives DLMRT_PDL=0's tokens in block_graph, every family.
+"""GPU (Hopper or newer): DLMRT_PDL=1 and =nogemm give DLMRT_PDL=0's tokens in block_graph, every family.
 
 `dlmrt.ops` sets the kernels' switch (kernels/pdl.py) once per process, from the environment,
 at the first op it resolves, so each setting runs in a subprocess of its own (the two at once).
@@ -113,9 +113,10 @@ def _result(proc: subprocess.Popen, flag: str) -> dict:
 def test_pdl_gives_the_same_tokens(cases, name):
     if name not in cases:
         pytest.skip("transformers has no DiffusionGemma")
-    procs = {flag: _start(flag, *cases[name]) for flag in ("0", "1")}
+    procs = {flag: _start(flag, *cases[name]) for flag in ("0", "1", "nogemm")}
     results = {flag: _result(proc, flag) for flag, proc in procs.items()}
     assert results["0"]["pdl"] is False and results["1"]["pdl"] is True
-    assert results["1"]["picks"] == results["0"]["picks"], "the processes chose differently"
     assert all(results["0"]["tokens"]), "a request produced no tokens"
-    assert results["1"]["tokens"] == results["0"]["tokens"], name
+    for flag in ("1", "nogemm"):
+        assert results[flag]["picks"] == results["0"]["picks"], f"{flag}: chose differently"
+        assert results[flag]["tokens"] == results["0"]["tokens"], f"{name}, DLMRT_PDL={flag}"

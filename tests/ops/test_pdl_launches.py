@@ -26,6 +26,13 @@ EXPECTED = {
     "arena_attention_split._combine_kernel", "linear_nvfp4._linear_kernel",
     "vocab_pass._vocab_split_kernel", "arena_attention._arena_attention_kernel",
 }  # fmt: skip
+# the GEMM main loops: launched with `pdl.launch(gemm=True)`, so DLMRT_PDL=nogemm leaves them out
+GEMMS = {
+    "fp8_gemm._fp8_gemm_kernel", "fp8_gemm._fp8_gemm_tma_kernel", "fp8_glu_gemm._fp8_glu_gemm_kernel",
+    "linear_nvfp4._linear_kernel", "moe_mlp._gate_up_kernel",
+    "moe_mlp._down_kernel", "moe_mlp_fp8._gate_up_kernel", "moe_mlp_fp8._down_kernel",
+    "moe_mlp_nvfp4._gate_up_kernel", "moe_mlp_nvfp4._down_kernel",
+}  # fmt: skip
 
 
 def _is_jit(fn: ast.FunctionDef) -> bool:
@@ -121,6 +128,10 @@ def test_every_launch_passes_the_switch():
             ]
             if name not in EXEMPT and len(spread) != 1:
                 wrong.append(f"{where}: no **pdl.launch()")
+            elif spread and [ast.unparse(k) for k in spread[0].value.keywords] != (
+                ["gemm=True"] if name in GEMMS else []
+            ):
+                wrong.append(f"{where}: pdl.launch(gemm=True) is for the GEMMs ({sorted(GEMMS)})")
             named = {k.arg for k in call.keywords} & {"PDL", "launch_pdl"}
             if named:  # set apart from the switch: a kernel that waits unlaunched, or the reverse
                 wrong.append(f"{where}: passes {sorted(named)} by hand")

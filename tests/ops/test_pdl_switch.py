@@ -18,19 +18,22 @@ def triton_ops(monkeypatch):
     monkeypatch.setattr(ops, "_triton_ok", lambda: (True, "test: as if on CUDA"))
     ops.use(None)
     yield pdl
-    pdl.ENABLED = False
+    pdl.ENABLED = pdl.GEMMS = False
     ops.use(None)
     choices.forget("programmatic dependent launch")
 
 
-@pytest.mark.parametrize("flag", ["1", "0"])
-def test_the_environment_sets_the_switch(triton_ops, monkeypatch, flag):
+@pytest.mark.parametrize(
+    "flag, others, gemms, pick",
+    [("1", True, True, "on"), ("0", False, False, "off"), ("nogemm", True, False, "on but the GEMMs")],
+)
+def test_the_environment_sets_the_switch(triton_ops, monkeypatch, flag, others, gemms, pick):
     monkeypatch.setenv("DLMRT_PDL", flag)
-    triton_ops.ENABLED = flag == "0"  # the opposite: the op's resolution must set it
+    triton_ops.ENABLED, triton_ops.GEMMS = not others, not gemms  # resolution must set both
     assert ops.implementation("rms_norm") == "triton"
-    assert triton_ops.ENABLED == (flag == "1")
-    assert triton_ops.launch() == {"PDL": flag == "1", "launch_pdl": flag == "1"}
-    expected = f"programmatic dependent launch: {'on' if flag == '1' else 'off'} (DLMRT_PDL={flag})"
+    assert triton_ops.launch() == {"PDL": others, "launch_pdl": others}
+    assert triton_ops.launch(gemm=True) == {"PDL": gemms, "launch_pdl": gemms}
+    expected = f"programmatic dependent launch: {pick} (DLMRT_PDL={flag})"
     assert choices.get("programmatic dependent launch").line() == expected
 
 
