@@ -25,7 +25,11 @@ def triton_ops(monkeypatch):
 
 @pytest.mark.parametrize(
     "flag, others, gemms, pick",
-    [("1", True, True, "on"), ("0", False, False, "off"), ("nogemm", True, False, "on but the GEMMs")],
+    [
+        ("1", True, True, "on"),
+        ("0", False, False, "off"),
+        ("nogemm", True, False, "on but the GEMMs"),
+    ],
 )
 def test_the_environment_sets_the_switch(triton_ops, monkeypatch, flag, others, gemms, pick):
     monkeypatch.setenv("DLMRT_PDL", flag)
