@@ -17,7 +17,9 @@ final tokens a streaming client sees: every round with `--stream on`, docs/strea
 the rows it ran; `request_ms`, the whole request; `cached_tokens`; `ms_per_round`, (request -
 prefill) / denoising forwards: an upper bound on a round (the host clock's request minus the
 prefill's device time leaves the prefill's host launches in the rounds; the round time proper is
-`benchmarks/rounds/round_latency.py`'s). Each is the median of `--repeats` conversations (fresh random ids,
+`benchmarks/rounds/round_latency.py`'s); `lag_ms_median` / `lag_ms_max`, the time from the round that
+made rows final (its publish, on the device's clock) to their `on_tokens` call
+(`dlmrt/engine/block/stream_lag.py`; CUDA with streaming only). Each is the median of `--repeats` conversations (fresh random ids,
 the engine's prefix cleared first), after `--warmups` conversations of the same lengths (graphs
 captured, the arena at its final size). `--stream on|off` passes `stream_rounds` to `LLM`
 (tokens every round, also out of the block graph, or once per block); the round time with
@@ -35,6 +37,7 @@ import torch
 
 from benchmarks.common import command_line, write_result
 from benchmarks.rounds.ttft_models import MODELS, build, make_llm, stream_option
+from dlmrt.engine.block import stream_lag
 from dlmrt.engine.prefill_timer import PrefillTimer
 
 TURNS = 3
@@ -57,10 +60,14 @@ def measure(llm, prompt: list[int], request: dict) -> dict:
 
     timer = llm.engine.prefill_timer
     timer.take()  # nothing from before this request
+    stream_lag.start(llm.device)  # CUDA: the clock offset calibrated before the clock starts
     _sync(llm.device)
     t0 = time.perf_counter()
-    out = llm.generate(prompt, on_tokens=on_tokens, **request)
-    _sync(llm.device)
+    try:
+        out = llm.generate(prompt, on_tokens=on_tokens, **request)
+        _sync(llm.device)
+    finally:
+        lag = stream_lag.stop().summary()
     end = time.perf_counter()
     rows, prefill_ms = timer.take()
     if not first:
@@ -77,7 +84,7 @@ def measure(llm, prompt: list[int], request: dict) -> dict:
         "ms_per_round": (request_ms - prefill_ms) / forwards,
         "denoising_forwards": out.num_denoising_forwards,
         "answer": out.token_ids,
-    }
+    } | lag
 
 
 def conversation(llm, context: int, args, seed: int, vocab: int) -> list[dict]:
@@ -115,16 +122,29 @@ def run_context(llms: dict, context: int, args, vocab: int) -> list[dict]:
             keep = ("prompt_tokens", "cached_tokens", "prefill_rows", "denoising_forwards")
             row |= {k: samples[0][k] for k in keep}
             row |= {k: round(statistics.median(s[k] for s in samples), 3) for k in TIMES}
+            row |= _lag(samples)
             same = runs["cold"][0][turn]["answer"] == convs[0][turn]["answer"]
             rows.append(row | {"same_tokens_as_cold": same, "stream": args.stream_status})
     return rows
+
+
+def _lag(samples: list[dict]) -> dict:
+    """The stream's lag over the samples (`stream_lag.py`): the median of each request's median
+    and the largest of their maxima (None: nothing measured, e.g. the CPU or --stream off)."""
+    meds = [s["lag_ms_median"] for s in samples if s["lag_ms_median"] is not None]
+    maxes = [s["lag_ms_max"] for s in samples if s["lag_ms_max"] is not None]
+    return {
+        "lag_ms_median": round(statistics.median(meds), 4) if meds else None,
+        "lag_ms_max": max(maxes) if maxes else None,
+    }
 
 
 def markdown(rows: list[dict], title: str) -> str:
     """The rows as a markdown table: per context and turn, cold / reused side by side."""
     head = (
         f"{title}\n\n| context | turn | prompt | cached | TTFT ms (cold / reused) | "
-        "prefill ms | request ms | ms/round |\n|---|---|---|---|---|---|---|---|"
+        "prefill ms | request ms | ms/round | lag ms (reused: median / max) |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     pairs: dict[tuple[int, int], dict[bool, dict]] = {}
     for r in rows:
@@ -133,6 +153,8 @@ def markdown(rows: list[dict], title: str) -> str:
     for (context, turn), pair in sorted(pairs.items()):
         cold, reused = pair[False], pair[True]
         cells = [f"{cold[k]:.1f} / {reused[k]:.1f}" for k in TIMES]
+        med, top = reused["lag_ms_median"], reused["lag_ms_max"]
+        cells.append("-" if med is None else f"{med:.2f} / {top:.2f}")
         lines.append(
             f"| {context} | {turn} | {reused['prompt_tokens']} | {reused['cached_tokens']} | "
             + " | ".join(cells)

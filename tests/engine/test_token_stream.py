@@ -108,7 +108,7 @@ class _Rows:
             return []
         start, rows = self.queue.pop(0)
         bad = start < 0  # a negative start in a test's queue: a non-finite round of block 1
-        return [Slot(1, abs(start), bad, rows, None, None, None)]
+        return [Slot(1, abs(start), bad, rows, None, None, None, 0)]
 
     def clear(self) -> None:
         pass

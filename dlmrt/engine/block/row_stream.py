@@ -8,6 +8,9 @@ the round number (the block's `step`, >= 1 after any round):
     rows only     [round | block_start | bad | row (B)]
     with drafts   [round | block_start | bad | row (B) | shown (B) | state (B) | confidence bits (B)]
 
+and one more column the publish kernel writes itself: the device's clock at the publish (ns,
+`%globaltimer`; 0 on the CPU), which `stream_lag.py` compares with the host's receipt.
+
 bad = 1 when the round's statistics are NaN / inf (`engine/nonfinite.py`: the host then takes
 nothing more from the block, which the engine reports as an error after it); a row = its token
 once resolved, -1 while masked; the draft fields are what `dlmrt/drafts.py`
@@ -62,9 +65,10 @@ class Slot(NamedTuple):
     shown: list[int] | None
     states: list[int] | None
     confidence: list[float] | None
+    published_ns: int  # the device's clock at the publish (0: none, the CPU)
 
 
-def _device_pointer(host: torch.Tensor) -> int:
+def device_pointer(host: torch.Tensor) -> int:
     """The device's address of a pinned tensor (with unified addressing: its own address)."""
     from cuda.bindings import runtime as cudart
 
@@ -101,9 +105,10 @@ class RowStream:
         self.graphs = graphs
         self.cuda = device.type == "cuda"
         self.width = 3 + rows * (4 if drafts else 1)
-        self.ring = torch.zeros(self.slots, self.width, dtype=torch.long, pin_memory=self.cuda)
+        # the payload's columns, then the publish's device clock
+        self.ring = torch.zeros(self.slots, self.width + 1, dtype=torch.long, pin_memory=self.cuda)
         self._host = self.ring.numpy()
-        self._ptr = _device_pointer(self.ring) if self.cuda else 0
+        self._ptr = device_pointer(self.ring) if self.cuda else 0
         self._next = 1  # the round the reader expects next
         self.overruns = 0  # rounds skipped because the reader fell `slots` behind
 
@@ -113,6 +118,7 @@ class RowStream:
             return  # a warm-up run: its rows are not the block's (see above)
         row = payload(buf, d if self.drafts else None)
         if not self.cuda:
+            row = torch.cat([row, row.new_zeros(1)])  # no device clock on the CPU
             self.ring.index_copy_(0, (buf.step % self.slots).view(1), row.view(1, -1))
             return
         from dlmrt.engine.graph import nvrtc
@@ -151,9 +157,9 @@ class RowStream:
 
     def _slot(self, values: np.ndarray) -> Slot:
         b, head = self.rows, (int(values[0]), int(values[1]), bool(values[2]))
-        rows = values[3 : 3 + b].tolist()
+        rows, stamp = values[3 : 3 + b].tolist(), int(values[self.width])
         if not self.drafts:
-            return Slot(*head, rows, None, None, None)
+            return Slot(*head, rows, None, None, None, stamp)
         shown, states = values[3 + b : 3 + 2 * b].tolist(), values[3 + 2 * b : 3 + 3 * b].tolist()
-        conf = values[3 + 3 * b :].astype(np.uint32).view(np.float32).tolist()
-        return Slot(*head, rows, shown, states, conf)
+        conf = values[3 + 3 * b : self.width].astype(np.uint32).view(np.float32).tolist()
+        return Slot(*head, rows, shown, states, conf, stamp)

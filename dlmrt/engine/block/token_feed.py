@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dlmrt.blocks import Layout, finish
+from dlmrt.engine.block import stream_lag
 from dlmrt.engine.block.row_stream import RowStream, Slot
 from dlmrt.outputs import RoundView, RoundViewCallback, StopCheck, TokensCallback
 
@@ -44,17 +45,20 @@ class TokenFeed:
         self._cut = (stop_ids, max_new_tokens, ignore_eos)
         self._sent = 0  # tokens handed over so far
         self._block: tuple[int, list[int]] | None = None  # (block start, output before it)
+        self._end = 0  # the block's final prefix (rows) as of the last slot read
         self._held: BaseException | None = None  # a listener's error from a poll, raised later
 
     @property
     def streams_rounds(self) -> bool:
         return self._rows is not None
 
-    def offer(self, tokens: list[int]) -> None:
-        """The output so far (already cut): handed over if it grew."""
+    def offer(self, tokens: list[int]) -> bool:
+        """The output so far (already cut): handed over if it grew (returns whether it was)."""
         if len(tokens) > self._sent and self._on_tokens is not None:
             self._sent = len(tokens)
             self._on_tokens(list(tokens))
+            return True
+        return False
 
     def start_block(self, index: int, before: list[int]) -> None:
         """Block `index` is about to launch after the output `before`: clear the ring (no
@@ -62,7 +66,7 @@ class TokenFeed:
         if self._rows is None:
             return
         self._rows.clear()
-        self._block = (index * self._lay.block_length, list(before))
+        self._block, self._end = (index * self._lay.block_length, list(before)), 0
 
     def poll(self) -> None:
         """Read the ring; hand over the block's newly final rows, if any. A listener's error is
@@ -92,7 +96,19 @@ class TokenFeed:
             for s in slots:
                 self._on_view(self._view(s))
         if slots and self._final_rows:
-            self.show(start, before, slots[-1].rows)
+            grew = self._oldest_growth(start, slots)
+            if self.show(start, before, slots[-1].rows) and stream_lag.RECORDER and grew:
+                stream_lag.RECORDER.record(grew.published_ns)
+
+    def _oldest_growth(self, start: int, slots: list[Slot]) -> Slot | None:
+        """The first of `slots` whose final prefix is longer than the last slot read before it
+        (its rows waited longest: `stream_lag.py`)."""
+        oldest, first = None, self._first_row(start)
+        for s in slots:
+            end = _final_end(s.rows, first)
+            if end > self._end:
+                oldest, self._end = oldest or s, end
+        return oldest
 
     def _view(self, s: Slot) -> RoundView:
         first = self._first_row(s.block_start)
@@ -103,15 +119,13 @@ class TokenFeed:
         """The block's first generated row (the first block holds the prompt's tail)."""
         return self._lay.tail if start == self._lay.first_block * self._lay.block_length else 0
 
-    def show(self, start: int, before: list[int], rows: list[int]) -> None:
+    def show(self, start: int, before: list[int], rows: list[int]) -> bool:
         """The block starting at row `start`, after the output `before`: its rows (a token once
-        final, -1 before that); hands over the final ones up to the first that is not."""
+        final, -1 before that); hands over the final ones up to the first that is not (returns
+        whether anything new was)."""
         first = self._first_row(start)
-        end = first
-        while end < len(rows) and rows[end] >= 0:
-            end += 1
-        tokens, _ = finish(before + rows[first:end], *self._cut)
-        self.offer(tokens)
+        tokens, _ = finish(before + rows[first : _final_end(rows, first)], *self._cut)
+        return self.offer(tokens)
 
     def end_block(self) -> None:
         """The block was read back: a last poll (its final rounds), then no more ring reads; a
@@ -131,3 +145,11 @@ class TokenFeed:
             return stop
 
         return check
+
+
+def _final_end(rows: list[int], first: int) -> int:
+    """The end of the run of final rows (>= 0) from row `first`."""
+    end = first
+    while end < len(rows) and rows[end] >= 0:
+        end += 1
+    return end
