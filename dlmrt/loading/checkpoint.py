@@ -24,6 +24,7 @@ from dlmrt import envs, models
 from dlmrt.errors import CheckpointError
 from dlmrt.formats.fp8 import Fp8Weight
 from dlmrt.formats.nvfp4 import E2M1_MAX, Nvfp4Weight
+from dlmrt.impls.deepgemm_install import install_deepgemm
 from dlmrt.impls.glu_install import install_bf16_glu
 from dlmrt.json_file import read_json
 from dlmrt.loading.deferred import allocate, deferrable, finish
@@ -134,13 +135,15 @@ def load_checkpoint(
 def _implementations(model, quantized, why, device, activations, prefer) -> None:
     """The loaded model's implementation objects (dlmrt/impls): projections stacked, the quantized
     weights on their kernels where they run (the deferred ones placed), then the one-kernel
-    gate|up + activation of the dense MLPs left in the model dtype where it is chosen."""
+    gate|up + activation of the dense MLPs left in the model dtype where it is chosen, and the
+    bf16 projections left on DeepGEMM where it is installed and faster."""
     if hasattr(model, "fuse_projections"):
         model.fuse_projections()
     place_quantized(model, quantized, why, device, activations, prefer)
     finish(model, device)  # the deferred parameters emptied by the install onto `device`
     if hasattr(model, "fuse_projections"):
         install_bf16_glu(model)
+        install_deepgemm(model)
 
 
 def _log_loaded(root, arch, config, tied, device, dtype, qcfg) -> None:

@@ -1,0 +1,75 @@
+"""The model dtype's dense projections on DeepGEMM where it measures faster (`ops/deepgemm.py`).
+
+After the load's other installs (`loading/checkpoint.py`), each layer's dense projections left in
+bf16 are offered to DeepGEMM at the block rows: the stacked q|k|v and gate|up (`dense.py`:
+their GEMM becomes `deepgemm.linear_bf16`) and o_proj / down_proj (`nn.Linear`s replaced by a
+`DeepGemmLinear` holding the same parameter, so the state dict keeps its names). A projection is
+switched only where `deepgemm.chosen` picks DeepGEMM at the block rows, timed once per shape at
+load (or every fitting shape under DLMRT_DEEPGEMM=on); other row counts (a prefill) are decided
+per shape at their first call by the same rule, outside any capture. Without the library (the CPU
+install, DLMRT_DEEPGEMM=off, no SM90 / SM100 device) nothing is looked at: the load is as before.
+Quantized projections, adapters, shared and routed experts keep theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from dlmrt.impls.dense import StackedGateUp, StackedProjection
+from dlmrt.impls.glu_install import block_rows
+from dlmrt.impls.slot import set_slot
+from dlmrt.ops import deepgemm
+
+log = logging.getLogger("dlmrt")
+LINEARS = (("self_attn", "o_proj"), ("mlp", "down_proj"))  # (parent, slot) of a layer
+STACKED = (("self_attn", "qkv"), ("mlp", "gate_up"))
+
+
+class DeepGemmLinear(nn.Module):
+    """A bias-free bf16 linear whose GEMM is `deepgemm.linear_bf16` (DeepGEMM where chosen per
+    shape, else F.linear)."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return deepgemm.linear_bf16(x, self.weight)
+
+
+def _wins(rows: int, weight: torch.Tensor) -> bool:
+    """DeepGEMM is chosen for [rows, K] @ weight^T (measured once per shape)."""
+    x = torch.zeros(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    return deepgemm.chosen(x, weight)
+
+
+def _plain(module: object) -> bool:
+    return type(module) is nn.Linear and module.bias is None
+
+
+def install_deepgemm(model: nn.Module, rows: int | None = None) -> int:
+    """Offer each layer's bf16 projections (`model.model.layers[i]`) to DeepGEMM at `rows`
+    (default: the block rows); returns how many now run through it."""
+    if deepgemm.library() is None:
+        return 0
+    rows, done = rows or block_rows(model), 0
+    for i, layer in enumerate(getattr(getattr(model, "model", None), "layers", ())):
+        for parent_name, name in LINEARS + STACKED:
+            parent = getattr(layer, parent_name, None)
+            slot = getattr(parent, name, None)
+            weight = getattr(slot, "weight", None)
+            if not (_plain(slot) or type(slot) in (StackedProjection, StackedGateUp)):
+                continue  # quantized, fused or absent
+            if weight.dtype != torch.bfloat16 or not _wins(rows, weight):
+                continue
+            if _plain(slot):
+                set_slot(parent, name, DeepGemmLinear(slot.weight))
+            else:
+                slot.gemm = deepgemm.linear_bf16
+            log.debug("layer %d %s.%s: DeepGEMM at %d rows", i, parent_name, name, rows)
+            done += 1
+    return done
