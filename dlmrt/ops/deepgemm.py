@@ -7,10 +7,9 @@ bf16 x [..., K] and w [N, K], run as DeepGEMM's `bf16_gemm_nt` (csrc/apis/gemm.h
 repository: D = A @ B^T with A [M, K], B [N, K], D [M, N] preallocated, all K-major) when chosen,
 else as F.linear.
 
-Not wired into any model: the benchmark (benchmarks/deepgemm/shapes.py) says where it wins.
-Wiring it is one implementation object in dlmrt/impls/ (docs/quantized-layers.md): a module
-holding the bf16 weight whose forward is `linear_bf16(x, self.weight)`, installed in a linear
-slot (o_proj, down_proj, ...) in place of the `nn.Linear`.
+The models reach it through `impls/deepgemm_install.py` (run by the loader last): each layer's
+bf16 q|k|v, gate|up, o_proj and down_proj whose shape `chosen` gives to DeepGEMM at the block
+rows; benchmarks/deepgemm/shapes.py measures every projection shape of the three families.
 
 DeepGEMM runs only when all of these hold, else F.linear: DLMRT_DEEPGEMM is not "off";
 `deep_gemm` imports and a CUDA device of compute capability 9.x or 10.x is present (detected
