@@ -3,7 +3,7 @@
 After the load's other installs (`loading/checkpoint.py`), each layer's dense projections left in
 bf16 are offered to DeepGEMM at the block rows: the stacked q|k|v and gate|up (`dense.py`:
 their GEMM becomes `deepgemm.linear_bf16`) and o_proj / down_proj (`nn.Linear`s replaced by a
-`DeepGemmLinear` holding the same parameter, so the state dict keeps its names). A projection is
+`DeepGemmLinear` holding the same parameter; LLaDA2's `query_key_value` and `dense` too, so the state dict keeps its names). A projection is
 switched only where `deepgemm.chosen` picks DeepGEMM at the block rows, timed once per shape at
 load (or every fitting shape under DLMRT_DEEPGEMM=on); other row counts (a prefill) are decided
 per shape at their first call by the same rule, outside any capture. Without the library (the CPU
@@ -20,11 +20,17 @@ from torch import nn
 
 from dlmrt.impls.dense import StackedGateUp, StackedProjection
 from dlmrt.impls.glu_install import block_rows
-from dlmrt.impls.slot import set_slot
+from dlmrt.impls.slot import carry_hooks, set_slot
 from dlmrt.ops import deepgemm
 
 log = logging.getLogger("dlmrt")
-LINEARS = (("self_attn", "o_proj"), ("mlp", "down_proj"))  # (parent, slot) of a layer
+# (parent, slot) of a layer: QwenDLM / DiffusionGemma, then LLaDA2's attention
+LINEARS = (
+    ("self_attn", "o_proj"),
+    ("mlp", "down_proj"),
+    ("attention", "query_key_value"),
+    ("attention", "dense"),
+)
 STACKED = (("self_attn", "qkv"), ("mlp", "gate_up"))
 
 
@@ -67,7 +73,9 @@ def install_deepgemm(model: nn.Module, rows: int | None = None) -> int:
             if weight.dtype != torch.bfloat16 or not _wins(rows, weight):
                 continue
             if _plain(slot):
-                set_slot(parent, name, DeepGemmLinear(slot.weight))
+                new = DeepGemmLinear(slot.weight)
+                carry_hooks(slot, new)  # a row-parallel linear's all-reduce
+                set_slot(parent, name, new)
             else:
                 slot.gemm = deepgemm.linear_bf16
             log.debug("layer %d %s.%s: DeepGEMM at %d rows", i, parent_name, name, rows)

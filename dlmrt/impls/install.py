@@ -27,7 +27,7 @@ from torch import nn
 from dlmrt.impls.activation import act_mul
 from dlmrt.impls.formats import TABLE, FormatRow
 from dlmrt.impls.gate_up import QuantGateUp
-from dlmrt.impls.slot import set_slot
+from dlmrt.impls.slot import carry_hooks, set_slot
 
 PROJS = ("gate_proj", "up_proj", "down_proj")
 
@@ -104,11 +104,7 @@ class Installer:
         parallelism hangs its all-reduce on the row-parallel linears (distributed/shard.py)."""
         if new is None:
             return
-        old = getattr(parent, name)
-        for hook in old._forward_pre_hooks.values():
-            new.register_forward_pre_hook(hook)
-        for hook in old._forward_hooks.values():
-            new.register_forward_hook(hook)
+        carry_hooks(getattr(parent, name), new)
         setattr(parent, name, new)
 
     def tied_head(self) -> object | None:

@@ -11,3 +11,12 @@ def set_slot(module: nn.Module, name: str, impl: object) -> None:
     module._modules.pop(name, None)
     module.__dict__.pop(name, None)
     setattr(module, name, impl)
+
+
+def carry_hooks(old: nn.Module, new: nn.Module) -> None:
+    """Give `new` the forward hooks of the module it replaces: tensor parallelism hangs its
+    all-reduce on the row-parallel linears (distributed/shard.py)."""
+    for hook in old._forward_pre_hooks.values():
+        new.register_forward_pre_hook(hook)
+    for hook in old._forward_hooks.values():
+        new.register_forward_hook(hook)

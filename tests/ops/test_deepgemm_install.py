@@ -59,6 +59,8 @@ def test_the_projections_where_it_wins_move_and_keep_their_parameters(library):
     names = sorted(model.state_dict())
     o_proj = model.model.layers[0].self_attn.o_proj
     down = model.model.layers[0].mlp.down_proj.weight
+    calls = []  # a row-parallel linear's all-reduce hook (distributed/shard.py) must follow it
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: calls.append(m))
     assert install_deepgemm(model) == 2 * 3  # per layer: qkv, gate_up, down_proj (not o_proj)
     layer = model.model.layers[0]
     assert layer.self_attn.o_proj is o_proj  # it lost: untouched
@@ -69,6 +71,7 @@ def test_the_projections_where_it_wins_move_and_keep_their_parameters(library):
     assert {rows for rows, *_ in library} == {8}  # timed at the block rows
     x = torch.randn(8, 32, dtype=torch.bfloat16)
     out = layer.mlp.down_proj(x)
+    assert calls == [layer.mlp.down_proj]
     assert torch.allclose(out.float(), F.linear(x, down).float(), rtol=1e-2, atol=1e-2)
 
 
