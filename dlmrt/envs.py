@@ -111,7 +111,7 @@ def pdl() -> str:
     "nogemm": every kernel but the GEMM main loops (dense / GLU / NVFP4 / expert GEMMs); "0"
     (default, off): on an H100 "1" sped the bf16 rounds up but slowed the FP8 round
     (docs/kernels.md). Returns "0", "1" or "nogemm"."""
-    value = os.environ.get("DLMRT_PDL", "0")
+    value = os.environ.get("DLMRT_PDL", "0").lower()
     if value not in ("0", "1", "nogemm"):
         raise ValueError(f"DLMRT_PDL={value!r}: expected '0', '1' or 'nogemm'")
     return value

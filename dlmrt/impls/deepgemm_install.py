@@ -2,11 +2,11 @@
 
 After the load's other installs (`loading/checkpoint.py`), each layer's dense projections left in
 bf16 are offered to DeepGEMM at the block rows: the stacked q|k|v and gate|up (`dense.py`:
-their GEMM becomes `deepgemm.linear_bf16`) and o_proj / down_proj (`nn.Linear`s replaced by a
+their GEMM becomes a `BlockRowsGemm`) and o_proj / down_proj (`nn.Linear`s replaced by a
 `DeepGemmLinear` holding the same parameter; LLaDA2's `query_key_value` and `dense` too, so the state dict keeps its names). A projection is
 switched only where `deepgemm.chosen` picks DeepGEMM at the block rows, timed once per shape at
-load (or every fitting shape under DLMRT_DEEPGEMM=on); other row counts (a prefill) are decided
-per shape at their first call by the same rule, outside any capture. Without the library (the CPU
+load (or every fitting shape under DLMRT_DEEPGEMM=on), and only those rows run on it: other row
+counts (a prefill's) keep cuBLAS, so no request times or JIT-compiles a GEMM mid-flight. Without the library (the CPU
 install, DLMRT_DEEPGEMM=off, no SM90 / SM100 device) nothing is looked at: the load is as before.
 Quantized projections, adapters, shared and routed experts keep theirs.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dlmrt.impls.dense import StackedGateUp, StackedProjection
@@ -34,17 +35,28 @@ LINEARS = (
 STACKED = (("self_attn", "qkv"), ("mlp", "gate_up"))
 
 
-class DeepGemmLinear(nn.Module):
-    """A bias-free bf16 linear whose GEMM is `deepgemm.linear_bf16` (DeepGEMM where chosen per
-    shape, else F.linear)."""
+class BlockRowsGemm:
+    """x @ w^T: DeepGEMM at `rows` rows (where it was chosen at load), F.linear at any other."""
 
-    def __init__(self, weight: nn.Parameter) -> None:
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.numel() == self.rows * x.shape[-1] and deepgemm.fits(x, w):
+            return deepgemm.gemm(x, w)
+        return F.linear(x, w)
+
+
+class DeepGemmLinear(nn.Module):
+    """A bias-free bf16 linear whose GEMM is a `BlockRowsGemm`."""
+
+    def __init__(self, weight: nn.Parameter, rows: int) -> None:
         super().__init__()
-        self.weight = weight
+        self.weight, self.gemm = weight, BlockRowsGemm(rows)
         self.out_features, self.in_features = weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return deepgemm.linear_bf16(x, self.weight)
+        return self.gemm(x, self.weight)
 
 
 def _wins(rows: int, weight: torch.Tensor) -> bool:
@@ -73,11 +85,11 @@ def install_deepgemm(model: nn.Module, rows: int | None = None) -> int:
             if weight.dtype != torch.bfloat16 or not _wins(rows, weight):
                 continue
             if _plain(slot):
-                new = DeepGemmLinear(slot.weight)
+                new = DeepGemmLinear(slot.weight, rows)
                 carry_hooks(slot, new)  # a row-parallel linear's all-reduce
                 set_slot(parent, name, new)
             else:
-                slot.gemm = deepgemm.linear_bf16
+                slot.gemm = BlockRowsGemm(rows)
             log.debug("layer %d %s.%s: DeepGEMM at %d rows", i, parent_name, name, rows)
             done += 1
     return done

@@ -52,7 +52,7 @@ llm = LLM(args["path"], device="cuda", dtype="bfloat16", mode="block_graph",
           quantization=args["quant"])
 tokens = [llm.generate(prompt, **kw).token_ids for prompt, kw in args["requests"]]
 picks = [[c.what, c.pick] for c in choices.recorded() if c.what != "programmatic dependent launch"]
-print({MARK!r} + json.dumps({{"pdl": pdl.ENABLED, "tokens": tokens, "picks": picks}}))
+print({MARK!r} + json.dumps({{"pdl": pdl.ENABLED, "gemms": pdl.GEMMS, "tokens": tokens, "picks": picks}}))
 """
 
 
@@ -116,6 +116,8 @@ def test_pdl_gives_the_same_tokens(cases, name):
     procs = {flag: _start(flag, *cases[name]) for flag in ("0", "1", "nogemm")}
     results = {flag: _result(proc, flag) for flag, proc in procs.items()}
     assert results["0"]["pdl"] is False and results["1"]["pdl"] is True
+    assert results["1"]["gemms"] is True
+    assert results["nogemm"]["pdl"] is True and results["nogemm"]["gemms"] is False
     assert all(results["0"]["tokens"]), "a request produced no tokens"
     for flag in ("1", "nogemm"):
         assert results[flag]["picks"] == results["0"]["picks"], f"{flag}: chose differently"

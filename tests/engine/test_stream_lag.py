@@ -32,7 +32,7 @@ class _Rows:
 
 @pytest.fixture
 def recorder(monkeypatch):
-    monkeypatch.setattr(stream_lag, "_clock", lambda: 50_000)  # the host's clock at a hand-over
+    monkeypatch.setattr(stream_lag, "clock", lambda: 50_000)  # the host's clock at a hand-over
     rec = StreamLag(offset_ns=1_000)  # host = device + 1000
     monkeypatch.setattr(stream_lag, "RECORDER", rec)
     return rec
@@ -67,6 +67,24 @@ def test_a_slot_that_only_repeats_the_prefix_is_not_where_the_wait_began(recorde
     feed.poll()
     assert calls == [[7], [7, 8]]
     assert recorder.lags_ns == [39_000, 50_000 - 31_000]  # the second from the slot that grew
+
+
+def test_a_prompt_tail_row_is_not_a_grown_prefix(recorder):
+    feed, rows, calls = _feed()  # block 1's row 0 is the prompt's tail (always resolved)
+    rows.queue = [[([99, -1, -1, -1], 10_000), ([99, 7, -1, -1], 20_000)]]
+    feed.poll()
+    assert calls == [[7]] and recorder.lags_ns == [50_000 - 21_000]
+
+
+def test_the_hand_over_is_timed_before_the_listener_runs(monkeypatch):
+    ticks = iter([50_000, 90_000])  # the second would be after the listener
+    monkeypatch.setattr(stream_lag, "clock", lambda: next(ticks))
+    rec = StreamLag(offset_ns=0)
+    monkeypatch.setattr(stream_lag, "RECORDER", rec)
+    feed, rows, calls = _feed()
+    rows.queue = [[([99, 7, -1, -1], 10_000)]]
+    feed.poll()
+    assert rec.lags_ns == [40_000]
 
 
 def test_an_unstamped_slot_records_nothing(recorder):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from test_deepgemm import fake_library
 from torch import nn
 
-from dlmrt.impls.deepgemm_install import DeepGemmLinear, install_deepgemm
+from dlmrt.impls.deepgemm_install import BlockRowsGemm, DeepGemmLinear, install_deepgemm
 from dlmrt.impls.dense import StackedGateUp, StackedProjection
 from dlmrt.ops import deepgemm
 
@@ -65,14 +65,24 @@ def test_the_projections_where_it_wins_move_and_keep_their_parameters(library):
     layer = model.model.layers[0]
     assert layer.self_attn.o_proj is o_proj  # it lost: untouched
     assert isinstance(layer.mlp.down_proj, DeepGemmLinear) and layer.mlp.down_proj.weight is down
-    assert layer.self_attn.qkv.gemm is deepgemm.linear_bf16
-    assert layer.mlp.gate_up.gemm is deepgemm.linear_bf16
+    for stacked in (layer.self_attn.qkv, layer.mlp.gate_up):
+        assert isinstance(stacked.gemm, BlockRowsGemm) and stacked.gemm.rows == 8
     assert sorted(model.state_dict()) == names
     assert {rows for rows, *_ in library} == {8}  # timed at the block rows
     x = torch.randn(8, 32, dtype=torch.bfloat16)
     out = layer.mlp.down_proj(x)
     assert calls == [layer.mlp.down_proj]
     assert torch.allclose(out.float(), F.linear(x, down).float(), rtol=1e-2, atol=1e-2)
+
+
+def test_only_the_block_rows_run_on_it(monkeypatch):
+    ran = []
+    monkeypatch.setattr(deepgemm, "fits", lambda x, w: True)
+    monkeypatch.setattr(deepgemm, "gemm", lambda x, w: ran.append(x.shape[0]) or F.linear(x, w))
+    gemm, w = BlockRowsGemm(8), torch.randn(4, 16)
+    for rows in (8, 3, 64):  # a round's rows, then a prefill's
+        assert torch.equal(gemm(torch.ones(rows, 16), w), F.linear(torch.ones(rows, 16), w))
+    assert ran == [8]
 
 
 def test_quantized_fused_or_float32_projections_are_left_alone(library):

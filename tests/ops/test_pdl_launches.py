@@ -103,6 +103,7 @@ def test_every_launched_kernel_waits_first():
     launched = _launched()
     assert EXPECTED <= set(launched), f"not found as launched: {EXPECTED - set(launched)}"
     assert set(EXEMPT) <= set(launched), f"stale exemptions: {set(EXEMPT) - set(launched)}"
+    assert GEMMS <= set(launched), f"stale GEMM names: {GEMMS - set(launched)}"
     wrong = []
     for name, (fn, _) in sorted(launched.items()):
         if name in EXEMPT:
@@ -128,6 +129,8 @@ def test_every_launch_passes_the_switch():
             ]
             if name not in EXEMPT and len(spread) != 1:
                 wrong.append(f"{where}: no **pdl.launch()")
+            elif spread and spread[0].value.args:
+                wrong.append(f"{where}: pdl.launch takes gemm= by keyword")
             elif spread and [ast.unparse(k) for k in spread[0].value.keywords] != (
                 ["gemm=True"] if name in GEMMS else []
             ):

@@ -26,7 +26,7 @@ import time
 import torch
 
 TRIES = 20  # calibration launches; the smallest offset is the tightest
-_clock = time.perf_counter_ns  # the host's clock (a module attribute: tests set it)
+SPIN_S = 5.0  # a calibration stamp not seen by then: the launch failed
 
 
 class StreamLag:
@@ -35,12 +35,11 @@ class StreamLag:
         self.offset_ns = offset_ns
         self.lags_ns: list[int] = []  # one per hand-over that had a stamped slot
 
-    def record(self, published_ns: int, handed_ns: int | None = None) -> None:
-        """A hand-over at `handed_ns` (host clock; default now) of rows final since the publish
-        stamped `published_ns` (device clock; 0: unstamped, ignored)."""
+    def record(self, published_ns: int, handed_ns: int) -> None:
+        """A hand-over at `handed_ns` (host clock, just before `on_tokens` was called) of rows
+        final since the publish stamped `published_ns` (device clock; 0: unstamped, ignored)."""
         if published_ns:
-            now = _clock() if handed_ns is None else handed_ns
-            self.lags_ns.append(now - (published_ns + self.offset_ns))
+            self.lags_ns.append(handed_ns - (published_ns + self.offset_ns))
 
     def summary(self) -> dict:
         """Median and max lag in ms, and how many hand-overs were measured."""
@@ -57,6 +56,11 @@ class StreamLag:
 RECORDER: StreamLag | None = None
 
 
+def clock() -> int:
+    """The host's clock, ns (`time.perf_counter_ns`; a function of this module: tests set it)."""
+    return time.perf_counter_ns()
+
+
 def calibrate(tries: int = TRIES) -> int:
     """CUDA: host clock - device clock in ns (the smallest of `tries` round trips)."""
     from dlmrt.engine.block.row_stream import device_pointer
@@ -70,9 +74,12 @@ def calibrate(tries: int = TRIES) -> int:
         torch.cuda.synchronize()
         view[0] = 0
         nvrtc.launch(fn, 1, ((ptr,), (ctypes.c_void_p,)))
+        deadline = time.monotonic() + SPIN_S
         while view[0] == 0:  # spin: the kernel's store reaches host memory
-            pass
-        offset = _clock() - int(view[0])
+            if time.monotonic() > deadline:
+                torch.cuda.synchronize()  # raises a failed launch's error, if it left one
+                raise RuntimeError(f"calibrate: no device clock stamp within {SPIN_S} s")
+        offset = clock() - int(view[0])
         best = offset if best is None else min(best, offset)
     torch.cuda.synchronize()
     return best

@@ -52,13 +52,15 @@ class TokenFeed:
     def streams_rounds(self) -> bool:
         return self._rows is not None
 
-    def offer(self, tokens: list[int]) -> bool:
-        """The output so far (already cut): handed over if it grew (returns whether it was)."""
+    def offer(self, tokens: list[int]) -> int | None:
+        """The output so far (already cut): handed over if it grew. Returns the host clock
+        (`stream_lag.clock`) just before `on_tokens` was called, or None if it was not."""
         if len(tokens) > self._sent and self._on_tokens is not None:
             self._sent = len(tokens)
+            now = stream_lag.clock()
             self._on_tokens(list(tokens))
-            return True
-        return False
+            return now
+        return None
 
     def start_block(self, index: int, before: list[int]) -> None:
         """Block `index` is about to launch after the output `before`: clear the ring (no
@@ -66,7 +68,8 @@ class TokenFeed:
         if self._rows is None:
             return
         self._rows.clear()
-        self._block, self._end = (index * self._lay.block_length, list(before)), 0
+        start = index * self._lay.block_length
+        self._block, self._end = (start, list(before)), self._first_row(start)
 
     def poll(self) -> None:
         """Read the ring; hand over the block's newly final rows, if any. A listener's error is
@@ -97,8 +100,9 @@ class TokenFeed:
                 self._on_view(self._view(s))
         if slots and self._final_rows:
             grew = self._oldest_growth(start, slots)
-            if self.show(start, before, slots[-1].rows) and stream_lag.RECORDER and grew:
-                stream_lag.RECORDER.record(grew.published_ns)
+            handed = self.show(start, before, slots[-1].rows)
+            if handed is not None and stream_lag.RECORDER and grew:
+                stream_lag.RECORDER.record(grew.published_ns, handed)
 
     def _oldest_growth(self, start: int, slots: list[Slot]) -> Slot | None:
         """The first of `slots` whose final prefix is longer than the last slot read before it
@@ -119,10 +123,10 @@ class TokenFeed:
         """The block's first generated row (the first block holds the prompt's tail)."""
         return self._lay.tail if start == self._lay.first_block * self._lay.block_length else 0
 
-    def show(self, start: int, before: list[int], rows: list[int]) -> bool:
+    def show(self, start: int, before: list[int], rows: list[int]) -> int | None:
         """The block starting at row `start`, after the output `before`: its rows (a token once
         final, -1 before that); hands over the final ones up to the first that is not (returns
-        whether anything new was)."""
+        `offer`'s hand-over time, None if nothing new was)."""
         first = self._first_row(start)
         tokens, _ = finish(before + rows[first : _final_end(rows, first)], *self._cut)
         return self.offer(tokens)
