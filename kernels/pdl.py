@@ -1,10 +1,11 @@
-"""Programmatic dependent launch (PDL) for every Triton kernel we launch: one switch.
+"""Programmatic dependent launch (PDL) for every Triton kernel we launch: two switches.
 
 With `ENABLED` (set once by `dlmrt.ops` from DLMRT_PDL), each kernel is launched with
 `launch_pdl=True` (Triton 3.6: the launch carries the programmatic stream serialization attribute,
 kept when a graph is captured) and its first statement is `pdl.enter(PDL)`: it waits for the
 previous kernel of the stream, then lets the next one launch. So a kernel's launch and prologue
-overlap the previous kernel's tail. Hopper or newer. With PDL off both calls compile away
+overlap the previous kernel's tail. `GEMMS` (DLMRT_PDL=1, not =nogemm) says whether the GEMM
+main loops, launched with `launch(gemm=True)`, take part too. Hopper or newer. With PDL off both calls compile away
 (constexpr), and the interpreter (TRITON_INTERPRET=1) drops the `launch_pdl` keyword.
 `tests/ops/test_pdl_launches.py` checks every launched kernel and every launch site.
 """
