@@ -99,10 +99,11 @@ class TokenFeed:
             for s in slots:
                 self._on_view(self._view(s))
         if slots and self._final_rows:
-            grew = self._oldest_growth(start, slots)
+            recorder = stream_lag.RECORDER  # measurement only: no scan of the slots without it
+            grew = self._oldest_growth(start, slots) if recorder is not None else None
             handed = self.show(start, before, slots[-1].rows)
-            if handed is not None and stream_lag.RECORDER and grew:
-                stream_lag.RECORDER.record(grew.published_ns, handed)
+            if handed is not None and grew is not None:
+                recorder.record(grew.published_ns, handed)
 
     def _oldest_growth(self, start: int, slots: list[Slot]) -> Slot | None:
         """The first of `slots` whose final prefix is longer than the last slot read before it
