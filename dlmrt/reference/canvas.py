@@ -9,6 +9,8 @@ replayed inside a CUDA graph (those requests report mode "eager").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from dlmrt.attention import AttnContext
@@ -23,6 +25,9 @@ from dlmrt.outputs import (
     ProgressCallback,
     StopCheck,
 )
+
+if TYPE_CHECKING:  # the oracle never imports the engine
+    from dlmrt.engine.encoder_decoder.structured import CanvasGrammar
 
 
 @torch.inference_mode()
@@ -39,9 +44,11 @@ def generate(
     on_progress: ProgressCallback | None = None,
     should_stop: StopCheck | None = None,
     recorder: CanvasRecorder | None = None,
+    grammar: CanvasGrammar | None = None,
 ) -> EngineResult:
     """Decode one request; the result counts forwards as the engine does. `recorder` gets each
-    step's `CanvasStepRecord` as the step runs."""
+    step's `CanvasStepRecord` as the step runs. `grammar` (a structured request) masks each step's
+    logits and settles each canvas (`engine/encoder_decoder/structured.py`)."""
     device = model.embed_table.device
     length = model.cfg.canvas_length
     noise = ebc.make_noise(rng, seed, model.cfg.vocab_size, device)
@@ -51,7 +58,9 @@ def generate(
     start = [len(prompt)]
 
     def denoise(index: int) -> tuple[torch.Tensor, int]:
-        return _denoise(model, start[0], settings, noise, index, cache, should_stop, recorder)
+        return _denoise(
+            model, start[0], settings, noise, index, cache, should_stop, recorder, grammar
+        )
 
     def commit(canvas: list[int]) -> None:
         _encode(model, canvas, start[0], cache)
@@ -79,9 +88,19 @@ def _encode(model, ids: list[int], start: int, cache) -> None:
 
 
 def _denoise(
-    model, start: int, s: ebc.CanvasSettings, noise, index: int, cache, should_stop, recorder
+    model,
+    start: int,
+    s: ebc.CanvasSettings,
+    noise,
+    index: int,
+    cache,
+    should_stop,
+    recorder,
+    grammar=None,
 ):
-    """Refine one canvas; -> (argmax canvas [L] on the device, denoising steps taken)."""
+    """Refine one canvas; -> (argmax canvas [L] on the device, denoising steps taken). With a
+    grammar, every step's logits are masked first and the last step's argmax is settled through
+    it (a valid prefix)."""
     length, device = model.cfg.canvas_length, model.embed_table.device
     ctx = AttnContext(torch.arange(start, start + length, device=device), 1)
     canvas = noise.canvas(length, index, s.max_denoising_steps + 1)
@@ -91,6 +110,8 @@ def _denoise(
         if should_stop is not None and should_stop():
             raise GenerationCancelled("request cancelled")
         logits = model(canvas, ctx, length, sc, cache=cache)
+        if grammar is not None:
+            logits = grammar.mask(logits)
         z = logits / ebc.temperature(s, step, device)
         probs = torch.softmax(z, dim=-1, dtype=torch.float32)
         sampled = noise.sample(probs, index, step)
@@ -106,4 +127,6 @@ def _denoise(
         sc, taken = z.to(model.embed_table.dtype), taken + 1
         if bool(done):  # one host read per step (the engine keeps it on the device)
             break
+    if grammar is not None:
+        argmax = grammar.settle(z)
     return argmax, taken

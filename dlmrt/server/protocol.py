@@ -278,12 +278,10 @@ def _check_format(params: DecodeParams, info: ModelInfo, drafts: bool) -> None:
     away (the grammar stays cached; the request builds its own Constraint when it runs)."""
     if params.response_format is None:
         return
-    compile_format = getattr(info.style, "constraint", None)  # block styles only
     try:
-        if drafts or compile_format is None:
-            why = "dlmrt.drafts" if drafts else "this model (block-style models only)"
-            raise ValueError(f"response_format: not supported with {why}")
-        compile_format(params)
+        if drafts:
+            raise ValueError("response_format: not supported with dlmrt.drafts")
+        info.style.constraint(params)
     except ValueError as e:
         raise APIError(400, str(e), "response_format") from None
 

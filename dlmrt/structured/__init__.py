@@ -5,9 +5,25 @@ enforced while a block-diffusion model decodes (`docs/structured-output.md`).
     grammar.py   Grammars / Constraint on llguidance (the optional extra `dlmrt[structured]`)
     closing.py   the closing search that reserves the tokens a document needs to end in budget
 
-The block engine drives a `Constraint` round by round (`dlmrt/engine/block/structured.py`).
+The block engine drives a `Constraint` round by round (`dlmrt/engine/block/structured.py`), the
+canvas engine step by step (`dlmrt/engine/encoder_decoder/structured.py`).
 """
+
+from typing import Any
 
 from dlmrt.structured.formats import ResponseFormat, from_cli, parse
 
-__all__ = ["ResponseFormat", "from_cli", "parse"]
+
+def constraint_for(response_format: Any, tokenizer: Any, vocab_size: int, stop_ids, budget: int):
+    """A request's grammar state (`grammar.Constraint`; None: unconstrained). ValueErrors name
+    what is wrong: the format, a grammar that cannot compile, a budget no document fits, or the
+    missing extra. Unconstrained requests never import the engine."""
+    fmt = parse(response_format)
+    if fmt is None:
+        return None
+    from dlmrt.structured.grammar import grammars_for  # needs the `structured` extra
+
+    return grammars_for(tokenizer, vocab_size, set(stop_ids)).constraint(fmt, budget)
+
+
+__all__ = ["ResponseFormat", "constraint_for", "from_cli", "parse"]

@@ -12,7 +12,7 @@ from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
 from dlmrt.params import DecodeParams
 from dlmrt.rules import BLOCK
-from dlmrt.structured import parse
+from dlmrt.structured import constraint_for
 from dlmrt.styles.base import Hooks, Setup
 from dlmrt.styles.checks import check_block_length, check_rule_style
 from dlmrt.styles.decoder_defaults import DecoderDefaults
@@ -116,11 +116,6 @@ class BlockStyle:
         )
 
     def constraint(self, params: DecodeParams):
-        """The request's grammar state (None: unconstrained); ValueErrors name what is wrong."""
-        fmt = parse(params.response_format)
-        if fmt is None:
-            return None
-        from dlmrt.structured.grammar import grammars_for  # needs the `structured` extra
-
-        grammars = grammars_for(self.tokenizer, self.cfg.vocab_size, self.stop_ids)
-        return grammars.constraint(fmt, params.max_new_tokens)
+        """The request's grammar state (None: unconstrained)."""
+        fmt, tok = params.response_format, self.tokenizer
+        return constraint_for(fmt, tok, self.cfg.vocab_size, self.stop_ids, params.max_new_tokens)

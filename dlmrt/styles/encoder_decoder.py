@@ -16,6 +16,7 @@ from dlmrt.engine import EncoderDecoderEngine
 from dlmrt.outputs import ProgressCallback, TokensCallback
 from dlmrt.params import DecodeParams
 from dlmrt.rules import ENCODER_DECODER
+from dlmrt.structured import constraint_for
 from dlmrt.styles.base import Hooks, Setup
 from dlmrt.styles.checks import check_encoder_decoder_request, check_rule_style
 
@@ -32,6 +33,7 @@ class EncoderDecoderStyle:
         self.default_rule = setup.default_rule
         self.cfg, self.stop_ids = setup.model.cfg, setup.stop_ids
         self.mode, self.tensor_parallel = setup.mode, setup.tensor_parallel
+        self.tokenizer = setup.tokenizer  # structured output compiles grammars over it
 
     @classmethod
     def from_checkpoint(cls, setup: Setup) -> EncoderDecoderStyle:
@@ -47,11 +49,6 @@ class EncoderDecoderStyle:
         return cls(engine, setup, settings)
 
     def check(self, ids: list[int], params: DecodeParams) -> None:
-        if params.response_format is not None:  # docs/structured-output.md: why not yet
-            raise ValueError(
-                "response_format: structured output runs on block-style models (QwenDLM, LLaDA2), "
-                "not on DiffusionGemma's canvases yet"
-            )
         check_rule_style(params, ENCODER_DECODER, self.cfg.architecture)
         check_encoder_decoder_request(ids, params, self.engine.canvas_length, self.cfg)
         self.rng(params.rng)
@@ -95,7 +92,13 @@ class EncoderDecoderStyle:
             on_progress=per_canvas(hooks.on_progress, hooks.on_tokens),
             should_stop=hooks.should_stop,
             recorder=hooks.recorder,
+            constraint=self.constraint(params),
         )
+
+    def constraint(self, params: DecodeParams):
+        """The request's grammar state (None: unconstrained)."""
+        fmt, tok = params.response_format, self.tokenizer
+        return constraint_for(fmt, tok, self.cfg.vocab_size, self.stop_ids, params.max_new_tokens)
 
 
 def per_canvas(

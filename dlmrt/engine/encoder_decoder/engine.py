@@ -29,7 +29,8 @@ from dlmrt.canvas_loop import canvas_loop
 from dlmrt.config import EAGER
 from dlmrt.decoding import entropy_bound_canvas as ebc
 from dlmrt.engine import nonfinite
-from dlmrt.engine.encoder_decoder import vocab_choice
+from dlmrt.engine.block.structured import Constraint
+from dlmrt.engine.encoder_decoder import structured, vocab_choice
 from dlmrt.engine.encoder_decoder.step import (
     CanvasBuffers,
     CanvasSpec,
@@ -112,15 +113,22 @@ class EncoderDecoderEngine:
         on_progress: ProgressCallback | None = None,
         should_stop: StopCheck | None = None,
         recorder: CanvasRecorder | None = None,
+        constraint: Constraint | None = None,
     ) -> EngineResult:
-        """Decode one request (rng: "counter", or "torch" through the oracle). `recorder` gets
+        """Decode one request (rng: "counter", or "torch" through the oracle; a `constraint`, a
+        structured request's grammar, also through the oracle: `structured.py`). `recorder` gets
         every step's `CanvasStepRecord`, in every mode: the step history is written on the device
         inside the step and handed over after each canvas (before its `on_progress`). The prompt's
         leading tokens that earlier requests left encoded in the arena are not encoded again
         (`res.cached_tokens`; the oracle's path, rng="torch", reuses none and keeps them)."""
         kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
+        hooks = dict(on_progress=on_progress, should_stop=should_stop, recorder=recorder)
+        if constraint is not None:
+            self.prefix.reused = 0  # the oracle's own cache (see rng="torch")
+            return structured.generate(
+                self.model, prompt, settings, seed, rng, constraint, hooks | kw
+            )
         if rng == "torch":
-            hooks = dict(on_progress=on_progress, should_stop=should_stop, recorder=recorder)
             self.prefix.reused = 0  # the oracle's own cache: the arena's held rows stay as they are
             return self._generate_reference(prompt, settings, seed, hooks, kw)
         if rng != "counter":
