@@ -115,22 +115,16 @@ class EncoderDecoderEngine:
         recorder: CanvasRecorder | None = None,
         constraint: Constraint | None = None,
     ) -> EngineResult:
-        """Decode one request (rng: "counter", or "torch" through the oracle; a `constraint`, a
-        structured request's grammar, also through the oracle: `structured.py`). `recorder` gets
-        every step's `CanvasStepRecord`, in every mode: the step history is written on the device
-        inside the step and handed over after each canvas (before its `on_progress`). The prompt's
-        leading tokens that earlier requests left encoded in the arena are not encoded again
-        (`res.cached_tokens`; the oracle's path, rng="torch", reuses none and keeps them)."""
+        """Decode one request (rng "counter"; rng "torch" and a structured request's `constraint`
+        through the oracle). `recorder` gets every step's `CanvasStepRecord`, in every mode,
+        after each canvas (before its `on_progress`). The prompt's leading tokens that earlier
+        requests left in the arena are not encoded again (`res.cached_tokens`; the oracle's
+        path reuses none and keeps them)."""
         kw = dict(max_new_tokens=max_new_tokens, stop_ids=stop_ids, ignore_eos=ignore_eos)
         hooks = dict(on_progress=on_progress, should_stop=should_stop, recorder=recorder)
-        if constraint is not None:
-            self.prefix.reused = 0  # the oracle's own cache (see rng="torch")
-            return structured.generate(
-                self.model, prompt, settings, seed, rng, constraint, hooks | kw
-            )
-        if rng == "torch":
+        if constraint is not None or rng == "torch":
             self.prefix.reused = 0  # the oracle's own cache: the arena's held rows stay as they are
-            return self._generate_reference(prompt, settings, seed, hooks, kw)
+            return self._generate_reference(prompt, settings, seed, rng, constraint, hooks | kw)
         if rng != "counter":
             raise ValueError(f"rng: expected 'torch' or 'counter', got {rng!r}")
         length = self.canvas_length
@@ -157,25 +151,22 @@ class EncoderDecoderEngine:
             prog.runner.once(prog.advance)  # encodes buf.argmax (== canvas) on the device
             self.prefix.commit(next(starts), canvas)  # clean now (its decoder passes: scratch)
 
+        mode = prog.runner.name
         res = canvas_loop(
-            denoise,
-            commit,
-            canvas_length=length,
-            on_progress=on_progress,
-            mode=prog.runner.name,
-            **kw,
+            denoise, commit, canvas_length=length, on_progress=on_progress, mode=mode, **kw
         )
         res.prefill_forwards, res.cached_tokens = int(reused < len(prompt)), reused
         return res
 
     def _generate_reference(
-        self, prompt: list[int], settings: ebc.CanvasSettings, seed: int, hooks: dict, kw: dict
+        self, prompt: list[int], settings: ebc.CanvasSettings, seed: int, rng: str, constraint, kw
     ) -> EngineResult:
-        """rng="torch": the request on the eager oracle (transformers' draws; no graphs)."""
+        """The request on the eager oracle: rng="torch" (transformers' draws; no graphs), or a
+        structured request (its grammar between each step's forward and its sampling)."""
+        if constraint is not None:
+            return structured.generate(self.model, prompt, settings, seed, rng, constraint, kw)
         self._log_torch_rng()
-        return reference.canvas.generate(
-            self.model, prompt, settings, seed=seed, rng="torch", **hooks, **kw
-        )
+        return reference.canvas.generate(self.model, prompt, settings, seed=seed, rng=rng, **kw)
 
     def _context(self, prompt: list[int], arena: ContextArena) -> int:
         """Write the prompt's context rows; -> how many of them earlier requests left in the
