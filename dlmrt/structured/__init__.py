@@ -13,6 +13,13 @@ from typing import Any
 
 from dlmrt.structured.formats import ResponseFormat, from_cli, parse
 
+# each rank holds its vocabulary shard of the logits (`dlmrt/parallel/vocab.py`); the grammar
+# masks whole rows on one host
+STRUCTURED_TP = (
+    "response_format: structured output is not supported under tensor parallelism (each rank "
+    "holds only its shard of the vocabulary; run the request on one GPU)"
+)
+
 
 def constraint_for(response_format: Any, tokenizer: Any, vocab_size: int, stop_ids, budget: int):
     """A request's grammar state (`grammar.Constraint`; None: unconstrained). ValueErrors name
@@ -26,4 +33,4 @@ def constraint_for(response_format: Any, tokenizer: Any, vocab_size: int, stop_i
     return grammars_for(tokenizer, vocab_size, set(stop_ids)).constraint(fmt, budget)
 
 
-__all__ = ["ResponseFormat", "constraint_for", "from_cli", "parse"]
+__all__ = ["STRUCTURED_TP", "ResponseFormat", "constraint_for", "from_cli", "parse"]

@@ -117,3 +117,9 @@ def test_the_settle_repairs_a_refused_row_and_ends_with_stops(gemma):
     assert gemma.tokenizer.decode(canvas[:2]) == "no"
     assert canvas[2:] == [EOS_ID] * 6 and g.c.done
     assert (g.mask(logits).isfinite().sum(-1) == 1).all()  # done: stop rows only
+
+
+def test_tensor_parallel_is_refused_by_name(gemma, monkeypatch):
+    monkeypatch.setattr(gemma.style, "tensor_parallel", True)
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        gemma.generate(PROMPT, max_new_tokens=16, response_format={"type": "json_object"})

@@ -309,3 +309,11 @@ def test_the_turn_after_a_structured_request_reuses_its_committed_blocks(tiny, t
             out.token_ids == cold.generate(follow, max_new_tokens=24, response_format=f).token_ids
         )
         held = tiny.engine.prefix.ids
+
+
+def test_tensor_parallel_is_refused_by_name(demo, monkeypatch):
+    """Each rank holds a vocabulary shard of the logits: a structured request is a named error."""
+    monkeypatch.setattr(demo.style, "tensor_parallel", True)
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        demo.generate(PROMPT, max_new_tokens=16, response_format={"type": "json_object"})
+    assert demo.style.constraint(dlmrt.params.DecodeParams(max_new_tokens=16)) is None
