@@ -21,6 +21,7 @@ which no completion fits is refused, and from then on the closing sequence is fo
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from collections.abc import Callable
@@ -32,14 +33,17 @@ import torch
 from dlmrt.structured.closing import Mask, byte_tokens, closing
 from dlmrt.structured.formats import ResponseFormat, choices_regex
 
+log = logging.getLogger("dlmrt")
 EXTRA = "pip install 'dlmrt[structured]'"
 # Compact JSON (no optional whitespace): fewer tokens, and the model cannot pad forever.
 JSON_OPTIONS = {"whitespace_flexible": False}
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # The closing search runs after a token only near the budget: while more than SLACK tokens beyond
-# the last closing length plus STALE_GROWTH per token taken since remain. A token of compact JSON
-# or a regex step adds far fewer than 4 closing tokens; a grammar where one token opens more could
-# reach the budget before the search resumes (docs/structured-output.md: limits).
+# the last closing length plus the growth estimated since remain, it waits. Each token taken adds
+# STALE_GROWTH plus the tokens the grammar then forces (a `{` whose required key follows forces
+# the key: the closing grew by at least that). A grammar where one token opens more closing
+# tokens than that could reach the budget before the search resumes: the document is then cut at
+# the budget (`unclosable`; docs/structured-output.md: limits).
 SLACK, STALE_GROWTH = 8, 4
 FIRST_CLOSINGS = 1024  # (grammar, budget) start-state closing searches kept per tokenizer
 
@@ -127,6 +131,8 @@ class Constraint:
         self.closing_mode = False  # a token was refused for the budget: close now
         self.history: list[int] = []  # the consumed tokens (an edit rolls back into them)
         self.stale = 0  # tokens taken since `closing` was last searched (it is then an estimate)
+        self.growth = 0  # the closing's estimated growth over those tokens
+        self.unclosable = False  # no closing fits any more: the output is cut at the budget
         t0 = time.perf_counter()
         found = grammars.first_closing(self.m, grammar, budget, self._mask)
         self.host_s += time.perf_counter() - t0
@@ -139,8 +145,10 @@ class Constraint:
 
     @property
     def done(self) -> bool:
-        """Nothing but stop tokens may follow (the grammar stopped, or the budget is spent)."""
-        return self.m.is_stopped() or (self.budget == 0 and self.m.is_accepting())
+        """Nothing but stop tokens may follow (the grammar stopped, or the budget is spent: the
+        document complete, or cut when it could not close)."""
+        spent = self.budget == 0 and (self.m.is_accepting() or self.unclosable)
+        return self.m.is_stopped() or spent
 
     def _mask(self) -> Mask:
         """The allowed-set now, packed (its own copy: the search keeps one per node)."""
@@ -235,19 +243,35 @@ class Constraint:
         if self.closing and t == self.closing[0]:
             self.closing = self.closing[1:]
             return True
+        if self.unclosable:
+            return True
         self.stale += 1
-        if self.budget > len(self.closing) + STALE_GROWTH * self.stale + SLACK:
-            return True  # far from the budget: the search waits (see STALE_GROWTH)
+        self.growth += STALE_GROWTH + len(self.m.compute_ff_tokens())
+        if self.budget > len(self.closing) + self.growth + SLACK:  # the search waits
+            self._give_up(self.budget == 0 and not self.m.is_accepting())  # (never, SLACK >= 0)
+            return True
         found = closing(self.m, self.g.order, self._mask, self.budget)
         if found is None:  # the document could not close in time after t: refuse it, close now
             self._rollback(1)
             self.closing_mode = True
             if self.stale:  # the closing sequence is an estimate: search it from here
                 found = closing(self.m, self.g.order, self._mask, self.budget)
-                self.closing, self.stale = found or [], 0  # [] only past STALE_GROWTH's bound
+                self.closing, self.stale, self.growth = found or [], 0, 0
+                self._give_up(found is None)
             return False
-        self.closing, self.stale = found, 0
+        self.closing, self.stale, self.growth = found, 0, 0
         return True
+
+    def _give_up(self, unclosable: bool) -> None:
+        """An estimate let through a token after which no closing fits the budget (a token that
+        opened more than the estimate): the grammar still holds, the budget no longer can, so
+        the output is cut at `max_new_tokens` (finish "length"), as an unconstrained one."""
+        if unclosable and not self.unclosable:
+            self.unclosable, self.closing_mode = True, False
+            log.warning(
+                "structured request: the document can no longer close within max_new_tokens "
+                "(a token opened more than the closing estimate); it will be cut at the budget"
+            )
 
     def replace(self, k: int, new: list[int]) -> bool:
         """The last `k` consumed tokens rewritten as `new` (len k): accepted, and consumed, only

@@ -123,3 +123,15 @@ def test_tensor_parallel_is_refused_by_name(gemma, monkeypatch):
     monkeypatch.setattr(gemma.style, "tensor_parallel", True)
     with pytest.raises(ValueError, match="tensor parallelism"):
         gemma.generate(PROMPT, max_new_tokens=16, response_format={"type": "json_object"})
+
+
+def test_a_token_that_opens_a_long_closing_is_refused_near_the_budget(gemma):
+    from test_structured_decoding import ARRAY_OF_OBJECTS, LONG_KEY, _exact_keys
+
+    for budget in (16, 22, 27, 40):
+        out = gemma.generate(
+            PROMPT, max_new_tokens=budget, response_format=_json_format(ARRAY_OF_OBJECTS)
+        )
+        doc = json.loads(out.text)
+        assert len(out.token_ids) <= budget and isinstance(doc, list)
+        assert all(_exact_keys(d, [LONG_KEY]) and type(d[LONG_KEY]) is int for d in doc)

@@ -317,3 +317,42 @@ def test_tensor_parallel_is_refused_by_name(demo, monkeypatch):
     with pytest.raises(ValueError, match="tensor parallelism"):
         demo.generate(PROMPT, max_new_tokens=16, response_format={"type": "json_object"})
     assert demo.style.constraint(dlmrt.params.DecodeParams(max_new_tokens=16)) is None
+
+
+# an array of objects with a long required key: `[{` opens a closing far longer than `[]`'s
+LONG_KEY = "k" * 20
+ARRAY_OF_OBJECTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {LONG_KEY: {"type": "integer"}},
+        "required": [LONG_KEY],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.mark.parametrize("model", ["demo", "tiny"])
+def test_a_token_that_opens_a_long_closing_is_refused_near_the_budget(request, model):
+    """`{` forces its required key: the closing estimate counts it, so near the budget the
+    search runs and refuses `{` rather than let the document outgrow `max_new_tokens`."""
+    llm = request.getfixturevalue(model)
+    for budget in (16, 22, 27, 40):
+        out = llm.generate(
+            PROMPT, max_new_tokens=budget, response_format=_json_format(ARRAY_OF_OBJECTS)
+        )
+        doc = json.loads(out.text)
+        assert len(out.token_ids) <= budget and isinstance(doc, list)
+        assert all(_exact_keys(d, [LONG_KEY]) and type(d[LONG_KEY]) is int for d in doc)
+
+
+def test_a_document_that_cannot_close_is_cut_at_the_budget(demo, monkeypatch, caplog):
+    """If the estimate lets a document outgrow the budget (here: no search ever runs), the
+    request is cut at `max_new_tokens` with finish "length" and a warning, not an error."""
+    import dlmrt.structured.grammar as grammar
+
+    monkeypatch.setattr(grammar, "SLACK", -(10**6))
+    fmt = _json_format(ARRAY_OF_OBJECTS | {"minItems": 1})
+    out = demo.generate(PROMPT, max_new_tokens=40, response_format=fmt)
+    assert len(out.token_ids) == 40 and out.finish_reason == "length"
+    assert out.text.startswith('[{"' + LONG_KEY) and "can no longer close" in caplog.text
