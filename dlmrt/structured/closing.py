@@ -52,6 +52,22 @@ class Mask:
             self._key = self.words.tobytes()
         return self._key
 
+    @classmethod
+    def single(cls, token: int, size: int) -> Mask:
+        """The set holding only `token`."""
+        words = np.zeros((size + 31) // 32, dtype=np.uint32)
+        words[token >> 5] = np.uint32(1 << (token & 31))
+        return cls(words, size)
+
+    def unpack(self) -> np.ndarray:
+        """[size] bool (host work the engines avoid: they unpack on the device)."""
+        bits = np.unpackbits(self.words.view(np.uint8), bitorder="little")
+        return bits[: self.size].astype(bool)
+
+    def count(self) -> int:
+        """How many tokens the set holds."""
+        return int(np.unpackbits(self.words.view(np.uint8)).sum())
+
     def allows(self, ids: np.ndarray) -> np.ndarray:
         """[len(ids)] bool: which of the token ids `ids` (int64) the set holds."""
         return ((self.words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)

@@ -155,11 +155,6 @@ class Constraint:
         self.m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         return Mask(self._words.copy(), self.g.vocab_size)
 
-    def _allowed_np(self) -> np.ndarray:
-        self.m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
-        return bits[: self.g.vocab_size].astype(bool)
-
     def tight(self) -> bool:
         """Every token left is needed to close the document (or the budget refused one)."""
         return self.closing_mode or (self.stale == 0 and len(self.closing) >= self.budget)
@@ -172,18 +167,20 @@ class Constraint:
         return torch.from_numpy(ok)
 
     def _frontier_np(self) -> np.ndarray:
-        if self.tight() and self.closing:
-            ok = np.zeros(self.g.vocab_size, dtype=bool)
-            ok[self.closing[0]] = True
-            return ok
-        return self._allowed_np()
+        return self._frontier_mask().unpack()
 
-    def chain(self, rows: list[int | None], pick: Callable[[int, np.ndarray], int | None]):
+    def _frontier_mask(self) -> Mask:
+        if self.tight() and self.closing:
+            return Mask.single(self.closing[0], self.g.vocab_size)
+        return self._mask()
+
+    def chain(self, rows: list[int | None], pick: Callable[[int, Mask], int | None]):
         """[(i, allowed)] for the masked rows of a block from the frontier, each conditioned on a
-        speculated prefix. `rows[i]` is a draft's token (None: a masked row). A masked row gets
-        what the grammar allows after the rows left of it, then stands for `pick(i, allowed)`
-        (the model's best allowed token; None ends the chain); a draft stands for itself (one
-        the grammar rejects ends the chain, as does a stop token). Only the first mask is the
+        speculated prefix; `allowed` is packed (`closing.Mask`: the engine unpacks it on the
+        device). `rows[i]` is a draft's token (None: a masked row). A masked row gets what the
+        grammar allows after the rows left of it, then stands for `pick(i, allowed)` (the
+        model's best allowed token; None ends the chain); a draft stands for itself (one the
+        grammar rejects ends the chain, as does a stop token). Only the first mask is the
         frontier's own (`allowed`, the budget included); the others hold on the speculated
         prefix only, so the walk still checks every row it consumes. The grammar is left as it
         was."""
@@ -191,7 +188,7 @@ class Constraint:
         try:
             for i, tok in enumerate(rows):
                 if tok is None:
-                    ok = self._frontier_np() if i == 0 else self._allowed_np()
+                    ok = self._frontier_mask() if i == 0 else self._mask()
                     out.append((i, ok))
                     tok = pick(i, ok)
                 if tok is None or tok in self.g.tok.eos_tokens or self.m.is_stopped():

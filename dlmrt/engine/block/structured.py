@@ -44,13 +44,12 @@ from dlmrt.attention import AttnContext
 from dlmrt.config import EAGER, ROUND_GRAPH
 from dlmrt.engine import nonfinite
 from dlmrt.engine.block.round import decide_block, store_round
+from dlmrt.engine.grammar_mask import TOP_K, best_allowed, mask_rows
 from dlmrt.engine.graph.capture import check_stop
 from dlmrt.engine.graph.loop import Pass
 from dlmrt.errors import NonFiniteError
 
 log = logging.getLogger("dlmrt")
-# The model's candidates per row that a speculated chain picks its token from (`masked`).
-TOP_K = 32
 
 
 class Constraint(Protocol):
@@ -186,28 +185,13 @@ def run_block(
 def masked(st: _Block, c: Constraint, logits: torch.Tensor) -> torch.Tensor:
     """The logits with the grammar's chain masked (`Constraint.chain`): the frontier row to what
     the grammar allows there, each row right of it to what the grammar allows after the rows
-    left of it read as their drafts or their best allowed tokens (`best_allowed`).
-    Rows past the chain (a rejected draft, no allowed token in the top K) keep their logits."""
+    left of it read as their drafts or their best allowed tokens (`best_allowed`). Rows past
+    the chain (a rejected draft, no allowed token in the top K) keep their logits."""
     f, end, vocab = st.frontier, st.end, logits.shape[-1]
     top = logits[f:end].topk(min(TOP_K, vocab), dim=-1).indices.tolist()  # a small read-back
     rows = [None if st.unresolved[r] else st.canvas[r] for r in range(f, end)]
     chain = c.chain(rows, lambda i, ok: best_allowed(top[i], ok))
-    allowed = torch.ones(end - f, vocab, dtype=torch.bool)
-    for i, ok in chain:
-        allowed[i] = torch.from_numpy(ok)
-    lg = logits.clone()
-    lg[f:end].masked_fill_(~allowed.to(lg.device, non_blocking=True), float("-inf"))
-    return lg
-
-
-def best_allowed(top: list[int], ok) -> int | None:
-    """The token a masked row of the chain stands for: the model's best allowed token among its
-    `top` candidates, else the grammar's only allowed token (a forced row, e.g. the `:` after a
-    JSON key, whatever the model ranked); None (the chain ends) when neither."""
-    tok = next((t for t in top if ok[t]), None)
-    if tok is None and ok.sum() == 1:
-        tok = int(ok.argmax())
-    return tok
+    return mask_rows(logits, [f + i for i, _ in chain], [ok for _, ok in chain])
 
 
 def check_edits_consumed(

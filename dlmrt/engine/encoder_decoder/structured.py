@@ -33,7 +33,8 @@ import torch
 
 from dlmrt import reference
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
-from dlmrt.engine.block.structured import TOP_K, Constraint, best_allowed
+from dlmrt.engine.block.structured import Constraint
+from dlmrt.engine.grammar_mask import TOP_K, best_allowed, mask_rows
 from dlmrt.outputs import EngineResult
 
 log = logging.getLogger("dlmrt")
@@ -52,16 +53,11 @@ class CanvasGrammar:
         """[L, V] logits with the grammar's chain masked (-inf where a row may not go)."""
         length, vocab = logits.shape
         self.raw = logits
-        allowed = torch.ones(length, vocab, dtype=torch.bool)
         if self.c.done:  # the document is complete: stop tokens only
-            allowed.zero_()
-            allowed[:, self.stop_id] = True
-        else:
-            top = logits.topk(min(TOP_K, vocab), dim=-1).indices.tolist()  # a small read-back
-            chain = self.c.chain([None] * length, lambda i, ok: best_allowed(top[i], ok))
-            for i, ok in chain:
-                allowed[i] = torch.from_numpy(ok)
-        return logits.masked_fill(~allowed.to(logits.device, non_blocking=True), float("-inf"))
+            return logits.masked_fill(_all_but(self.stop_id, logits), float("-inf"))
+        top = logits.topk(min(TOP_K, vocab), dim=-1).indices.tolist()  # a small read-back
+        chain = self.c.chain([None] * length, lambda i, ok: best_allowed(top[i], ok))
+        return mask_rows(logits, [i for i, _ in chain], [ok for _, ok in chain])
 
     def settle(self, logits: torch.Tensor) -> torch.Tensor:
         """[L] the canvas to commit: the argmax of `logits` (the last step's, masked), each row
@@ -84,6 +80,13 @@ class CanvasGrammar:
                 raise RuntimeError(f"structured canvas: row {r} has no token the grammar takes")
             out.append(tok)
         return torch.tensor(out, dtype=torch.long, device=logits.device)
+
+
+def _all_but(token: int, logits: torch.Tensor) -> torch.Tensor:
+    """Bool like `logits`: True everywhere but column `token`."""
+    keep = torch.ones(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    keep[token] = False
+    return keep.expand_as(logits)
 
 
 def generate(
