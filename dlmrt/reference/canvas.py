@@ -102,6 +102,8 @@ def _denoise(
     grammar, every step's logits are masked first and the last step's argmax is settled through
     it (a valid prefix)."""
     length, device = model.cfg.canvas_length, model.embed_table.device
+    if grammar is not None and grammar.done:  # stop rows only: no step needed
+        return grammar.stops(length, device), 0
     ctx = AttnContext(torch.arange(start, start + length, device=device), 1)
     canvas = noise.canvas(length, index, s.max_denoising_steps + 1)
     history = torch.full((s.stability_threshold, length), -1, device=device)

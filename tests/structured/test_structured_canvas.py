@@ -88,7 +88,7 @@ def test_budget_and_schema_errors_name_the_part(gemma):
 
 def _grammar(llm, fmt: dict, budget: int = 32) -> CanvasGrammar:
     c = llm.style.constraint(DecodeParams(max_new_tokens=budget, response_format=fmt))
-    return CanvasGrammar(c, EOS_ID)
+    return CanvasGrammar(c, EOS_ID, llm.model)
 
 
 def test_the_step_mask_forces_what_the_grammar_forces(gemma):
@@ -135,3 +135,32 @@ def test_a_token_that_opens_a_long_closing_is_refused_near_the_budget(gemma):
         doc = json.loads(out.text)
         assert len(out.token_ids) <= budget and isinstance(doc, list)
         assert all(_exact_keys(d, [LONG_KEY]) and type(d[LONG_KEY]) is int for d in doc)
+
+
+def test_canvases_after_a_complete_document_take_no_step(gemma):
+    """With ignore_eos the request runs to its budget: once the document is complete, every
+    later canvas is stop rows decided with no denoising step."""
+    fmt = {"type": "choices", "choices": ["yes", "no"]}
+    out = gemma.generate(PROMPT, max_new_tokens=32, response_format=fmt, ignore_eos=True)
+    ids = out.token_ids
+    end = ids.index(EOS_ID)
+    assert gemma.tokenizer.decode(ids[:end]) in ("yes", "no") and set(ids[end:]) == {EOS_ID}
+    assert len(ids) == 32 and out.rounds_per_block[0] > 0 and out.rounds_per_block[1:] == [0] * 3
+
+
+def test_a_nan_weight_fails_a_structured_canvas_loudly(gemma):
+    from dlmrt.errors import NonFiniteError
+
+    fmt = {"type": "json_object"}
+    want = gemma.generate(PROMPT, max_new_tokens=16, response_format=fmt).text
+    w = next(p for n, p in gemma.model.named_parameters() if n.endswith("embed_tokens.weight"))
+    saved = w.detach().clone()
+    with torch.no_grad():
+        w[:, 3] = float("nan")
+    try:
+        with pytest.raises(NonFiniteError, match="structured canvas step"):
+            gemma.generate(PROMPT, max_new_tokens=16, response_format=fmt)
+    finally:
+        with torch.no_grad():
+            w.copy_(saved)
+    assert gemma.generate(PROMPT, max_new_tokens=16, response_format=fmt).text == want

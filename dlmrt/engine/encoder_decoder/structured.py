@@ -20,6 +20,8 @@ frontier does (`dlmrt/engine/block/structured.py`); it shapes every step instead
                   vocabulary (one masked argmax), so the committed canvas is always a valid
                   prefix. Once the document is complete the remaining rows are stop tokens.
 
+Once the document is complete, a canvas is stop rows with no step (`done`, `stops`). Logits holding
+NaN / inf raise `NonFiniteError` naming the weight (`engine/nonfinite.py`), as unconstrained.
 Every committed token keeps the output a valid prefix that can close within `max_new_tokens`
 (the `Constraint`'s closing reservation). The grammar runs on the host between a step's forward
 and its sampling, so a structured request runs the eager step loop (`dlmrt/reference/canvas.py`).
@@ -33,6 +35,7 @@ import torch
 
 from dlmrt import reference
 from dlmrt.decoding.entropy_bound_canvas import CanvasSettings
+from dlmrt.engine import nonfinite
 from dlmrt.engine.block.structured import Constraint
 from dlmrt.engine.grammar_mask import TOP_K, best_allowed, mask_rows
 from dlmrt.outputs import EngineResult
@@ -41,9 +44,17 @@ log = logging.getLogger("dlmrt")
 
 
 class CanvasGrammar:
-    def __init__(self, constraint: Constraint, stop_id: int) -> None:
-        self.c, self.stop_id = constraint, stop_id
+    def __init__(self, constraint: Constraint, stop_id: int, model: torch.nn.Module) -> None:
+        self.c, self.stop_id, self.model = constraint, stop_id, model
         self.raw: torch.Tensor | None = None  # the last step's logits before the mask
+
+    @property
+    def done(self) -> bool:
+        """The document is complete: a canvas from here is stop tokens, decided with no step."""
+        return self.c.done
+
+    def stops(self, length: int, device: torch.device) -> torch.Tensor:
+        return torch.full((length,), self.stop_id, dtype=torch.long, device=device)
 
     @property
     def host_s(self) -> float:
@@ -52,6 +63,8 @@ class CanvasGrammar:
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """[L, V] logits with the grammar's chain masked (-inf where a row may not go)."""
         length, vocab = logits.shape
+        if nonfinite.flag(logits):  # NaN / inf: nothing of this canvas is committed
+            raise nonfinite.error(self.model, "a structured canvas step")
         self.raw = logits
         if self.c.done:  # the document is complete: stop tokens only
             return logits.masked_fill(_all_but(self.stop_id, logits), float("-inf"))
@@ -107,7 +120,7 @@ def generate(
         "structured request: mode eager (DiffusionGemma: the grammar masks every step's canvas "
         "on the host, so the steps run one by one on the eager step loop)"
     )
-    grammar = CanvasGrammar(constraint, min(kw["stop_ids"]))
+    grammar = CanvasGrammar(constraint, min(kw["stop_ids"]), model)
     res = reference.canvas.generate(
         model, prompt, settings, seed=seed, rng=rng, grammar=grammar, **kw
     )
