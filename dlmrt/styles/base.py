@@ -74,6 +74,10 @@ class Style(Protocol):
     def check(self, ids: list[int], params: DecodeParams) -> None:
         """ValueError naming what of the request this style cannot run."""
 
+    def constraint(self, params: DecodeParams) -> Any:
+        """The request's grammar state for its `response_format` (None: unconstrained); a
+        ValueError naming what is wrong (the server's 400 before the request runs)."""
+
     def decoder_of(self, params: DecodeParams) -> dict[str, Any]:
         """The decoder a request runs: {"rule": its rule, each knob of this style's rules: the
         request's value, else the checkpoint's default, else dlmrt's}; None for a knob the rule
