@@ -9,7 +9,7 @@ replayed inside a CUDA graph (those requests report mode "eager").
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -26,8 +26,16 @@ from dlmrt.outputs import (
     StopCheck,
 )
 
-if TYPE_CHECKING:  # the oracle never imports the engine
-    from dlmrt.engine.encoder_decoder.structured import CanvasGrammar
+
+class CanvasGrammar(Protocol):
+    """What the step loop asks of a structured request's grammar
+    (`dlmrt/engine/encoder_decoder/structured.py`)."""
+
+    @property
+    def done(self) -> bool: ...
+    def stops(self, length: int, device: torch.device) -> torch.Tensor: ...
+    def mask(self, logits: torch.Tensor) -> torch.Tensor: ...
+    def settle(self, logits: torch.Tensor) -> torch.Tensor: ...
 
 
 @torch.inference_mode()
