@@ -88,7 +88,7 @@ def test_budget_and_schema_errors_name_the_part(gemma):
 
 def _grammar(llm, fmt: dict, budget: int = 32) -> CanvasGrammar:
     c = llm.style.constraint(DecodeParams(max_new_tokens=budget, response_format=fmt))
-    return CanvasGrammar(c, EOS_ID, llm.model)
+    return CanvasGrammar(c, {EOS_ID}, llm.model)
 
 
 def test_the_step_mask_forces_what_the_grammar_forces(gemma):
@@ -164,3 +164,16 @@ def test_a_nan_weight_fails_a_structured_canvas_loudly(gemma):
         with torch.no_grad():
             w.copy_(saved)
     assert gemma.generate(PROMPT, max_new_tokens=16, response_format=fmt).text == want
+
+
+def test_rows_after_the_chains_stop_token_are_stop_rows(gemma):
+    """The chain reads `no` then the stop token: the rows after it are masked to the stop
+    token (the document ends there), so they stop counting against the canvas's done test."""
+    g = _grammar(gemma, {"type": "choices", "choices": ["yes", "no"]})
+    logits = torch.zeros(8, 260)
+    for row, tok in enumerate([*gemma.tokenizer.encode("no"), EOS_ID, *range(70, 75)]):
+        logits[row, tok] = 5.0
+    masked = g.mask(logits)
+    assert (masked[3:].isfinite().sum(-1) == 1).all() and masked[3:, EOS_ID].isfinite().all()
+    assert masked[0].isfinite().sum() == 2  # `n` or `y`
+    assert g.settle(masked).tolist()[2:] == [EOS_ID] * 6

@@ -12,8 +12,9 @@ frontier does (`dlmrt/engine/block/structured.py`); it shapes every step instead
                   the only token the grammar allows (one small read-back, one upload). Sampling, entropies, the accepted set, the done
                   test and the self-conditioning input of the next step all see the masked
                   logits, so a row the grammar forces has zero entropy and is accepted at once.
-                  Rows past the chain's end (no allowed token in a row's top K, or a stop token)
-                  keep their logits.
+                  Rows past the chain's end (no allowed token in a row's top K) keep their
+                  logits; when the chain ends on a stop token (its document complete there),
+                  the rows after it are masked to the stop token.
   settle(logits)  once, on the canvas's last step: the argmax canvas walked through the grammar
                   left to right and consumed; a row whose argmax the grammar refuses (past the
                   chain, or for the budget) takes its best allowed token over the whole
@@ -41,11 +42,13 @@ from dlmrt.engine.grammar_mask import TOP_K, best_allowed, mask_rows
 from dlmrt.outputs import EngineResult
 
 log = logging.getLogger("dlmrt")
+inf = float("inf")
 
 
 class CanvasGrammar:
-    def __init__(self, constraint: Constraint, stop_id: int, model: torch.nn.Module) -> None:
-        self.c, self.stop_id, self.model = constraint, stop_id, model
+    def __init__(self, constraint: Constraint, stop_ids: set[int], model: torch.nn.Module) -> None:
+        self.c, self.stop_ids, self.model = constraint, stop_ids, model
+        self.stop_id = min(stop_ids)
         self.raw: torch.Tensor | None = None  # the last step's logits before the mask
 
     @property
@@ -67,10 +70,22 @@ class CanvasGrammar:
             raise nonfinite.error(self.model, "a structured canvas step")
         self.raw = logits
         if self.c.done:  # the document is complete: stop tokens only
-            return logits.masked_fill(_all_but(self.stop_id, logits), float("-inf"))
+            return logits.masked_fill(_all_but(self.stop_id, logits), -inf)
         top = logits.topk(min(TOP_K, vocab), dim=-1).indices.tolist()  # a small read-back
-        chain = self.c.chain([None] * length, lambda i, ok: best_allowed(top[i], ok))
-        return mask_rows(logits, [i for i, _ in chain], [ok for _, ok in chain])
+        picks: dict[int, int | None] = {}
+
+        def pick(i: int, ok) -> int | None:
+            picks[i] = best_allowed(top[i], ok)
+            return picks[i]
+
+        chain = self.c.chain([None] * length, pick)
+        out = mask_rows(logits, [i for i, _ in chain], [ok for _, ok in chain])
+        end = chain[-1][0] if chain else length
+        if picks.get(end) in self.stop_ids:  # the chain's document ends there: stop rows after
+            out[end + 1 :] = out[end + 1 :].masked_fill(
+                _all_but(self.stop_id, out[end + 1 :]), -inf
+            )
+        return out
 
     def settle(self, logits: torch.Tensor) -> torch.Tensor:
         """[L] the canvas to commit: the argmax of `logits` (the last step's, masked), each row
@@ -120,7 +135,7 @@ def generate(
         "structured request: mode eager (DiffusionGemma: the grammar masks every step's canvas "
         "on the host, so the steps run one by one on the eager step loop)"
     )
-    grammar = CanvasGrammar(constraint, min(kw["stop_ids"]), model)
+    grammar = CanvasGrammar(constraint, set(kw["stop_ids"]), model)
     res = reference.canvas.generate(
         model, prompt, settings, seed=seed, rng=rng, grammar=grammar, **kw
     )
