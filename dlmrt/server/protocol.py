@@ -231,7 +231,6 @@ def _spec(
         raise APIError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
     params = _decode_params(req, max_tokens)
     drafts = req.dlmrt is not None and req.dlmrt.drafts
-    _check_format(params, info, drafts)
     total = info.rows_needed(len(ids), max_tokens, params.block_length)
     if total > info.max_positions:
         raise APIError(
@@ -247,6 +246,7 @@ def _spec(
         raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} non-empty strings", "stop")
     for text in stop:
         _unicode(text, "stop")
+    _check_format(params, info, drafts)  # last: compiling a grammar is the costliest check
     if drafts and not req.stream:
         raise APIError(400, "dlmrt.drafts: needs stream: true (drafts are SSE events)", "dlmrt")
     prefix = "cmpl" if kind == "completion" else "chatcmpl"
