@@ -21,16 +21,25 @@ STRUCTURED_TP = (
 )
 
 
-def constraint_for(response_format: Any, tokenizer: Any, vocab_size: int, stop_ids, budget: int):
+def constraint_for(
+    response_format: Any,
+    tokenizer: Any,
+    vocab_size: int,
+    stop_ids,
+    budget: int,
+    tensor_parallel: bool = False,
+):
     """A request's grammar state (`grammar.Constraint`; None: unconstrained). ValueErrors name
-    what is wrong: the format, a grammar that cannot compile, a budget no document fits, or the
-    missing extra. Unconstrained requests never import the engine."""
+    what is wrong: the format, a grammar that cannot compile, a budget no document fits, tensor
+    parallelism, or the missing extra. Unconstrained requests never import the engine."""
     fmt = parse(response_format)
     if fmt is None:
         return None
+    if tensor_parallel:
+        raise ValueError(STRUCTURED_TP)
     from dlmrt.structured.grammar import grammars_for  # needs the `structured` extra
 
     return grammars_for(tokenizer, vocab_size, set(stop_ids)).constraint(fmt, budget)
 
 
-__all__ = ["STRUCTURED_TP", "ResponseFormat", "constraint_for", "from_cli", "parse"]
+__all__ = ["ResponseFormat", "constraint_for", "from_cli", "parse"]

@@ -12,7 +12,7 @@ from dlmrt.engine import BlockEngine
 from dlmrt.errors import CheckpointError
 from dlmrt.params import DecodeParams
 from dlmrt.rules import BLOCK
-from dlmrt.structured import STRUCTURED_TP, constraint_for
+from dlmrt.structured import constraint_for
 from dlmrt.styles.base import Hooks, Setup
 from dlmrt.styles.checks import check_block_length, check_rule_style
 from dlmrt.styles.decoder_defaults import DecoderDefaults
@@ -118,7 +118,7 @@ class BlockStyle:
 
     def constraint(self, params: DecodeParams):
         """The request's grammar state (None: unconstrained)."""
-        fmt, tok = params.response_format, self.tokenizer
-        if fmt is not None and self.tensor_parallel:
-            raise ValueError(STRUCTURED_TP)
-        return constraint_for(fmt, tok, self.cfg.vocab_size, self.stop_ids, params.max_new_tokens)
+        fmt, vocab, budget = params.response_format, self.cfg.vocab_size, params.max_new_tokens
+        return constraint_for(
+            fmt, self.tokenizer, vocab, self.stop_ids, budget, self.tensor_parallel
+        )

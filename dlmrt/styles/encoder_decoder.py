@@ -16,7 +16,7 @@ from dlmrt.engine import EncoderDecoderEngine
 from dlmrt.outputs import ProgressCallback, TokensCallback
 from dlmrt.params import DecodeParams
 from dlmrt.rules import ENCODER_DECODER
-from dlmrt.structured import STRUCTURED_TP, constraint_for
+from dlmrt.structured import constraint_for
 from dlmrt.styles.base import Hooks, Setup
 from dlmrt.styles.checks import check_encoder_decoder_request, check_rule_style
 
@@ -97,10 +97,10 @@ class EncoderDecoderStyle:
 
     def constraint(self, params: DecodeParams):
         """The request's grammar state (None: unconstrained)."""
-        fmt, tok = params.response_format, self.tokenizer
-        if fmt is not None and self.tensor_parallel:
-            raise ValueError(STRUCTURED_TP)
-        return constraint_for(fmt, tok, self.cfg.vocab_size, self.stop_ids, params.max_new_tokens)
+        fmt, vocab, budget = params.response_format, self.cfg.vocab_size, params.max_new_tokens
+        return constraint_for(
+            fmt, self.tokenizer, vocab, self.stop_ids, budget, self.tensor_parallel
+        )
 
 
 def per_canvas(
