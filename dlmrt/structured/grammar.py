@@ -130,8 +130,9 @@ class Constraint:
         self.host_s = 0.0  # time spent in the grammar (masks, checks, closing searches)
         self.closing_mode = False  # a token was refused for the budget: close now
         self.history: list[int] = []  # the consumed tokens (an edit rolls back into them)
-        self.stale = 0  # tokens taken since `closing` was last searched (it is then an estimate)
-        self.growth = 0  # the closing's estimated growth over those tokens
+        # the closing's estimated growth over the tokens taken since it was last searched (0:
+        # `closing` is the search's own; else an estimate)
+        self.growth = 0
         self.unclosable = False  # no closing fits any more: the output is cut at the budget
         t0 = time.perf_counter()
         found = grammars.first_closing(self.m, grammar, budget, self._mask)
@@ -157,7 +158,7 @@ class Constraint:
 
     def tight(self) -> bool:
         """Every token left is needed to close the document (or the budget refused one)."""
-        return self.closing_mode or (self.stale == 0 and len(self.closing) >= self.budget)
+        return self.closing_mode or (self.growth == 0 and len(self.closing) >= self.budget)
 
     def allowed(self) -> torch.Tensor:
         """[V] bool: what the frontier row may take (only the closing token when tight)."""
@@ -242,7 +243,6 @@ class Constraint:
             return True
         if self.unclosable:
             return True
-        self.stale += 1
         self.growth += STALE_GROWTH + len(self.m.compute_ff_tokens())
         if self.budget > len(self.closing) + self.growth + SLACK:  # the search waits
             self._give_up(self.budget == 0 and not self.m.is_accepting())  # (never, SLACK >= 0)
@@ -251,12 +251,11 @@ class Constraint:
         if found is None:  # the document could not close in time after t: refuse it, close now
             self._rollback(1)
             self.closing_mode = True
-            if self.stale:  # the closing sequence is an estimate: search it from here
-                found = closing(self.m, self.g.order, self._mask, self.budget)
-                self.closing, self.stale, self.growth = found or [], 0, 0
-                self._give_up(found is None)
+            found = closing(self.m, self.g.order, self._mask, self.budget)  # from here: exact
+            self.closing, self.growth = found or [], 0
+            self._give_up(found is None)
             return False
-        self.closing, self.stale, self.growth = found, 0, 0
+        self.closing, self.growth = found, 0
         return True
 
     def _give_up(self, unclosable: bool) -> None:
