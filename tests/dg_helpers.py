@@ -102,6 +102,21 @@ def mid_checkpoint(tmp_path_factory, layer_types: list[str]) -> Path:
     return save_checkpoint(hf, tmp_path_factory.mktemp("dgmid") / "mid")
 
 
+def byte_vocab_checkpoint(tmp_path_factory, seed: int) -> Path:
+    """A saved tiny DiffusionGemma over the whole byte tokenizer (260 ids, every byte a token;
+    stop: <|endoftext|> only): the structured-output tests' grammars need `{`, `"` and letters."""
+    from conftest import EOS_ID
+
+    torch.manual_seed(0)
+    hf = dg.DiffusionGemmaForBlockDiffusion(_config(vocab_size=260)).eval()
+    _randomise(hf, seed)
+    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgbytes") / "g")
+    gen = json.loads((path / "generation_config.json").read_text())
+    gen.update(eos_token_id=[EOS_ID], pad_token_id=EOS_ID)
+    (path / "generation_config.json").write_text(json.dumps(gen))
+    return path
+
+
 def save_checkpoint(hf, path: Path) -> Path:
     """Save a transformers DiffusionGemma with the test stop ids and the byte tokenizer."""
     hf.save_pretrained(path)

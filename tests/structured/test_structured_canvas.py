@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 from conftest import EOS_ID
-from dg_helpers import _config, _randomise, dg, save_checkpoint
+from dg_helpers import byte_vocab_checkpoint
 from test_structured_decoding import PROMPT, SCHEMAS, _assert_valid, _json_format
 
 pytest.importorskip("llguidance")
@@ -25,14 +25,7 @@ SETTINGS = dict(max_denoising_steps=4, stability_threshold=1, confidence_thresho
 
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory) -> dlmrt.LLM:
-    """A tiny DiffusionGemma over the whole byte tokenizer (260 ids; stop: <|endoftext|>)."""
-    torch.manual_seed(0)
-    hf = dg.DiffusionGemmaForBlockDiffusion(_config(vocab_size=260)).eval()
-    _randomise(hf, 3)
-    path = save_checkpoint(hf, tmp_path_factory.mktemp("dgs") / "g")
-    gen = json.loads((path / "generation_config.json").read_text())
-    gen.update(eos_token_id=[EOS_ID], pad_token_id=EOS_ID)
-    (path / "generation_config.json").write_text(json.dumps(gen))
+    path = byte_vocab_checkpoint(tmp_path_factory, 3)
     return dlmrt.LLM(path, dtype="float32", device="cpu")
 
 
